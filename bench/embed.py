@@ -1,0 +1,94 @@
+"""`precompute bench embed`: our best engine against sentence-transformers FP32 on the same texts.
+
+Both sides go from raw text to normalised embeddings (tokenization included), use the
+same batch size and take turns in each repeat, so machine noise hits both alike.
+The baseline's output is also the FP32 reference for the cosine check.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from sentence_transformers import SentenceTransformer
+
+from models import Encoder, EngineSettings, load_encoder
+from models.gate import row_cosine
+from models.source import model_dir
+
+WARMUP_TEXTS = 64
+
+
+def timed(fn: Callable[[], np.ndarray]) -> tuple[float, np.ndarray]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def mean_tokens(encoder: Encoder, texts: Sequence[str]) -> float:
+    batches = encoder.tokenizer.batches(texts, encoder.batch_size)
+    return sum(int(b.attention_mask.sum()) for b in batches) / len(texts)
+
+
+def run(texts: Sequence[str], repeats: int, settings: EngineSettings) -> dict[str, object]:
+    encoder = load_encoder(settings)
+    baseline = SentenceTransformer(str(model_dir()), device="cpu")
+    baseline.max_seq_length = settings.max_seq_length
+    batch_size = encoder.batch_size
+
+    def ours() -> np.ndarray:
+        return encoder.encode(texts)
+
+    def theirs() -> np.ndarray:
+        return baseline.encode(list(texts), batch_size=batch_size, normalize_embeddings=True)
+
+    encoder.encode(texts[:WARMUP_TEXTS])
+    baseline.encode(list(texts[:WARMUP_TEXTS]), batch_size=batch_size)
+    our_times, base_times = [], []
+    for _ in range(repeats):
+        seconds, embeddings = timed(ours)
+        our_times.append(seconds)
+        seconds, reference = timed(theirs)
+        base_times.append(seconds)
+    cosine = row_cosine(embeddings, reference)
+    ours_dps = len(texts) / statistics.median(our_times)
+    base_dps = len(texts) / statistics.median(base_times)
+    report = encoder.report
+    result = {
+        "bench": "embed",
+        "docs": len(texts),
+        "mean_tokens": round(mean_tokens(encoder, texts), 1),
+        "repeats": repeats,
+        "batch_size": batch_size,
+        "engine": f"{report.backend}/{report.device}/{report.precision}",
+        "streams": encoder.streams,
+        "torch_threads": torch.get_num_threads(),
+        "ours_docs_per_s": round(ours_dps, 1),
+        "baseline": "sentence-transformers FP32 (PyTorch)",
+        "baseline_docs_per_s": round(base_dps, 1),
+        "ratio": round(ours_dps / base_dps, 2),
+        "cosine_mean": round(float(cosine.mean()), 4),
+        "cosine_min": round(float(cosine.min()), 4),
+    }
+    encoder.close()
+    return result
+
+
+def main(docs: int, repeats: int, corpus: str | None = None) -> dict[str, object]:
+    settings = EngineSettings()
+    path = corpus or settings.reference_corpus
+    texts = pq.read_table(path, columns=["text"])["text"].to_pylist()[:docs]
+    result = run(texts, repeats, settings)
+    print(f"engine {result['engine']}, batch {result['batch_size']}, {result['docs']} docs "
+          f"of {result['mean_tokens']} tokens on average, median of {repeats} repeats")
+    print(f"ours      {result['ours_docs_per_s']:8.1f} docs/s")
+    print(f"baseline  {result['baseline_docs_per_s']:8.1f} docs/s  ({result['baseline']})")
+    print(f"ratio     {result['ratio']:8.2f}x")
+    print(f"cosine to FP32: mean {result['cosine_mean']:.4f}, min {result['cosine_min']:.4f}")
+    print(json.dumps(result))
+    return result

@@ -1,0 +1,71 @@
+"""ONNX Runtime: the CPU engine everywhere, and CUDA / TensorRT execution providers on GPUs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from models.backends.base import BuildSpec, ConcreteDevice, Runner
+from models.errors import BackendUnavailableError
+from models.source import INPUT_NAMES
+
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+class OnnxRuntimeRunner(Runner):
+    """The engine is the precision's ONNX file; ONNX Runtime applies its graph fusions at load."""
+
+    name = "onnxruntime"
+    engine_file = "model.onnx"
+
+    @classmethod
+    def check_available(cls, device: ConcreteDevice) -> None:
+        if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BackendUnavailableError(
+                "onnxruntime has no CUDAExecutionProvider here: pip install 'precompute[gpu]' "
+                "(onnxruntime-gpu) on a machine with an NVIDIA GPU"
+            )
+
+    @classmethod
+    def runtime_version(cls) -> str:
+        return ort.__version__
+
+    @classmethod
+    def build(cls, onnx_path: Path, engine_path: Path, spec: BuildSpec) -> None:
+        shutil.copyfile(onnx_path, engine_path)
+
+    def __init__(self, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
+        super().__init__(engine_path, device, threads)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            str(engine_path), options, providers=self._providers(engine_path.parent)
+        )
+
+    def _providers(self, cache_dir: Path) -> list[str | tuple[str, dict[str, object]]]:
+        if self.device == "cpu":
+            return ["CPUExecutionProvider"]
+        available = ort.get_available_providers()
+        providers: list[str | tuple[str, dict[str, object]]] = []
+        if "TensorrtExecutionProvider" in available:
+            # Precision comes from the graph (FP16 tensors, explicit Q/DQ), as in strongly typed TensorRT.
+            providers.append(
+                (
+                    "TensorrtExecutionProvider",
+                    {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir)},
+                )
+            )
+        providers += ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return providers
+
+    def _infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        feeds = dict(zip(INPUT_NAMES, (input_ids, attention_mask), strict=True))
+        return self._session.run(None, feeds)[0]
+
+    def close(self) -> None:
+        del self._session

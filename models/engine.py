@@ -1,0 +1,182 @@
+"""Pick, build, gate and open the encoder engine: the one entry point jobs and the service call.
+
+For each precision on the ladder (fastest first), the precision's ONNX graph and the
+backend's engine come from the cache (built on a miss), and the engine is gated against
+the FP32 reference on held-out texts. The first precision that passes serves; each one
+that fails is recorded with its reason in the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
+from models.encoder import Encoder, EngineReport, encode_texts
+from models.engine_cache import EngineCache
+from models.errors import GateFailedError, ModelError
+from models.gate import GateResult, cosine_gate, row_cosine
+from models.hardware import detect_device, device_fingerprint
+from models.quantize import QUANTIZERS
+from models.reference_texts import reference_texts
+from models.settings import EngineSettings
+from models.source import model_hash
+from models.tokenize import TextTokenizer
+
+LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
+    "cpu": ("int8", "fp32"),
+    "cuda": ("int8", "fp16", "fp32"),
+}
+# The ONNX graph each (device, precision) runs; fp32 runs the export itself.
+ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
+    ("cpu", "int8"): "int8-dynamic",
+    ("cuda", "int8"): "int8-qdq",
+    ("cuda", "fp16"): "fp16",
+    ("cpu", "fp32"): "fp32",
+    ("cuda", "fp32"): "fp32",
+}
+GATE_FILE = "gate.json"
+
+
+def resolve_device(settings: EngineSettings) -> ConcreteDevice:
+    return detect_device() if settings.device == "auto" else settings.device
+
+
+def resolve_backend(settings: EngineSettings, device: ConcreteDevice) -> type[Runner]:
+    if settings.backend != "auto":
+        return BACKENDS[settings.backend]()
+    if device == "cuda" and importlib.util.find_spec("tensorrt") is not None:
+        return BACKENDS["tensorrt"]()
+    return BACKENDS["onnxruntime"]()
+
+
+def precision_ladder(settings: EngineSettings, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
+    """Precisions to try, fastest first; the torch backend is the FP32 reference only."""
+    ladder = ("fp32",) if backend == "torch" else LADDERS[device]
+    if settings.precision == "auto":
+        return ladder
+    if settings.precision not in ladder:
+        raise ModelError(
+            f"precision={settings.precision!r} is not available for backend {backend} on {device}; "
+            f"choose one of {', '.join(ladder)} or auto"
+        )
+    return ladder[ladder.index(settings.precision) :]
+
+
+def load_encoder(settings: EngineSettings | None = None) -> Encoder:
+    """The fastest engine for this machine that passes the accuracy gate, ready to encode."""
+    settings = settings or EngineSettings()
+    device = resolve_device(settings)
+    runner_cls = resolve_backend(settings, device)
+    runner_cls.check_available(device)
+    cpus = len(os.sched_getaffinity(0))
+    streams = settings.streams or (cpus if device == "cpu" else 1)
+    batch_size = settings.batch_size or (16 if device == "cpu" else 256)
+    build = _Builder(settings, device, runner_cls, BuildSpec(batch_size, settings.max_seq_length))
+    tokenizer = TextTokenizer(settings.max_seq_length)
+
+    gates: list[GateResult] = []
+    for precision in precision_ladder(settings, device, runner_cls.name):
+        engine_dir, hit = build.engine(precision)
+        runner = runner_cls(engine_dir / runner_cls.engine_file, device, max(1, cpus // streams))
+        if runner_cls.name != "torch":  # the reference needs no gate against itself
+            gates.append(build.gate(engine_dir, precision, runner, tokenizer))
+            if not gates[-1].passed:
+                runner.close()
+                continue
+        report = EngineReport(runner_cls.name, device, precision, str(engine_dir), hit, gates)
+        return Encoder(runner, tokenizer, batch_size, streams, report)
+    failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
+    raise GateFailedError(f"no precision passed the accuracy gate ({failures})")
+
+
+class _Builder:
+    """Cache lookups and builds for one (settings, device, backend): graphs, engines, gates."""
+
+    def __init__(
+        self, settings: EngineSettings, device: ConcreteDevice, runner_cls: type[Runner], spec: BuildSpec
+    ) -> None:
+        self.settings = settings
+        self.device = device
+        self.runner_cls = runner_cls
+        self.spec = spec
+        self.cache = EngineCache(settings.cache_dir)
+        self.model = model_hash(settings.max_seq_length)
+        self._gate_texts: list[str] | None = None
+
+    def onnx(self, variant: str) -> Path:
+        """The FP32 export, or a quantized graph derived from it."""
+        if variant == "fp32":
+            from models.export import export_onnx  # torch is imported only to export
+
+            key = {"model": self.model}
+            return self.cache.get_or_build("export", key, lambda d: export_onnx(d / "model.onnx")).path / "model.onnx"
+        fp32 = self.onnx("fp32")
+        key = {"model": self.model, "variant": variant}
+
+        def quantize(directory: Path) -> None:
+            calibration = reference_texts(
+                self.settings.reference_corpus, "calibration", self.settings.calibration_texts
+            )
+            QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.settings.max_seq_length)
+
+        return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
+
+    def engine(self, precision: str) -> tuple[Path, bool]:
+        """The backend's engine for this precision: (its cache entry, whether it was a hit)."""
+        variant = ONNX_VARIANTS[(self.device, precision)]
+        key = {
+            "model": self.model,
+            "precision": precision,
+            "graph": variant,
+            "backend": self.runner_cls.name,
+            "runtime": self.runner_cls.runtime_version(),
+            "device": device_fingerprint(self.device),
+            "max_batch": str(self.spec.max_batch),
+        }
+
+        def build(directory: Path) -> None:
+            if self.runner_cls.engine_file:
+                self.runner_cls.build(self.onnx(variant), directory / self.runner_cls.engine_file, self.spec)
+
+        entry = self.cache.get_or_build(f"{self.runner_cls.name}-{precision}", key, build)
+        return entry.path, entry.hit
+
+    def gate(self, engine_dir: Path, precision: str, runner: Runner, tokenizer: TextTokenizer) -> GateResult:
+        """Score the engine on held-out texts; the cosines are cached beside the engine."""
+        texts = self.gate_texts()
+        digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
+        scored = engine_dir / GATE_FILE
+        cached = json.loads(scored.read_text()) if scored.exists() else {}
+        if cached.get("texts") != digest:
+            embeddings = encode_texts(runner, tokenizer, texts, self.spec.max_batch)
+            cosine = row_cosine(embeddings, self.reference(texts, digest))
+            cached = {"texts": digest, "cosine": cosine.tolist()}
+            tmp = scored.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cached))
+            os.replace(tmp, scored)
+        s = self.settings
+        return cosine_gate(precision, np.asarray(cached["cosine"]), s.gate_mean_cosine, s.gate_min_cosine)
+
+    def gate_texts(self) -> list[str]:
+        if self._gate_texts is None:
+            self._gate_texts = reference_texts(self.settings.reference_corpus, "gate", self.settings.gate_texts)
+        return self._gate_texts
+
+    def reference(self, texts: list[str], digest: str) -> np.ndarray:
+        """FP32 PyTorch embeddings of the gate texts, computed once per model and text set."""
+
+        def compute(directory: Path) -> None:
+            from models.backends.torch import TorchRunner
+
+            tokenizer = TextTokenizer(self.settings.max_seq_length)
+            with TorchRunner(Path(), "cpu", 1) as reference:
+                np.save(directory / "embeddings.npy", encode_texts(reference, tokenizer, texts, 32))
+
+        entry = self.cache.get_or_build("reference", {"model": self.model, "texts": digest}, compute)
+        return np.load(entry.path / "embeddings.npy")

@@ -1,0 +1,53 @@
+"""What this machine can run on, and the fingerprint that keys engines to it.
+
+GPU runtimes are probed only if installed, so a CPU-only process never imports torch.cuda
+machinery just to learn there is no GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from pathlib import Path
+
+import onnxruntime as ort
+
+from models.backends.base import ConcreteDevice
+
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cuda_visible() -> bool:
+    gpu_runtime = (
+        "CUDAExecutionProvider" in ort.get_available_providers()
+        or importlib.util.find_spec("tensorrt") is not None
+    )
+    if not gpu_runtime:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def detect_device() -> ConcreteDevice:
+    return "cuda" if cuda_visible() else "cpu"
+
+
+def device_fingerprint(device: ConcreteDevice) -> str:
+    """GPU model and compute capability, or CPU model and the ISA extensions INT8 kernels use."""
+    if device == "cuda":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        return f"cuda:{torch.cuda.get_device_name()}:sm_{major}{minor}"
+    model, flags = platform.processor() or platform.machine(), set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name":
+                model = value.strip()
+            elif name.strip() == "flags":
+                flags = set(value.split())
+                break
+    return f"cpu:{model}:{'+'.join(f for f in CPU_FLAGS if f in flags)}"

@@ -1,0 +1,62 @@
+"""Typed settings of the encoder engine, read from PRECOMPUTE_ENGINE_* variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Backend = Literal["auto", "onnxruntime", "tensorrt", "torch"]
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["auto", "int8", "fp16", "fp32"]
+
+DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "demo" / "corpus.parquet"
+
+
+class EngineSettings(BaseSettings):
+    """How the encoder is built and run; every field has an env var PRECOMPUTE_ENGINE_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True)
+
+    backend: Backend = "auto"
+    """auto: TensorRT where it imports and a GPU is present, else ONNX Runtime. torch is
+    the FP32 reference: exact but slowest."""
+
+    device: Device = "auto"
+    """auto: cuda when a CUDA GPU is visible, else cpu."""
+
+    precision: Precision = "auto"
+    """Where the precision ladder starts. auto: int8 (fastest); a precision that fails
+    the accuracy gate falls back to the next one up (int8 -> fp16 on GPUs -> fp32)."""
+
+    cache_dir: Path = Path.home() / ".cache" / "precompute" / "engines"
+    """Exported models, quantized models, TensorRT plans and gate results. Outside git;
+    an entry is rebuilt only when its key (model hash, precision, runtime, device) changes."""
+
+    max_seq_length: int = Field(256, ge=8, le=512)
+    """Tokens per text; longer texts are truncated (the model was trained at 256)."""
+
+    batch_size: int | None = Field(None, ge=1, le=4096)
+    """Texts per inference call. None: 16 on CPU (best for the L2 cache of small cores),
+    256 on GPU (fills the device). Batches are length-bucketed, so larger costs no padding."""
+
+    streams: int | None = Field(None, ge=1, le=64)
+    """Batches run concurrently. None: one per CPU core on CPU, each single-threaded
+    (measured faster than one session using all cores); 1 on GPU."""
+
+    gate_mean_cosine: float = Field(0.99, gt=0, le=1)
+    """Accuracy gate: a quantized engine is used only if its mean cosine to FP32 reaches this."""
+
+    gate_min_cosine: float = Field(0.97, gt=0, le=1)
+    """... and its worst text's cosine to FP32 reaches this."""
+
+    gate_texts: int = Field(256, ge=16)
+    """Held-out texts the gate compares on."""
+
+    calibration_texts: int = Field(128, ge=8)
+    """Texts that set the static INT8 activation ranges (disjoint from the gate's)."""
+
+    reference_corpus: Path = DEMO_CORPUS
+    """Parquet with a `text` column: the source of held-out and calibration texts."""

@@ -1,0 +1,76 @@
+"""Texts to length-bucketed token batches, with input checks that name the bad row.
+
+Texts are sorted by token count and cut into batches, each padded only to its own
+longest text: the engine computes almost no padding, whatever the length mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from models.errors import InvalidInputError
+from models.source import model_dir
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One inference call: `rows` are the texts' positions in the caller's input."""
+
+    rows: np.ndarray
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+
+
+def check_text(row: int, text: object) -> str:
+    """Return the text as str, or raise naming the row: no backend ever sees bad input.
+
+    bytes are decoded as strict UTF-8; a str must be encodable as UTF-8 (a lone surrogate,
+    left by decoding invalid bytes with 'surrogateescape', is not); empty text is refused
+    because its embedding would be the padding's. Overlong texts are truncated, not refused.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidInputError(row, f"text is not valid UTF-8 (byte {e.start})") from e
+    if not isinstance(text, str):
+        raise InvalidInputError(row, f"text must be str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(row, f"text is not valid UTF-8 (character {e.start})") from e
+    if not text.strip():
+        raise InvalidInputError(row, "text is empty")
+    return text
+
+
+class TextTokenizer:
+    """The model's fast (Rust) WordPiece tokenizer, truncating at `max_seq_length` tokens."""
+
+    def __init__(self, max_seq_length: int) -> None:
+        self._tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+        # The shipped tokenizer.json bakes in truncation and padding at 128: override both.
+        self._tokenizer.enable_truncation(max_seq_length)
+        self._tokenizer.no_padding()
+        self.max_seq_length = max_seq_length
+
+    def batches(self, texts: Sequence[object], batch_size: int) -> Iterator[Batch]:
+        """Check every text first (so a bad row fails before any work), then bucket by length."""
+        checked = [check_text(row, text) for row, text in enumerate(texts)]
+        encodings = self._tokenizer.encode_batch_fast(checked)
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        order = np.argsort(lengths, kind="stable")
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            width = int(lengths[rows[-1]])
+            input_ids = np.zeros((len(rows), width), dtype=np.int64)
+            attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+            for i, row in enumerate(rows):
+                ids = encodings[row].ids
+                input_ids[i, : len(ids)] = ids
+                attention_mask[i, : len(ids)] = 1
+            yield Batch(rows, input_ids, attention_mask)

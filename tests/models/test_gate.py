@@ -1,0 +1,69 @@
+"""The accuracy gate: thresholds, and fallback to the next precision up."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from models import EngineSettings, load_encoder
+from models.gate import cosine_gate
+from models.quantize import QUANTIZERS, int8_dynamic
+
+
+@pytest.mark.parametrize(
+    ("cosine", "passed", "reason"),
+    [
+        ([0.995, 0.995, 0.985], True, ""),
+        ([0.99, 0.99, 0.97], False, "mean cosine 0.9833 < 0.99"),
+        ([1.0, 1.0, 1.0, 1.0, 0.96], False, "min cosine 0.9600 < 0.97"),
+        ([1.0, float("nan")], False, "mean cosine nan < 0.99; min cosine nan < 0.97"),
+    ],
+)
+def test_thresholds(cosine: list[float], passed: bool, reason: str) -> None:
+    result = cosine_gate("int8", np.array(cosine), 0.99, 0.97)
+    assert (result.passed, result.reason) == (passed, reason)
+
+
+def degraded_int8(fp32: Path, out: Path, calibration: list[str], max_seq_length: int) -> None:
+    """A broken quantizer: seeded noise of half a weight's spread on every MatMul weight."""
+    model = onnx.load(fp32)
+    rng = np.random.default_rng(0)
+    for init in model.graph.initializer:
+        weight = numpy_helper.to_array(init)
+        if weight.ndim == 2 and weight.shape[0] == 384:
+            noisy = weight + rng.normal(0, 0.5 * weight.std(), weight.shape).astype(weight.dtype)
+            init.CopyFrom(numpy_helper.from_array(noisy, init.name))
+    noisy_path = out.with_suffix(".noisy.onnx")
+    onnx.save(model, noisy_path)
+    int8_dynamic(noisy_path, out, calibration, max_seq_length)
+    noisy_path.unlink()
+
+
+def test_degraded_engine_fails_gate_and_falls_back(
+    encoder, settings: EngineSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for export in settings.cache_dir.glob("export-*"):  # reuse the FP32 export, not the INT8 entry
+        shutil.copytree(export, tmp_path / export.name)
+    for reference in settings.cache_dir.glob("reference-*"):
+        shutil.copytree(reference, tmp_path / reference.name)
+    monkeypatch.setitem(QUANTIZERS, "int8-dynamic", degraded_int8)
+
+    with load_encoder(settings.model_copy(update={"cache_dir": tmp_path})) as fallback:
+        report = fallback.report
+    assert report.precision == "fp32"
+    failed, passed = report.gates
+    assert (failed.precision, failed.passed) == ("int8", False)
+    assert "cosine" in failed.reason and failed.mean_cosine < 0.99
+    assert (passed.precision, passed.passed) == ("fp32", True)
+    assert passed.min_cosine > 0.9999
+
+
+def test_the_real_int8_engine_passes(encoder) -> None:
+    assert encoder.report.precision == "int8"
+    (gate,) = encoder.report.gates
+    assert gate.passed and gate.mean_cosine >= 0.99 and gate.min_cosine >= 0.97

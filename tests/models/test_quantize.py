@@ -1,0 +1,64 @@
+"""The GPU precisions' graphs, checked on the CPU: ONNX Runtime executes Q/DQ and FP16 exactly
+as the graph says, so their accuracy is known before any GPU runs them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from models.backends.onnxruntime import OnnxRuntimeRunner
+from models.encoder import encode_texts
+from models.gate import row_cosine
+from models.quantize import QUANTIZERS
+from models.reference_texts import reference_texts
+from models.settings import EngineSettings
+from models.tokenize import TextTokenizer
+
+
+@pytest.fixture(scope="module")
+def gate_set(encoder, settings: EngineSettings) -> tuple[list[str], np.ndarray]:
+    texts = reference_texts(settings.reference_corpus, "gate", settings.gate_texts)
+    reference = np.load(next(settings.cache_dir.glob("reference-*")) / "embeddings.npy")
+    return texts, reference
+
+
+def quantized(settings: EngineSettings, variant: str, tmp_path: Path) -> Path:
+    export = next(settings.cache_dir.glob("export-*")) / "model.onnx"
+    calibration = reference_texts(settings.reference_corpus, "calibration", settings.calibration_texts)
+    out = tmp_path / f"{variant}.onnx"
+    QUANTIZERS[variant](export, out, calibration, settings.max_seq_length)
+    return out
+
+
+def agreement(path: Path, gate_set: tuple[list[str], np.ndarray]) -> np.ndarray:
+    texts, reference = gate_set
+    with OnnxRuntimeRunner(path, "cpu", 2) as runner:
+        return row_cosine(encode_texts(runner, TextTokenizer(256), texts, 16), reference)
+
+
+@pytest.mark.slow
+def test_int8_qdq_is_explicit_symmetric_and_accurate(settings, gate_set, tmp_path: Path) -> None:
+    path = quantized(settings, "int8-qdq", tmp_path)
+    graph = onnx.load(path).graph
+    quantize_nodes = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert len(quantize_nodes) >= 24  # 4 weight MatMuls per layer, 6 layers
+    zero_points = {i.name: i for i in graph.initializer if i.name.endswith("zero_point")}
+    assert zero_points and all(
+        onnx.numpy_helper.to_array(z).dtype == np.int8 and not onnx.numpy_helper.to_array(z).any()
+        for z in zero_points.values()
+    ), "TensorRT needs symmetric INT8: every zero point 0"
+    cosine = agreement(path, gate_set)
+    assert cosine.mean() >= 0.99 and cosine.min() >= 0.97
+
+
+def test_fp16_keeps_fp32_io_and_agrees(settings, gate_set, tmp_path: Path) -> None:
+    path = quantized(settings, "fp16", tmp_path)
+    model = onnx.load(path)
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    cosine = agreement(path, gate_set)
+    assert cosine.min() >= 0.999
