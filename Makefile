@@ -16,4 +16,5 @@ demo: $(BIN)/precompute
 	$(BIN)/precompute demo
 
 test: $(BIN)/precompute
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest

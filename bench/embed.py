@@ -84,8 +84,10 @@ def main(docs: int, repeats: int, corpus: str | None = None) -> dict[str, object
     path = corpus or settings.reference_corpus
     texts = pq.read_table(path, columns=["text"])["text"].to_pylist()[:docs]
     result = run(texts, repeats, settings)
-    print(f"engine {result['engine']}, batch {result['batch_size']}, {result['docs']} docs "
-          f"of {result['mean_tokens']} tokens on average, median of {repeats} repeats")
+    print(
+        f"engine {result['engine']}, batch {result['batch_size']}, {result['docs']} docs "
+        f"of {result['mean_tokens']} tokens on average, median of {repeats} repeats"
+    )
     print(f"ours      {result['ours_docs_per_s']:8.1f} docs/s")
     print(f"baseline  {result['baseline_docs_per_s']:8.1f} docs/s  ({result['baseline']})")
     print(f"ratio     {result['ratio']:8.2f}x")

@@ -35,8 +35,10 @@ def fetch_indexes(lists_dir: Path) -> None:
         [
             "apt-get",
             "-q",
-            "-o", "Acquire::Languages=en",
-            "-o", f"Dir::State::Lists={lists_dir}",
+            "-o",
+            "Acquire::Languages=en",
+            "-o",
+            f"Dir::State::Lists={lists_dir}",
             "update",
         ],
         check=True,

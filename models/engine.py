@@ -115,7 +115,10 @@ class _Builder:
             from models.export import export_onnx  # torch is imported only to export
 
             key = {"model": self.model}
-            return self.cache.get_or_build("export", key, lambda d: export_onnx(d / "model.onnx")).path / "model.onnx"
+            return (
+                self.cache.get_or_build("export", key, lambda d: export_onnx(d / "model.onnx")).path
+                / "model.onnx"
+            )
         fp32 = self.onnx("fp32")
         key = {"model": self.model, "variant": variant}
 
@@ -165,7 +168,9 @@ class _Builder:
 
     def gate_texts(self) -> list[str]:
         if self._gate_texts is None:
-            self._gate_texts = reference_texts(self.settings.reference_corpus, "gate", self.settings.gate_texts)
+            self._gate_texts = reference_texts(
+                self.settings.reference_corpus, "gate", self.settings.gate_texts
+            )
         return self._gate_texts
 
     def reference(self, texts: list[str], digest: str) -> np.ndarray:

@@ -34,9 +34,7 @@ class EngineCache:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def get_or_build(
-        self, kind: str, key: Mapping[str, str], build: Callable[[Path], None]
-    ) -> CacheEntry:
+    def get_or_build(self, kind: str, key: Mapping[str, str], build: Callable[[Path], None]) -> CacheEntry:
         """Return the entry for `key`, calling `build(directory)` only if it does not exist yet."""
         final = self.root / f"{kind}-{key_digest(key)}"
         if (final / KEY_FILE).exists():

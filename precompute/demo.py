@@ -1,32 +1,26 @@
-"""`precompute demo`: the end-to-end path on embedded defaults, shown with real queries."""
+"""`precompute demo`: the nightly flow on the demo corpus, then real queries through the service."""
 
 from __future__ import annotations
 
-import time
+import httpx
 
-import numpy as np
-import pyarrow.parquet as pq
-
-from models import EngineSettings, load_encoder
+from flows.nightly import nightly
+from lookup.server import running
+from lookup.settings import ServiceSettings
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
 
 
 def main(top_k: int = 3) -> None:
-    settings = EngineSettings()
-    corpus = pq.read_table(settings.reference_corpus, columns=["id", "title", "text"]).to_pylist()
-    with load_encoder(settings) as encoder:
-        report = encoder.report
-        print(f"engine: {report.backend}/{report.device}/{report.precision} (cache hit: {report.cache_hit})")
-        for gate in report.gates:
-            verdict = "passed" if gate.passed else f"failed: {gate.reason}"
-            print(f"  gate {gate.precision}: cosine mean {gate.mean_cosine:.4f}, min {gate.min_cosine:.4f}, {verdict}")
-        start = time.perf_counter()
-        vectors = encoder.encode([row["text"] for row in corpus])
-        seconds = time.perf_counter() - start
-        print(f"embedded {len(corpus)} documents in {seconds:.1f} s ({len(corpus) / seconds:.0f} docs/s)")
+    report = nightly()
+    print(
+        f"\npublished version {report['version']}: {report['rows']} rows, {report['rejects']} rejected, "
+        f"{report['reused']} reused, {report['computed']} computed, recall@10 {report['validation']['recall_at_10']}"
+    )
+    with running(ServiceSettings()) as base:
+        print(f"lookup service at {base}: {httpx.get(f'{base}/readyz').json()}")
         for query in QUERIES:
-            scores = vectors @ encoder.encode([query])[0]
-            print(f"\n{query!r}")
-            for i in np.argsort(-scores)[:top_k]:
-                print(f"  {scores[i]:.3f}  {corpus[i]['id']}: {corpus[i]['title']}")
+            answer = httpx.post(f"{base}/v1/search", json={"query": query, "k": top_k}).json()
+            print(f"\nPOST /v1/search {query!r}")
+            for hit in answer["hits"]:
+                print(f"  {hit['score']:.3f}  {hit['id']}: {hit['payload'].get('title', '')}")

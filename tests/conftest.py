@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -31,3 +32,28 @@ def encoder(settings: EngineSettings) -> Encoder:
 @pytest.fixture(scope="session")
 def corpus_texts() -> list[str]:
     return pq.read_table(DEMO_CORPUS, columns=["text"])["text"].to_pylist()
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> None:
+    """One local Ray for the run, on 2 CPUs like the development machines (STACK.md's hang)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200 real documents plus one row of each kind the contract rejects."""
+    rows = pq.read_table(DEMO_CORPUS).slice(0, 200).to_pylist()
+    bad = [
+        {**rows[0], "id": None},
+        {**rows[1], "id": "dup"},
+        {**rows[2], "id": "dup"},
+        {**rows[3], "id": "empty-text", "text": "   "},
+    ]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.parquet"
+    pq.write_table(pa.Table.from_pylist(rows + bad), path)
+    return path

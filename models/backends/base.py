@@ -67,7 +67,7 @@ class Runner(ABC):
     @abstractmethod
     def _infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release sessions and device memory; the default holds nothing to release."""
 
     def __enter__(self) -> Runner:

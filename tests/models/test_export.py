@@ -18,7 +18,7 @@ from models.tokenize import TextTokenizer
 def test_fp32_onnx_runtime_matches_pytorch(encoder, settings: EngineSettings, corpus_texts) -> None:
     """Max abs diff <= 1e-4 on real texts, in padded batches of mixed lengths."""
     export = next(settings.cache_dir.glob("export-*")) / "model.onnx"
-    texts = corpus_texts[:48] + ["short", "x " * 400]  # one text is truncated at 256 tokens
+    texts = [*corpus_texts[:48], "short", "x " * 400]  # one text is truncated at 256 tokens
     with OnnxRuntimeRunner(export, "cpu", 2) as ours, TorchRunner(Path(), "cpu", 2) as reference:
         for batch in TextTokenizer(256).batches(texts, 16):
             got = ours.infer(batch.input_ids, batch.attention_mask)
@@ -40,7 +40,9 @@ def test_reference_is_sentence_transformers(corpus_texts) -> None:
 
 
 def test_export_has_dynamic_batch_and_sequence_axes(encoder, settings: EngineSettings) -> None:
-    graph = onnx.load(next(settings.cache_dir.glob("export-*")) / "model.onnx", load_external_data=False).graph
+    graph = onnx.load(
+        next(settings.cache_dir.glob("export-*")) / "model.onnx", load_external_data=False
+    ).graph
     for tensor in graph.input:
         dims = [d.dim_param or d.dim_value for d in tensor.type.tensor_type.shape.dim]
         assert dims == ["batch", "sequence"]

@@ -1,0 +1,1 @@
+"""Ray Data jobs, one per precomputed output."""

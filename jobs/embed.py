@@ -1,0 +1,202 @@
+"""Corpus embeddings as a Ray Data job: read -> validate -> reuse or embed -> stage -> load a version.
+
+    rejects pass:  read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
+    main pass:     read -> tag_rejects -> good rows -> EmbedActor pool -> StagingSink (Parquet parts)
+    driver:        parts -> vector store version (bulk load, index, count) -> promote as cache
+
+The same code runs on a laptop's local Ray and on a cluster given its address; staged
+parts are written in parallel, the version is loaded by one process, which the in-process
+Qdrant engine requires.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import ray
+from ray.data import ActorPoolStrategy
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import Datasink, WriteResult
+from ray.data.expressions import col
+
+from jobs import embedding_cache
+from jobs.embedding_cache import EMBEDDING, KEY
+from jobs.ray_session import ray_session
+from jobs.settings import EmbedJobSettings
+from jobs.validate import REASON, duplicate_ids, tag_rejects
+from models import EngineSettings, ModelError, load_encoder
+from models.source import model_hash
+from stores.vectors import VectorStore
+
+COMPUTED = "computed"
+NOT_PAYLOAD = {"text", REASON, KEY, EMBEDDING, COMPUTED, "id"}
+LOAD_BATCH = 256
+
+
+class RejectRatioExceededError(ModelError):
+    """Too many bad rows: the input is more likely broken than the rows."""
+
+
+@dataclass(frozen=True)
+class EmbedJobReport:
+    version: str
+    rows: int
+    rejects: int
+    rejects_path: str
+    reused: int
+    computed: int
+    loaded: int
+    seconds: dict[str, float]
+    engine: dict[str, Any]
+
+
+class EmbedActor:
+    """One engine per actor; rows whose content key is cached skip inference entirely."""
+
+    def __init__(self, engine: EngineSettings, cache_dir: Path) -> None:
+        self.encoder = load_encoder(engine)
+        self.model_hash = model_hash(engine.max_seq_length)
+        self.cache = embedding_cache.load(cache_dir)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        texts = batch["text"].to_pylist()
+        keys = embedding_cache.content_keys(self.model_hash, texts)
+        missing = [i for i, key in enumerate(keys) if key not in self.cache]
+        vectors = np.empty((len(keys), self.encoder.dim), dtype=np.float32)
+        for i, key in enumerate(keys):
+            if key in self.cache:
+                vectors[i] = self.cache[key]
+        if missing:
+            vectors[missing] = self.encoder.encode([texts[i] for i in missing])
+        computed = np.zeros(len(keys), dtype=bool)
+        computed[missing] = True
+        return (
+            batch.drop_columns(["text", REASON])
+            .append_column(KEY, pa.array(keys, pa.binary(16)))
+            .append_column(EMBEDDING, embedding_cache.embeddings_column(vectors))
+            .append_column(COMPUTED, pa.array(computed))
+        )
+
+
+class StagingSink(Datasink[dict[str, int]]):
+    """Writes each block as a Parquet part; the parts become the version and the next cache."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.rows = self.computed = 0
+
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, blocks: Iterable[Block], ctx: Any) -> dict[str, int]:
+        rows = computed = 0
+        for block in blocks:
+            table = BlockAccessor.for_block(block).to_arrow()
+            if table.num_rows:
+                pq.write_table(table, self.run_dir / f"part-{uuid.uuid4().hex}.parquet")
+                rows += table.num_rows
+                computed += int(pc.sum(table[COMPUTED]).as_py() or 0)
+        return {"rows": rows, "computed": computed}
+
+    def on_write_complete(self, write_result: WriteResult[dict[str, int]]) -> None:
+        self.rows = sum(r["rows"] for r in write_result.write_returns)
+        self.computed = sum(r["computed"] for r in write_result.write_returns)
+
+
+def load_version(store: VectorStore, version: str, run_dir: Path) -> int:
+    """Bulk-load staged parts into a new, unpublished version; index it; return its count."""
+    parts = pads.dataset(run_dir, format="parquet")
+    store.create_version(version, parts.schema.field(EMBEDDING).type.list_size)
+    payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
+    for batch in parts.to_batches(batch_size=LOAD_BATCH):
+        table = pa.Table.from_batches([batch])
+        vectors = table[EMBEDDING].combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
+        ids = [str(i) for i in table["id"].to_pylist()]
+        store.upsert(version, ids, vectors, table.select(payload_columns).to_pylist())
+    store.finalize(version)
+    return store.count(version)
+
+
+def write_rejects(tagged: ray.data.Dataset, path: Path) -> int:
+    """Quarantine every row with a reason, with the reason, before any inference is spent."""
+    rejects = tagged.filter(expr=col(REASON).is_not_null()).materialize()
+    tables = [t for t in ray.get(rejects.to_arrow_refs()) if t.num_rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if tables:
+        pq.write_table(pa.concat_tables(tables), path)
+    return sum(t.num_rows for t in tables)
+
+
+@ray.remote
+def prepare_engine(engine: EngineSettings) -> dict[str, Any]:
+    """Build (or find cached) and gate the engine once, before the actors fan out."""
+    with load_encoder(engine) as encoder:
+        return asdict(encoder.report)
+
+
+def run_embed_job(
+    version: str, store: VectorStore, settings: EmbedJobSettings, engine: EngineSettings
+) -> EmbedJobReport:
+    """Embed the corpus into a new, unpublished store version; publishing is the caller's step."""
+    run_dir = settings.work_dir / "runs" / version
+    seconds: dict[str, float] = {}
+    with ray_session(settings.ray_address):
+        gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
+        start = time.perf_counter()
+        rows = pads.dataset(settings.input, format="parquet").count_rows()
+        tagged = ray.data.read_parquet(settings.input).map_batches(
+            tag_rejects, batch_format="pyarrow", fn_kwargs={"duplicates": duplicate_ids(settings.input)}
+        )
+        rejects_path = run_dir / "rejects.parquet"
+        rejects = write_rejects(tagged, rejects_path)
+        seconds["validate"] = time.perf_counter() - start
+        if rows and rejects / rows > settings.max_reject_ratio:
+            raise RejectRatioExceededError(
+                f"{rejects} of {rows} rows rejected, over max_reject_ratio="
+                f"{settings.max_reject_ratio}; reasons in {rejects_path}"
+            )
+
+        start = time.perf_counter()
+        engine_report = ray.get(prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine))
+        seconds["engine"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        sink = StagingSink(run_dir / "embeddings")
+        tagged.filter(expr=col(REASON).is_null()).map_batches(
+            EmbedActor,
+            fn_constructor_kwargs={"engine": engine, "cache_dir": settings.work_dir / "cache"},
+            compute=ActorPoolStrategy(size=settings.actors),
+            batch_size=settings.rows_per_batch,
+            batch_format="pyarrow",
+            # On CPU the engine's threads use every core; half a CPU in Ray's books leaves
+            # room for the read tasks (an actor taking all CPUs hangs the dataset silently).
+            num_gpus=1 if gpus else 0,
+            num_cpus=1 if gpus else 0.5,
+        ).write_datasink(sink)
+        seconds["embed"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    loaded = load_version(store, version, sink.run_dir)
+    seconds["load"] = time.perf_counter() - start
+    embedding_cache.promote(settings.work_dir / "cache", sink.run_dir)
+    return EmbedJobReport(
+        version=version,
+        rows=rows,
+        rejects=rejects,
+        rejects_path=str(rejects_path),
+        reused=sink.rows - sink.computed,
+        computed=sink.computed,
+        loaded=loaded,
+        seconds={stage: round(value, 2) for stage, value in seconds.items()},
+        engine=engine_report,
+    )

@@ -1,0 +1,33 @@
+"""Typed settings of the corpus-embedding job, read from PRECOMPUTE_JOB_* variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models.settings import DEMO_CORPUS
+
+
+class EmbedJobSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_JOB_", frozen=True)
+
+    input: str = str(DEMO_CORPUS)
+    """Corpus Parquet: a local path or an object-store URI (s3://, gs://: pyarrow filesystems)."""
+
+    work_dir: Path = Path.home() / ".local" / "share" / "precompute" / "jobs"
+    """Rejects, staged outputs and the embedding cache (which is the last run's staged output)."""
+
+    max_reject_ratio: float = Field(0.01, ge=0, le=1)
+    """The job fails, before any inference, when more than this share of rows is rejected."""
+
+    ray_address: str | None = None
+    """A Ray cluster (ray://host:10001 or auto); None starts a local Ray for this process."""
+
+    actors: int = Field(1, ge=1)
+    """Inference actors. Each takes one GPU where there are GPUs; on CPU each takes one core
+    and runs the engine's streams on all of them (the read tasks need little)."""
+
+    rows_per_batch: int = Field(512, ge=1)
+    """Rows per actor call; the engine re-batches them by length."""

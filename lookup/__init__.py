@@ -1,0 +1,1 @@
+"""The lookup service: answers key lookups and vector queries from published versions."""

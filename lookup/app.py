@@ -1,0 +1,185 @@
+"""The ASGI app: `POST /v1/search`, `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
+
+Search embeds the query on the request's thread (about 1-2 ms for a short query with
+the INT8 engine) and searches the published version; the store reader follows the
+version pointer, so a new publication is served without a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from lookup.metrics import Metrics
+from lookup.openapi import openapi_document
+from lookup.settings import ServiceSettings
+from models import Encoder, EngineSettings, InvalidInputError, load_encoder
+from stores.errors import StoreUnavailableError, VersionNotFoundError
+from stores.vector_settings import VectorStoreSettings
+from stores.vectors import VectorStore, open_vector_store
+
+WARMUP_TEXT = "warm-up query for the engine and the index"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    query: str = Field(min_length=1)
+    k: int = Field(10, ge=1)
+    filter: dict[str, str | int | bool] | None = None
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+
+
+def version_age(version: str) -> float:
+    """Versions start with their UTC creation time (flows/nightly.py: new_version)."""
+    created = datetime.strptime(version.split("-")[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    return (datetime.now(UTC) - created).total_seconds()
+
+
+class Service:
+    """Owns the engine and the store reader; handlers are its methods."""
+
+    def __init__(
+        self, settings: ServiceSettings, engine: EngineSettings, stores: VectorStoreSettings
+    ) -> None:
+        self.settings = settings
+        self.engine_settings = engine.model_copy(update={"streams": 1})  # one query, all cores
+        self.store_settings = stores
+        self.metrics = Metrics()
+        self.encoder: Encoder | None = None
+        self.store: VectorStore | None = None
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.encoder = await anyio.to_thread.run_sync(load_encoder, self.engine_settings)
+        self.store = open_vector_store(self.store_settings)
+        for _ in range(self.settings.warmup_queries):
+            self.encoder.encode([WARMUP_TEXT])
+        yield
+        self.encoder.close()
+        self.encoder = None
+
+    async def search(self, request: Request) -> Response:
+        """Embed `query`, return the `k` nearest documents of the published version (with `filter`)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return error(400, "body must be JSON")
+        try:
+            req = SearchRequest.model_validate(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            return error(422, first["msg"], field=".".join(map(str, first["loc"])))
+        if len(req.query) > self.settings.max_query_chars:
+            return error(
+                422, f"query is longer than {self.settings.max_query_chars} characters", field="query"
+            )
+        if req.k > self.settings.max_k:
+            return error(422, f"k must be at most {self.settings.max_k}", field="k")
+        if self.encoder is None or self.store is None:
+            return error(503, "warming up", headers={"Retry-After": "1"})
+        try:
+            vector = self.encoder.encode([req.query])[0]
+        except InvalidInputError as e:
+            return error(422, e.reason, field="query")
+        try:
+            hits = self.store.search(vector, req.k, req.filter)
+            version = self.store.current()
+        except VersionNotFoundError:
+            return error(
+                503, "no version of the corpus embeddings is published yet", headers={"Retry-After": "5"}
+            )
+        except StoreUnavailableError as e:
+            self.metrics.store_errors.labels("embeddings").inc()
+            return error(
+                503, f"vector store unavailable: {e}", headers={"Retry-After": str(int(e.retry_after) or 1)}
+            )
+        return JSONResponse(
+            {"version": version, "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits]}
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        """The process is alive."""
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready once the engine is warm and a version is published; 503 with the reason before."""
+        if self.encoder is None or self.store is None:
+            return error(503, "warming up")
+        try:
+            version = self.store.current()
+        except StoreUnavailableError as e:
+            return error(503, f"vector store unavailable: {e}")
+        if version is None:
+            return error(503, "no version of the corpus embeddings is published yet")
+        self.metrics.version_age.labels("embeddings").set(version_age(version))
+        report = self.encoder.report
+        return JSONResponse(
+            {
+                "status": "ready",
+                "versions": {"embeddings": version},
+                "engine": f"{report.backend}/{report.device}/{report.precision}",
+            }
+        )
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def timed(self, route: str, handler: Handler) -> Handler:
+        """Latency histogram per route, and optional bearer-token auth on /v1/*."""
+        token = self.settings.auth_token
+
+        async def wrapped(request: Request) -> Response:
+            start = time.perf_counter()
+            if (
+                token
+                and route.startswith("/v1/")
+                and request.headers.get("authorization") != f"Bearer {token}"
+            ):
+                response: Response = error(401, "missing or wrong bearer token")
+            else:
+                response = await handler(request)
+            self.metrics.latency.labels(route, str(response.status_code)).observe(time.perf_counter() - start)
+            return response
+
+        wrapped.__doc__ = handler.__doc__
+        return wrapped
+
+
+def create_app(
+    settings: ServiceSettings | None = None,
+    engine: EngineSettings | None = None,
+    stores: VectorStoreSettings | None = None,
+) -> Starlette:
+    service = Service(
+        settings or ServiceSettings(), engine or EngineSettings(), stores or VectorStoreSettings()
+    )
+    routes = [
+        Route("/v1/search", service.timed("/v1/search", service.search), methods=["POST"]),
+        Route("/healthz", service.timed("/healthz", service.healthz)),
+        Route("/readyz", service.timed("/readyz", service.readyz)),
+        Route("/metrics", service.metrics_endpoint, include_in_schema=False),
+    ]
+
+    document = openapi_document(SearchRequest)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes.append(Route("/openapi.json", openapi, include_in_schema=False))
+    return Starlette(routes=routes, lifespan=service.lifespan)

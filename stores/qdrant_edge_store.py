@@ -1,0 +1,309 @@
+"""Versions as qdrant-edge shards on local disk, published by an atomic pointer file.
+
+Layout: `<path>/<name>/<version>/` is one edge shard per version, `<version>/.finalized`
+marks a finished one, and `<path>/<name>/CURRENT` holds the published version's name.
+
+What qdrant-edge-py 0.9.0 does (its only documentation is `qdrant_edge/__init__.pyi`;
+measured here):
+- `EdgeShard.create(path, EdgeConfig)` makes a shard, `EdgeShard.load(path)` opens one (no
+  config: keep what is on disk), `update(UpdateOperation.upsert_points([...]))` writes,
+  `query(QueryRequest(..., filter=Filter(must=[FieldCondition(key, MatchValue(v))])))` reads,
+  `optimize()` runs the optimizers in the caller's thread until none is left, `flush()` and
+  `close()` finish. Nothing is optimized in the background: HNSW building is deferred
+  during the load by construction, and `finalize` is exactly `optimize()`.
+- `optimize()` builds HNSW only for segments above `indexing_threshold` (KB; about 10 MB
+  by default, so 5,000 x 384 stayed unindexed): we set it to 1 KB so every finalized version
+  has its graph. The engine still scans exactly below `full_scan_threshold` (10 MB), which
+  for small corpora is faster than the graph and exact.
+- Processes: with the WAL on (the default) a second process's `load` fails with "failed
+  to open WAL ... WouldBlock"; with `wal_enabled=False` (fixed at create) any number of
+  processes open the same shard and query it, and nothing guards concurrent writes. Loading
+  rewrites a few small files (edge_config.json, segment.json) by atomic rename with the same
+  content: 4 processes x 370 load/query/close cycles on one shard gave no error and left
+  every file's bytes unchanged. Hence: WAL off; the writer fills, optimizes, flushes and
+  CLOSES a shard before it can be published, and a published shard is never written again.
+- A shard closed while another thread queries it fails that query ("Shard is not
+  initialized"); `search` then retries once on the handle that replaced it.
+- `MatchValue(True)` is sent as the integer 1 and matches nothing boolean; `np.bool_(True)`
+  matches. Filters pass bools as `np.bool_`.
+- Load of a 5,000 x 384 shard takes about 20 ms, so the first query after a switch pays that.
+
+Readers find the published version by re-reading CURRENT (8 us) at most every
+`pointer_check_s`, comparing its content rather than its stat, so a reused inode cannot hide
+a switch; a changed pointer opens the new shard, then closes the old one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import qdrant_edge as qe
+
+from stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
+from stores.vector_settings import VectorStoreSettings
+from stores.vectors import (
+    ID_KEY,
+    UPSERT_BATCH,
+    Filter,
+    Hit,
+    VectorStore,
+    check_k,
+    check_points,
+    check_version,
+    note_field_types,
+    point_id,
+    with_id,
+)
+
+POINTER = "CURRENT"
+FINALIZED = ".finalized"
+INDEXING_THRESHOLD_KB = 1
+FIELD_SCHEMAS = {
+    bool: qe.PayloadSchemaType.Bool,
+    int: qe.PayloadSchemaType.Integer,
+    str: qe.PayloadSchemaType.Keyword,
+}
+
+
+def edge_filter(filter: Filter | None) -> qe.Filter | None:
+    if not filter:
+        return None
+    return qe.Filter(
+        must=[
+            qe.FieldCondition(key=key, match=qe.MatchValue(np.bool_(v) if isinstance(v, bool) else v))
+            for key, v in filter.items()
+        ]
+    )
+
+
+def to_hit(point: qe.ScoredPoint) -> Hit:
+    payload = point.payload or {}
+    return Hit(str(payload.pop(ID_KEY, point.id)), point.score, payload)
+
+
+class QdrantEdgeStore(VectorStore):
+    """Writer and reader in one class: a process uses whichever half it needs."""
+
+    def __init__(
+        self,
+        settings: VectorStoreSettings,
+        pointer_check_s: float = 0.5,
+        full_scan_threshold_kb: int = 10_000,
+    ) -> None:
+        self.root = settings.path / settings.name
+        self.pointer_check_s = pointer_check_s
+        """How stale a reader's view of the published version may be; 0 checks on every search."""
+        self.full_scan_threshold_kb = full_scan_threshold_kb
+        """Versions created here scan exactly below this size (Qdrant's default, 10 MB: about
+        6,500 x 384 vectors), where a scan is as fast as the graph; above it, HNSW answers."""
+        self._writers: dict[str, qe.EdgeShard] = {}
+        self._fields: dict[str, dict[str, type | None]] = {}
+        self._readers: dict[str, qe.EdgeShard] = {}
+        self._current: str | None = None
+        self._next_check = 0.0
+        self._lock = threading.RLock()
+
+    # -- writer ---------------------------------------------------------------------------
+
+    def create_version(self, version: str, dim: int) -> None:
+        path = self._dir(version)
+        if path.exists():
+            raise StoreError(f"version {version!r} already exists at {path}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = qe.EdgeConfig(
+            vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
+            optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_THRESHOLD_KB),
+            hnsw_config=qe.HnswIndexConfig(
+                m=16, ef_construct=100, full_scan_threshold=self.full_scan_threshold_kb
+            ),
+            wal_enabled=False,
+        )
+        self._writers[version] = qe.EdgeShard.create(str(path), config)
+        self._fields[version] = {}
+
+    def upsert(
+        self, version: str, ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]
+    ) -> None:
+        check_points(ids, vectors, payloads)
+        shard = self._writer(version)
+        note_field_types(payloads, self._fields[version])
+        for start in range(0, len(ids), UPSERT_BATCH):
+            stop = start + UPSERT_BATCH
+            points = [
+                qe.Point(id=point_id(i), vector=v, payload=with_id(i, p))
+                for i, v, p in zip(
+                    ids[start:stop], vectors[start:stop].tolist(), payloads[start:stop], strict=False
+                )
+            ]
+            try:
+                shard.update(qe.UpdateOperation.upsert_points(points))
+            except Exception as e:
+                raise StoreError(f"upsert into version {version!r} failed: {e}") from e
+
+    def finalize(self, version: str) -> None:
+        shard = self._writer(version)
+        try:
+            for key, kind in self._fields.pop(version).items():
+                if kind is not None:
+                    shard.update(qe.UpdateOperation.create_field_index(key, FIELD_SCHEMAS[kind]))
+            shard.optimize()
+            shard.flush()
+        except Exception as e:
+            raise StoreError(f"finalize of version {version!r} failed: {e}") from e
+        shard.close()
+        del self._writers[version]
+        (self._dir(version) / FINALIZED).touch()
+
+    def _writer(self, version: str) -> qe.EdgeShard:
+        if version in self._writers:
+            return self._writers[version]
+        if self._finalized(version):
+            raise StoreError(f"version {version!r} is finalized: a finalized version is never written again")
+        raise VersionNotFoundError(
+            f"version {version!r} is not being written by this store; create_version first"
+        )
+
+    # -- reader ---------------------------------------------------------------------------
+
+    def count(self, version: str) -> int:
+        return self._shard(version).count(qe.CountRequest(exact=True))
+
+    def search(
+        self, vector: np.ndarray, k: int, filter: Filter | None = None, version: str | None = None
+    ) -> list[Hit]:
+        check_k(k)
+        request = qe.QueryRequest(
+            limit=k,
+            query=qe.Query.Nearest(vector.reshape(-1).tolist()),
+            filter=edge_filter(filter),
+            with_payload=True,
+        )
+        for retry in (False, True):
+            name = version or self._published()
+            shard = self._shard(name)
+            try:
+                points = shard.query(request)
+                break
+            except Exception as e:
+                if retry or self._is_open(shard):
+                    raise StoreError(f"search in version {name!r} failed: {e}") from e
+                # Closed by a concurrent switch: retry once on the handle that replaced it.
+        return [to_hit(p) for p in points]
+
+    def _is_open(self, shard: qe.EdgeShard) -> bool:
+        return any(s is shard for s in (*self._writers.values(), *self._readers.values()))
+
+    def _published(self) -> str:
+        """The published version, re-read from CURRENT at most every pointer_check_s."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + self.pointer_check_s
+            published = self._read_pointer()
+            if published != self._current:
+                self._switch(published)
+        if self._current is None:
+            raise VersionNotFoundError(f"nothing is published under {self.root}")
+        return self._current
+
+    def _switch(self, published: str | None) -> None:
+        with self._lock:
+            if published == self._current:
+                return
+            if published is not None:
+                self._shard(published)  # open the new one before the old one goes
+            old, self._current = self._current, published
+            shard = self._readers.pop(old, None) if old is not None else None
+        if shard is not None:
+            shard.close()
+
+    def _shard(self, version: str) -> qe.EdgeShard:
+        """The open handle of a version: its writer here, else a cached read-only one."""
+        shard = self._writers.get(version) or self._readers.get(version)
+        if shard is not None:
+            return shard
+        with self._lock:
+            if version in self._readers:
+                return self._readers[version]
+            if not self._finalized(version):
+                if not self._dir(version).exists():
+                    raise VersionNotFoundError(f"version {version!r} does not exist under {self.root}")
+                raise StoreError(f"version {version!r} is not finalized; only its writer may read it")
+            try:
+                shard = qe.EdgeShard.load(str(self._dir(version)))
+            except Exception as e:
+                raise StoreUnavailableError(f"cannot open version {version!r}: {e}") from e
+            self._readers[version] = shard
+            return shard
+
+    # -- versions -------------------------------------------------------------------------
+
+    def publish(self, version: str) -> None:
+        if not self._finalized(version):
+            if not self._dir(version).exists():
+                raise VersionNotFoundError(f"cannot publish version {version!r}: it does not exist")
+            raise StoreError(f"cannot publish version {version!r}: it is not finalized")
+        fd, tmp = tempfile.mkstemp(prefix=f".{POINTER}.", dir=self.root)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(version)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.root / POINTER)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        directory = os.open(self.root, os.O_RDONLY)  # the rename itself survives a crash
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self._next_check = 0.0
+
+    def current(self) -> str | None:
+        return self._read_pointer()
+
+    def versions(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def _read_pointer(self) -> str | None:
+        try:
+            return (self.root / POINTER).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def _dir(self, version: str) -> Path:
+        return self.root / check_version(version)
+
+    def _finalized(self, version: str) -> bool:
+        return (self._dir(version) / FINALIZED).exists()
+
+    def _drop(self, version: str) -> None:
+        with self._lock:
+            shards = [s for s in (self._writers.pop(version, None), self._readers.pop(version, None)) if s]
+        for shard in shards:
+            shard.close()
+        # Renamed first so no one opens a half-deleted shard; open mmaps of other
+        # processes stay valid until they close.
+        trash = self.root / f".trash-{version}-{os.getpid()}"
+        os.rename(self._dir(version), trash)
+        shutil.rmtree(trash)
+
+    def close(self) -> None:
+        with self._lock:
+            shards = [*self._writers.values(), *self._readers.values()]
+            self._writers.clear()
+            self._readers.clear()
+            self._current = None
+            self._next_check = 0.0
+        for shard in shards:
+            shard.close()

@@ -1,0 +1,183 @@
+"""The vector store contract: versions written aside, published by one atomic switch.
+
+A version is a whole copy of the corpus vectors (an edge shard or a server collection).
+The nightly flow creates it, upserts into it, finalizes it (builds the HNSW index) and
+publishes it; readers only ever query the published version, so they never see a half
+one. Old versions stay for rollback until `gc` deletes them whole.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+
+from stores.errors import VersionNotFoundError
+from stores.vector_settings import VectorStoreSettings
+
+ITEM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "precompute:item")
+"""Qdrant point ids must be unsigned ints or UUIDs: item ids map to uuid5(ITEM_NAMESPACE, id)."""
+ID_KEY = "id"
+"""Payload key that keeps the original item id (set by upsert, removed from Hit.payload)."""
+UPSERT_BATCH = 256
+"""Points per write request: Qdrant's bulk-upload advice is 64-256."""
+
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+Filter = Mapping[str, str | int | bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    id: str
+    score: float
+    """Cosine similarity, higher is nearer."""
+    payload: dict[str, Any]
+    """As upserted, without the reserved `id` key."""
+
+
+def point_id(item_id: str) -> str:
+    return str(uuid.uuid5(ITEM_NAMESPACE, str(item_id)))
+
+
+def check_version(version: str) -> str:
+    """Versions become directory and collection names: refuse anything else (no `..`, no `/`)."""
+    if not isinstance(version, str) or not _VERSION.match(version) or ".." in version:
+        raise ValueError(f"version {version!r} is not a valid version name (letters, digits, '_', '-', '.')")
+    return version
+
+
+def check_points(ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]) -> None:
+    if vectors.ndim != 2:
+        raise ValueError(f"vectors must be 2-D [points, dim], got shape {vectors.shape}")
+    if not len(ids) == len(vectors) == len(payloads):
+        raise ValueError(
+            f"ids, vectors and payloads differ in length: {len(ids)}, {len(vectors)}, {len(payloads)}"
+        )
+
+
+def note_field_types(payloads: Sequence[Mapping[str, Any]], seen: dict[str, type | None]) -> None:
+    """Record each payload key's scalar type (bool, int or str) in `seen`; None once it varies.
+
+    Finalize gives every key with one scalar type a payload index: without one, a filter
+    reads every point's payload (measured on edge, 5,000 points: 4.6 ms against 0.16 ms).
+    """
+    for payload in payloads:
+        for key, value in payload.items():
+            kind = type(value) if type(value) in (bool, int, str) else None
+            if seen.setdefault(key, kind) is not kind:
+                seen[key] = None
+
+
+def with_id(item_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    return {**payload, ID_KEY: str(item_id)}
+
+
+def check_k(k: int) -> None:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+
+
+class VectorStore(ABC):
+    """Versioned corpus vectors. Versions are strings that sort by time ("20261122T031500-ab12")."""
+
+    @abstractmethod
+    def create_version(self, version: str, dim: int) -> None:
+        """A new, empty version: cosine distance, HNSW indexing deferred until `finalize`."""
+
+    @abstractmethod
+    def upsert(
+        self, version: str, ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Write points in batches of UPSERT_BATCH; the payload key `id` is reserved for the item id."""
+
+    @abstractmethod
+    def finalize(self, version: str) -> None:
+        """Index payload fields and build the HNSW index; return once the version is ready to serve.
+
+        Payload indexes cover the keys this store instance saw in `upsert` with one scalar
+        type: the instance that loads a version finalizes it.
+        """
+
+    @abstractmethod
+    def count(self, version: str) -> int:
+        """Exact number of points in the version."""
+
+    @abstractmethod
+    def search(
+        self, vector: np.ndarray, k: int, filter: Filter | None = None, version: str | None = None
+    ) -> list[Hit]:
+        """Top-k by cosine; `filter` is an exact-match AND over payload keys. version None: the published one."""
+
+    @abstractmethod
+    def publish(self, version: str) -> None:
+        """Make a finalized version the one readers see, in one atomic switch."""
+
+    @abstractmethod
+    def current(self) -> str | None:
+        """The published version, None before the first publish."""
+
+    @abstractmethod
+    def versions(self) -> list[str]:
+        """Every stored version, finalized or not, oldest first."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release files, engines and connections; the store is unusable afterwards."""
+
+    @abstractmethod
+    def _finalized(self, version: str) -> bool:
+        """True if the version exists and `finalize` completed on it."""
+
+    @abstractmethod
+    def _drop(self, version: str) -> None:
+        """Delete a whole version; never called on the published one."""
+
+    def rollback(self, to: str | None = None) -> str:
+        """Publish `to`, or by default the newest finalized version older than the published one."""
+        if to is None:
+            current = self.current()
+            if current is None:
+                raise VersionNotFoundError("nothing is published yet: there is no version to roll back from")
+            older = [v for v in self.versions() if v < current and self._finalized(v)]
+            if not older:
+                raise VersionNotFoundError(f"no finalized version older than {current!r} to roll back to")
+            to = older[-1]
+        self.publish(to)
+        return to
+
+    def gc(self, keep: int) -> list[str]:
+        """Delete all versions but the published one and the `keep` newest others; return them, oldest first."""
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        current = self.current()
+        others = [v for v in self.versions() if v != current]
+        doomed = others[: max(len(others) - keep, 0)]
+        for version in doomed:
+            self._drop(version)
+        return doomed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def open_vector_store(settings: VectorStoreSettings) -> VectorStore:
+    """The store `settings.type` names; each engine is imported only when chosen."""
+    if settings.type == "edge":
+        from stores.qdrant_edge_store import QdrantEdgeStore
+
+        return QdrantEdgeStore(settings)
+    from stores.qdrant_server_store import QdrantServerStore
+
+    return QdrantServerStore(settings)

@@ -1,0 +1,63 @@
+"""The corpus-embedding job on real Ray: rejects, versions, and incremental recompute."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.embed import RejectRatioExceededError, run_embed_job
+from jobs.settings import EmbedJobSettings
+from stores.vector_settings import VectorStoreSettings
+from stores.vectors import open_vector_store
+
+
+def test_rejects_are_quarantined_with_reasons(
+    ray_local, settings, small_corpus: Path, tmp_path: Path
+) -> None:
+    store = open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant"))
+    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.05)
+    report = run_embed_job("v1", store, job, settings)
+
+    rejects = pq.read_table(report.rejects_path).to_pylist()
+    reasons = sorted((str(r["id"]), r["reject_reason"]) for r in rejects)
+    assert reasons == [
+        ("None", "id is null"),
+        ("dup", "id 'dup' is duplicated"),
+        ("dup", "id 'dup' is duplicated"),
+        ("empty-text", "text is empty"),
+    ]
+    assert (report.rows, report.rejects, report.loaded) == (204, 4, 200)
+    assert (report.computed, report.reused) == (200, 0)
+    assert report.engine["precision"] == "int8" and report.engine["gates"][0]["passed"]
+
+
+def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
+    ray_local, settings, small_corpus: Path, tmp_path: Path
+) -> None:
+    store = open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant"))
+    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.05)
+    first = run_embed_job("v1", store, job, settings)
+    second = run_embed_job("v2", store, job, settings)
+    assert (second.computed, second.reused, second.loaded) == (0, first.loaded, first.loaded)
+
+    table = pq.read_table(small_corpus).to_pylist()
+    table[10]["text"] += " Now with a changed description."
+    table[11]["text"] += " Now with a changed description."
+    changed = tmp_path / "changed.parquet"
+    pq.write_table(pa.Table.from_pylist(table), changed)
+    third = run_embed_job("v3", store, job.model_copy(update={"input": str(changed)}), settings)
+    assert (third.computed, third.reused) == (2, first.loaded - 2)
+
+
+def test_too_many_rejects_fail_before_inference(
+    ray_local, settings, small_corpus: Path, tmp_path: Path
+) -> None:
+    store = open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant"))
+    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.01)
+    with pytest.raises(RejectRatioExceededError, match=r"4 of 204 rows rejected, over max_reject_ratio=0.01"):
+        run_embed_job("v1", store, job, settings)
+    assert not (tmp_path / "work" / "runs" / "v1" / "embeddings").exists()
+    assert store.versions() == []

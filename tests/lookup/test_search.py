@@ -1,0 +1,130 @@
+"""`POST /v1/search` and the health endpoints, on a real engine and a real in-process Qdrant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from starlette.testclient import TestClient
+
+from lookup.app import create_app
+from lookup.settings import ServiceSettings
+from models.settings import DEMO_CORPUS
+from stores.vector_settings import VectorStoreSettings
+from stores.vectors import open_vector_store
+
+V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
+
+
+def write_version(stores: VectorStoreSettings, version: str, rows: list[dict], encoder) -> None:
+    vectors = encoder.encode([r["text"] for r in rows])
+    with open_vector_store(stores) as store:
+        store.create_version(version, encoder.dim)
+        store.upsert(
+            version,
+            [r["id"] for r in rows],
+            vectors,
+            [{"title": r["title"], "section": r["section"]} for r in rows],
+        )
+        store.finalize(version)
+        store.publish(version)
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> VectorStoreSettings:
+    return VectorStoreSettings(type="edge", path=tmp_path / "qdrant")
+
+
+@pytest.fixture
+def rows() -> list[dict]:
+    return pq.read_table(DEMO_CORPUS).slice(0, 150).to_pylist()
+
+
+@pytest.fixture
+def client(encoder, settings, stores, rows) -> Iterator[TestClient]:
+    write_version(stores, V1, rows, encoder)
+    app = create_app(ServiceSettings(warmup_queries=2), settings, stores)
+    with TestClient(app) as client:
+        yield client
+
+
+def test_search_returns_the_nearest_documents(client: TestClient, rows) -> None:
+    target = next(r for r in rows if r["section"] == "games")
+    answer = client.post("/v1/search", json={"query": target["title"], "k": 5})
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["version"] == V1 and len(body["hits"]) == 5
+    assert body["hits"][0]["id"] == target["id"]
+    assert body["hits"][0]["payload"] == {"title": target["title"], "section": "games"}
+    scores = [h["score"] for h in body["hits"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_filter_restricts_by_payload(client: TestClient) -> None:
+    body = client.post(
+        "/v1/search", json={"query": "command line tool", "k": 10, "filter": {"section": "python"}}
+    ).json()
+    assert body["hits"] and {h["payload"]["section"] for h in body["hits"]} == {"python"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"query": ""}, "query"),
+        ({"query": "   "}, "query"),
+        ({"query": "x" * 1001}, "query"),
+        ({"query": "ok", "k": 0}, "k"),
+        ({"query": "ok", "k": 101}, "k"),
+        ({"query": "ok", "k": "10"}, "k"),
+        ({"query": "ok", "filter": {"section": ["a"]}}, "filter.section"),
+        ({"query": "ok", "limit": 3}, "limit"),
+        ({}, "query"),
+    ],
+)
+def test_bad_requests_are_4xx_naming_the_field(client: TestClient, body: dict, field: str) -> None:
+    answer = client.post("/v1/search", json=body)
+    assert answer.status_code == 422
+    assert answer.json()["field"].startswith(field)
+
+
+def test_malformed_json_is_400(client: TestClient) -> None:
+    answer = client.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+
+
+def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["versions"] == {"embeddings": V1} and ready["engine"] == "onnxruntime/cpu/int8"
+    client.post("/v1/search", json={"query": "editor"})
+    metrics = client.get("/metrics").text
+    assert 'precompute_request_seconds_bucket{le="0.00025",route="/v1/search",status="200"}' in metrics
+    assert "precompute_version_age_seconds" in metrics
+    assert "/v1/search" in client.get("/openapi.json").json()["paths"]
+
+
+def test_a_new_version_is_served_without_restart(client: TestClient, encoder, stores, rows) -> None:
+    write_version(stores, V2, rows[:50], encoder)
+    answer = client.post("/v1/search", json={"query": rows[100]["title"], "k": 3}).json()
+    assert answer["version"] == V2
+    assert all(h["id"] in {r["id"] for r in rows[:50]} for h in answer["hits"])
+
+
+def test_nothing_published_is_503_and_not_ready(encoder, settings, stores) -> None:
+    with TestClient(create_app(ServiceSettings(warmup_queries=1), settings, stores)) as client:
+        assert client.get("/readyz").status_code == 503
+        answer = client.post("/v1/search", json={"query": "editor"})
+        assert answer.status_code == 503 and "Retry-After" in answer.headers
+
+
+def test_bearer_token_guards_v1_only(encoder, settings, stores, rows) -> None:
+    write_version(stores, V1, rows[:20], encoder)
+    with TestClient(
+        create_app(ServiceSettings(auth_token="s3cret", warmup_queries=1), settings, stores)
+    ) as client:
+        assert client.post("/v1/search", json={"query": "editor"}).status_code == 401
+        ok = client.post("/v1/search", json={"query": "editor"}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert client.get("/healthz").status_code == 200
