@@ -96,7 +96,8 @@ def main(rate: float, requests: int) -> dict[str, object]:
             store.upsert(VERSION, ids, vectors, [{"title": r["title"]} for r in corpus])
             store.finalize(VERSION)
             store.publish(VERSION)
-            int8_queries = encoder.encode(queries)
+            # Each query alone, as the service embeds it (dynamic INT8 depends on batch peers).
+            int8_queries = np.stack([encoder.encode([query])[0] for query in queries])
 
         service = ServiceSettings(port=8765, warmup_queries=50)
         with running(service, stores) as base:
