@@ -54,11 +54,10 @@ def new_version() -> str:
 
 
 @task(**retrying)
-def embed(
-    version: str, stores: VectorStoreSettings, job: EmbedJobSettings, engine: EngineSettings
-) -> EmbedJobReport:
+def embed(stores: VectorStoreSettings, job: EmbedJobSettings, engine: EngineSettings) -> EmbedJobReport:
+    """Each attempt writes a version of its own: a retry never appends to a failed one's parts."""
     with open_vector_store(stores) as store:
-        return run_embed_job(version, store, job, engine)
+        return run_embed_job(new_version(), store, job, engine)
 
 
 @task(cache_policy=NO_CACHE)
@@ -121,9 +120,8 @@ def nightly(
     job = EmbedJobSettings(**({"input": corpus} if corpus else {}))
     stores = VectorStoreSettings(**({"keep_versions": keep_versions} if keep_versions is not None else {}))
     engine = EngineSettings()
-    version = new_version()
-
-    embedded = embed(version, stores, job, engine)
+    embedded = embed(stores, job, engine)
+    version = embedded.version
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     validation = validate(version, stores, job.work_dir / "runs" / version / "embeddings", min_recall)

@@ -58,7 +58,9 @@ class Service:
         self, settings: ServiceSettings, engine: EngineSettings, stores: VectorStoreSettings
     ) -> None:
         self.settings = settings
-        self.engine_settings = engine.model_copy(update={"streams": 1})  # one query, all cores
+        # One query per call, one thread: after idle gaps a woken 2-thread pool measured
+        # p99 7.3 ms against 3.8 ms single-threaded, for a p50 0.4 ms lower.
+        self.engine_settings = engine.model_copy(update={"streams": 1, "threads": 1})
         self.store_settings = stores
         self.metrics = Metrics()
         self.encoder: Encoder | None = None

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
 from models.encoder import Encoder, EngineReport, encode_texts
@@ -83,7 +84,8 @@ def load_encoder(settings: EngineSettings | None = None) -> Encoder:
     gates: list[GateResult] = []
     for precision in precision_ladder(settings, device, runner_cls.name):
         engine_dir, hit = build.engine(precision)
-        runner = runner_cls(engine_dir / runner_cls.engine_file, device, max(1, cpus // streams))
+        threads = settings.threads or max(1, cpus // streams)
+        runner = runner_cls(engine_dir / runner_cls.engine_file, device, threads)
         if runner_cls.name != "torch":  # the reference needs no gate against itself
             gates.append(build.gate(engine_dir, precision, runner, tokenizer))
             if not gates[-1].passed:
@@ -120,7 +122,7 @@ class _Builder:
                 / "model.onnx"
             )
         fp32 = self.onnx("fp32")
-        key = {"model": self.model, "variant": variant}
+        key = {"model": self.model, "variant": variant, "quantizer": f"onnxruntime {ort.__version__}"}
 
         def quantize(directory: Path) -> None:
             calibration = reference_texts(

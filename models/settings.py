@@ -46,6 +46,10 @@ class EngineSettings(BaseSettings):
     """Batches run concurrently. None: one per CPU core on CPU, each single-threaded
     (measured faster than one session using all cores); 1 on GPU."""
 
+    threads: int | None = Field(None, ge=1, le=64)
+    """ONNX Runtime threads per stream. None: CPU cores / streams. One thread suits a
+    single-query service: waking a thread pool after an idle gap costs more than it saves."""
+
     gate_mean_cosine: float = Field(0.99, gt=0, le=1)
     """Accuracy gate: a quantized engine is used only if its mean cosine to FP32 reaches this."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,14 +12,22 @@ import pytest
 from jobs.embed import RejectRatioExceededError, run_embed_job
 from jobs.settings import EmbedJobSettings
 from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
+from stores.vectors import VectorStore, open_vector_store
 
 
-def test_rejects_are_quarantined_with_reasons(
-    ray_local, settings, small_corpus: Path, tmp_path: Path
-) -> None:
-    store = open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant"))
-    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.05)
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[VectorStore]:
+    with open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant")) as store:
+        yield store
+
+
+@pytest.fixture
+def job(small_corpus: Path, tmp_path: Path) -> EmbedJobSettings:
+    """The small corpus has 4 bad rows in 204: within a 5% reject ratio."""
+    return EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.05)
+
+
+def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job) -> None:
     report = run_embed_job("v1", store, job, settings)
 
     rejects = pq.read_table(report.rejects_path).to_pylist()
@@ -35,10 +44,8 @@ def test_rejects_are_quarantined_with_reasons(
 
 
 def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
-    ray_local, settings, small_corpus: Path, tmp_path: Path
+    ray_local, settings, store, job, small_corpus: Path, tmp_path: Path
 ) -> None:
-    store = open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant"))
-    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.05)
     first = run_embed_job("v1", store, job, settings)
     second = run_embed_job("v2", store, job, settings)
     assert (second.computed, second.reused, second.loaded) == (0, first.loaded, first.loaded)
@@ -52,12 +59,9 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     assert (third.computed, third.reused) == (2, first.loaded - 2)
 
 
-def test_too_many_rejects_fail_before_inference(
-    ray_local, settings, small_corpus: Path, tmp_path: Path
-) -> None:
-    store = open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant"))
-    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.01)
+def test_too_many_rejects_fail_before_inference(ray_local, settings, store, job, tmp_path: Path) -> None:
+    strict = job.model_copy(update={"max_reject_ratio": 0.01})
     with pytest.raises(RejectRatioExceededError, match=r"4 of 204 rows rejected, over max_reject_ratio=0.01"):
-        run_embed_job("v1", store, job, settings)
+        run_embed_job("v1", store, strict, settings)
     assert not (tmp_path / "work" / "runs" / "v1" / "embeddings").exists()
     assert store.versions() == []
