@@ -8,6 +8,7 @@ Nothing a reader sees changes before `publish`, which is one atomic pointer swap
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from dataclasses import asdict
@@ -73,9 +74,13 @@ def publish(version: str, stores: VectorStoreSettings) -> None:
 
 
 @task(**retrying)
-def collect_garbage(stores: VectorStoreSettings) -> list[str]:
+def collect_garbage(stores: VectorStoreSettings, job: EmbedJobSettings) -> list[str]:
+    """Delete old versions whole, with their staged runs (the cache is the newest run)."""
     with open_vector_store(stores) as store:
-        return store.gc(stores.keep_versions)
+        deleted = store.gc(stores.keep_versions)
+    for version in deleted:
+        shutil.rmtree(job.work_dir / "runs" / version, ignore_errors=True)
+    return deleted
 
 
 ROW_STAGES = ("validate", "embed", "load")
@@ -129,7 +134,7 @@ def nightly(
     start = time.perf_counter()
     publish(version, stores)
     seconds["publish"] = round(time.perf_counter() - start, 2)
-    deleted = collect_garbage(stores)
+    deleted = collect_garbage(stores, job)
 
     report = run_report(embedded, validation, deleted, seconds)
     path = job.work_dir / "reports" / f"{version}.json"

@@ -48,6 +48,8 @@ def test_nightly_publishes_reuses_and_collects_garbage(prefect_api, ray_local, e
     assert (second["computed"], second["reused"]) == (0, 200)
     third = nightly(keep_versions=1)
     assert third["deleted_versions"] == [first["version"]]
+    runs = environment / "work" / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == sorted([second["version"], third["version"]])
     with open_vector_store(VectorStoreSettings()) as store:
         assert store.current() == third["version"]
         assert store.versions() == [second["version"], third["version"]]
