@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-import uuid
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from jobs.settings import EmbedJobSettings
 from models import EngineSettings
 from stores.errors import StoreUnavailableError
 from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
+from stores.vectors import new_version, open_vector_store
 
 TRANSIENT = (StoreUnavailableError, ConnectionError, TimeoutError)
 
@@ -48,10 +46,6 @@ retrying = {
     "retry_condition_fn": is_transient,
     "cache_policy": NO_CACHE,
 }
-
-
-def new_version() -> str:
-    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
 
 
 @task(**retrying)

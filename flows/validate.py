@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.dataset as pads
 
-from jobs.embedding_cache import EMBEDDING
+from jobs.embedding_cache import EMBEDDING, embeddings_of
 from stores.vectors import VectorStore
 
 K = 10
@@ -34,8 +34,7 @@ class Validation:
 
 def staged_vectors(run_dir: Path) -> tuple[list[str], np.ndarray]:
     table = pads.dataset(run_dir, format="parquet").to_table(columns=["id", EMBEDDING])
-    vectors = table[EMBEDDING].combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
-    return [str(i) for i in table["id"].to_pylist()], vectors
+    return [str(i) for i in table["id"].to_pylist()], embeddings_of(table)
 
 
 def validate_version(

@@ -120,9 +120,10 @@ def load_version(store: VectorStore, version: str, run_dir: Path) -> int:
     payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
     for batch in parts.to_batches(batch_size=LOAD_BATCH):
         table = pa.Table.from_batches([batch])
-        vectors = table[EMBEDDING].combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
         ids = [str(i) for i in table["id"].to_pylist()]
-        store.upsert(version, ids, vectors, table.select(payload_columns).to_pylist())
+        store.upsert(
+            version, ids, embedding_cache.embeddings_of(table), table.select(payload_columns).to_pylist()
+        )
     store.finalize(version)
     return store.count(version)
 

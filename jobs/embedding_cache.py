@@ -33,8 +33,7 @@ def load(cache_dir: Path) -> dict[bytes, np.ndarray]:
     if not pointer.exists():
         return {}
     table = pq.read_table(pointer.read_text().strip(), columns=[KEY, EMBEDDING])
-    vectors = table[EMBEDDING].combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
-    return dict(zip(table[KEY].to_pylist(), vectors, strict=True))
+    return dict(zip(table[KEY].to_pylist(), embeddings_of(table), strict=True))
 
 
 def promote(cache_dir: Path, run_dir: Path) -> None:
@@ -43,6 +42,11 @@ def promote(cache_dir: Path, run_dir: Path) -> None:
     tmp = cache_dir / f".{POINTER}.tmp"
     tmp.write_text(str(run_dir.resolve()))
     os.replace(tmp, cache_dir / POINTER)
+
+
+def embeddings_of(table: pa.Table) -> np.ndarray:
+    """The `embedding` column as a float32 [rows, dim] array: the inverse of embeddings_column."""
+    return table[EMBEDDING].combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
 
 
 def embeddings_column(vectors: np.ndarray) -> pa.FixedSizeListArray:

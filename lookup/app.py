@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -27,7 +26,7 @@ from lookup.settings import ServiceSettings
 from models import Encoder, EngineSettings, InvalidInputError, load_encoder
 from stores.errors import StoreUnavailableError, VersionNotFoundError
 from stores.vector_settings import VectorStoreSettings
-from stores.vectors import VectorStore, open_vector_store
+from stores.vectors import VectorStore, open_vector_store, version_age
 
 WARMUP_TEXT = "warm-up query for the engine and the index"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -43,12 +42,6 @@ class SearchRequest(BaseModel):
 
 def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
-
-
-def version_age(version: str) -> float:
-    """Versions start with their UTC creation time (flows/nightly.py: new_version)."""
-    created = datetime.strptime(version.split("-")[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-    return (datetime.now(UTC) - created).total_seconds()
 
 
 class Service:

@@ -78,13 +78,13 @@ def load_encoder(settings: EngineSettings | None = None) -> Encoder:
     cpus = len(os.sched_getaffinity(0))
     streams = settings.streams or (cpus if device == "cpu" else 1)
     batch_size = settings.batch_size or (16 if device == "cpu" else 256)
+    threads = settings.threads or max(1, cpus // streams)
     build = _Builder(settings, device, runner_cls, BuildSpec(batch_size, settings.max_seq_length))
     tokenizer = TextTokenizer(settings.max_seq_length)
 
     gates: list[GateResult] = []
     for precision in precision_ladder(settings, device, runner_cls.name):
         engine_dir, hit = build.engine(precision)
-        threads = settings.threads or max(1, cpus // streams)
         runner = runner_cls(engine_dir / runner_cls.engine_file, device, threads)
         if runner_cls.name != "torch":  # the reference needs no gate against itself
             gates.append(build.gate(engine_dir, precision, runner, tokenizer))

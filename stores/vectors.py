@@ -13,6 +13,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -31,6 +32,19 @@ UPSERT_BATCH = 256
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 Filter = Mapping[str, str | int | bool]
+
+VERSION_TIME = "%Y%m%dT%H%M%SZ"
+"""Versions start with their UTC creation time, so names sort by age."""
+
+
+def new_version() -> str:
+    return f"{datetime.now(UTC):{VERSION_TIME}}-{uuid.uuid4().hex[:6]}"
+
+
+def version_age(version: str) -> float:
+    """Seconds since a version made by `new_version` was created."""
+    created = datetime.strptime(version.split("-")[0], VERSION_TIME).replace(tzinfo=UTC)
+    return (datetime.now(UTC) - created).total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
