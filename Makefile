@@ -2,8 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: demo test
+.PHONY: demo test redis-server
 
 $(BIN)/precompute: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version) if sys.version_info < (3, 11) else None'
@@ -12,9 +13,13 @@ $(BIN)/precompute: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-demo: $(BIN)/precompute
+# Key lookups need a local redis-server (tests and the demo start their own on a free port).
+redis-server:
+	@command -v redis-server >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server)
+
+demo: $(BIN)/precompute redis-server
 	$(BIN)/precompute demo
 
-test: $(BIN)/precompute
+test: $(BIN)/precompute redis-server
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest

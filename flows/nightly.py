@@ -1,15 +1,22 @@
-"""The nightly flow: embed -> validate -> publish -> GC -> run report.
+"""The nightly flow: the three outputs, each validated and published on its own, then a run report.
+
+    embeddings: embed -> validate (count, canaries, recall@10) -> publish (Qdrant) -> GC
+    labels:     label -> publish (Redis: count, sample reads) -> GC
+    recs:       (after embeddings: its item vectors) recommend -> validate (hit-rate@10) -> publish -> GC
 
 Each step is a Prefect task; transient store failures are retried with backoff, while
 bad data (reject ratio, accuracy gate, validation) fails at once: retrying cannot fix it.
-Nothing a reader sees changes before `publish`, which is one atomic pointer swap.
+Nothing a reader sees changes before a `publish`, which is one atomic pointer swap, and
+an output that fails leaves the others published: the flow fails after the report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,11 +26,18 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.validate import Validation, validate_version
+from flows.validate import Validation, staged_vectors, validate_version
 from jobs.embed import EmbedJobReport, run_embed_job
+from jobs.labels import LabelsJobReport, run_labels_job
+from jobs.recommend import RecsJobReport, run_recs_job
+from jobs.recs_quality import RecsQuality, leave_one_out, read_seen
+from jobs.recs_settings import RecsJobSettings
 from jobs.settings import EmbedJobSettings
 from models import EngineSettings
+from models.labels import LabelSettings, load_head
 from stores.errors import StoreUnavailableError
+from stores.key_value import KeyValueStore
+from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import new_version, open_vector_store
 
@@ -72,16 +86,100 @@ def collect_garbage(stores: VectorStoreSettings, job: EmbedJobSettings) -> list[
     """Delete old versions whole, with their staged runs (the cache is the newest run)."""
     with open_vector_store(stores) as store:
         deleted = store.gc(stores.keep_versions)
-    for version in deleted:
-        shutil.rmtree(job.work_dir / "runs" / version, ignore_errors=True)
+    remove_runs(job.work_dir / "runs", deleted)
     return deleted
+
+
+@task(**retrying)
+def label(
+    job: EmbedJobSettings, labels: LabelSettings, engine: EngineSettings, redis: RedisSettings
+) -> tuple[LabelsJobReport, str, list[str]]:
+    """Label the corpus into a new Redis version and publish it (count and sample reads first).
+
+    Returns (report, version, versions deleted by the publish's GC).
+    """
+    version = new_version()
+    runs = job.work_dir / "runs" / "labels"
+    vocabulary = load_head(labels, engine).labels  # trains the head on a cache miss
+    with KeyValueStore(redis) as store:
+        try:
+            report = run_labels_job(
+                job,
+                labels,
+                engine,
+                store.sink("labels", version),
+                runs / version,
+                before_write=lambda rows: store.create_version(
+                    "labels", version, rows, {"vocabulary": vocabulary}
+                ),
+            )
+            deleted = store.publish("labels", version, report.samples)
+        except BaseException:
+            drop_unpublished(store, "labels", version)
+            raise
+    remove_runs(runs, deleted)
+    return report, version, deleted
+
+
+class QualityError(Exception):
+    """The new recommendations are worse than the most-popular baseline; the current version stays."""
+
+
+@task(**retrying)
+def recommend(
+    recs: RecsJobSettings, embeddings_dir: Path, redis: RedisSettings, work_dir: Path
+) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
+    """Recommend from the published embeddings into a new Redis version; publish it if it beats
+    most-popular under leave-one-out. Returns (report, version, quality, versions deleted)."""
+    version = new_version()
+    runs = work_dir / "runs" / "recs"
+    item_ids, item_vectors = staged_vectors(embeddings_dir)
+    with KeyValueStore(redis) as store:
+        try:
+            report = run_recs_job(
+                recs,
+                item_ids,
+                item_vectors,
+                store.sink("recs", version),
+                runs / version,
+                before_write=lambda rows: store.create_version(
+                    "recs", version, rows, {"vocabulary": item_ids}
+                ),
+            )
+            quality = leave_one_out(
+                read_seen(recs.interactions, item_ids), item_vectors, recs.popularity_weight, recs.k
+            )
+            if quality.ours < quality.most_popular:
+                raise QualityError(
+                    f"leave-one-out hit-rate@{recs.k} {quality.ours:.4f} is below "
+                    f"most-popular's {quality.most_popular:.4f}"
+                )
+            deleted = store.publish("recs", version, report.samples)
+        except BaseException:
+            drop_unpublished(store, "recs", version)
+            raise
+    remove_runs(runs, deleted)
+    return report, version, quality, deleted
+
+
+def drop_unpublished(store: KeyValueStore, output: str, version: str) -> None:
+    """Delete a failed attempt's version, if it got as far as existing."""
+    with contextlib.suppress(Exception):
+        if store.current(output) != version:
+            store.drop_version(output, version)
+
+
+def remove_runs(runs: Path, versions: list[str]) -> None:
+    """A deleted version's run folder (its rejects) goes with it."""
+    for version in versions:
+        shutil.rmtree(runs / version, ignore_errors=True)
 
 
 ROW_STAGES = ("validate", "embed", "load")
 """Stages that pass over every row; docs/s of the others (engine build, publish) means nothing."""
 
 
-def run_report(
+def embeddings_report(
     embedded: EmbedJobReport, validation: Validation, deleted: list[str], seconds: dict[str, float]
 ) -> dict[str, Any]:
     per_second = {stage: round(embedded.rows / embedded.seconds[stage], 1) for stage in ROW_STAGES}
@@ -102,38 +200,113 @@ def run_report(
     }
 
 
+def labels_report(labelled: LabelsJobReport, version: str, deleted: list[str]) -> dict[str, Any]:
+    engine = labelled.labeler["engine"]
+    return {
+        "version": version,
+        "published": True,
+        "rows": labelled.rows,
+        "rejects": labelled.rejects,
+        "rejects_path": labelled.rejects_path,
+        "items": labelled.items,
+        "labels": len(labelled.vocabulary),
+        "seconds": labelled.seconds,
+        "docs_per_s": round(labelled.items / labelled.seconds["label"], 1),
+        "engine": {k: engine[k] for k in ("backend", "device", "precision")},
+        "gate": labelled.labeler["gates"],
+        "head_held_out_accuracy": round(labelled.labeler["held_out_accuracy"], 4),
+        "deleted_versions": deleted,
+    }
+
+
+def recs_report(
+    recs: RecsJobReport, version: str, quality: RecsQuality, deleted: list[str]
+) -> dict[str, Any]:
+    return {
+        "version": version,
+        "published": True,
+        "rows": recs.rows,
+        "rejects": recs.rejects,
+        "rejects_path": recs.rejects_path,
+        "users": recs.users,
+        "k": recs.k,
+        "seconds": recs.seconds,
+        "users_per_s": recs.users_per_s,
+        "validation": asdict(quality),
+        "deleted_versions": deleted,
+    }
+
+
 def markdown(report: dict[str, Any]) -> str:
-    rows = "\n".join(f"| {key} | {json.dumps(value)} |" for key, value in report.items())
-    return f"# Nightly run, version {report['version']}\n\n| field | value |\n| --- | --- |\n{rows}\n"
+    sections = []
+    for output, fields in report["outputs"].items():
+        rows = "\n".join(f"| {key} | {json.dumps(value)} |" for key, value in fields.items())
+        sections.append(f"## {output}\n\n| field | value |\n| --- | --- |\n{rows}\n")
+    return f"# Nightly run {report['run']}\n\n" + "\n".join(sections)
 
 
 @flow(name="nightly", log_prints=True)
 def nightly(
-    corpus: str | None = None, keep_versions: int | None = None, min_recall: float = 0.99
+    corpus: str | None = None,
+    interactions: str | None = None,
+    keep_versions: int | None = None,
+    min_recall: float = 0.99,
 ) -> dict[str, Any]:
-    """Embed the corpus into a new version, validate, publish, GC, and report.
+    """Precompute the three outputs, each validated and published on its own, and report.
 
     corpus: Parquet path or URI (default: PRECOMPUTE_JOB_INPUT, else the demo corpus).
-    keep_versions: previous versions kept for rollback (default: PRECOMPUTE_QDRANT_KEEP_VERSIONS).
+    interactions: Parquet path or URI (default: PRECOMPUTE_RECS_INTERACTIONS, else the demo's).
+    keep_versions: previous versions kept for rollback, per output (default: the stores' settings).
     """
     job = EmbedJobSettings(**({"input": corpus} if corpus else {}))
-    stores = VectorStoreSettings(**({"keep_versions": keep_versions} if keep_versions is not None else {}))
-    engine = EngineSettings()
-    embedded = embed(stores, job, engine)
-    version = embedded.version
-    seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    validation = validate(version, stores, job.work_dir / "runs" / version / "embeddings", min_recall)
-    seconds["validate_version"] = round(time.perf_counter() - start, 2)
-    start = time.perf_counter()
-    publish(version, stores)
-    seconds["publish"] = round(time.perf_counter() - start, 2)
-    deleted = collect_garbage(stores, job)
+    recs = RecsJobSettings(**({"interactions": interactions} if interactions else {}))
+    keep = {"keep_versions": keep_versions} if keep_versions is not None else {}
+    stores, redis = VectorStoreSettings(**keep), RedisSettings(**keep)
+    engine, labels = EngineSettings(), LabelSettings()
+    run = new_version()
+    outputs: dict[str, Any] = {}
+    failed: dict[str, str] = {}
 
-    report = run_report(embedded, validation, deleted, seconds)
-    path = job.work_dir / "reports" / f"{version}.json"
+    def attempt(output: str, step: Callable[[], dict[str, Any]]) -> None:
+        try:
+            outputs[output] = step()
+        except Exception as e:  # reported, and the flow fails after the other outputs ran
+            failed[output] = f"{type(e).__name__}: {e}"
+            outputs[output] = {"published": False, "error": failed[output]}
+
+    def embeddings() -> dict[str, Any]:
+        embedded = embed(stores, job, engine)
+        version = embedded.version
+        seconds: dict[str, float] = {}
+        start = time.perf_counter()
+        validation = validate(version, stores, job.work_dir / "runs" / version / "embeddings", min_recall)
+        seconds["validate_version"] = round(time.perf_counter() - start, 2)
+        start = time.perf_counter()
+        publish(version, stores)
+        seconds["publish"] = round(time.perf_counter() - start, 2)
+        return embeddings_report(embedded, validation, collect_garbage(stores, job), seconds)
+
+    def labelled() -> dict[str, Any]:
+        return labels_report(*label(job, labels, engine, redis))
+
+    def recommended() -> dict[str, Any]:
+        if not outputs["embeddings"]["published"]:
+            raise RuntimeError("skipped: the embeddings it recommends from were not published")
+        version = outputs["embeddings"]["version"]
+        return recs_report(
+            *recommend(recs, job.work_dir / "runs" / version / "embeddings", redis, job.work_dir)
+        )
+
+    attempt("embeddings", embeddings)
+    attempt("labels", labelled)
+    attempt("recs", recommended)
+
+    report = {"run": run, "outputs": outputs, "failed": failed}
+    path = job.work_dir / "reports" / f"{run}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
-    create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"version {version}")
+    create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {run}")
     print(json.dumps(report))
+    if failed:
+        raise RuntimeError(f"outputs failed: {failed}; the others are published; report in {path}")
     return report

@@ -27,24 +27,19 @@ import ray
 from ray.data import ActorPoolStrategy
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
-from ray.data.expressions import col
 
 from jobs import embedding_cache
 from jobs.embedding_cache import EMBEDDING, KEY
 from jobs.ray_session import ray_session
 from jobs.settings import EmbedJobSettings
-from jobs.validate import REASON, duplicate_ids, tag_rejects
-from models import EngineSettings, ModelError, load_encoder
+from jobs.validate import validated_corpus
+from models import EngineSettings, load_encoder
 from models.source import model_hash
 from stores.vectors import VectorStore
 
 COMPUTED = "computed"
-NOT_PAYLOAD = {"text", REASON, KEY, EMBEDDING, COMPUTED, "id"}
+NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
 LOAD_BATCH = 256
-
-
-class RejectRatioExceededError(ModelError):
-    """Too many bad rows: the input is more likely broken than the rows."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ class EmbedActor:
         computed = np.zeros(len(keys), dtype=bool)
         computed[missing] = True
         return (
-            batch.drop_columns(["text", REASON])
+            batch.drop_columns(["text"])
             .append_column(KEY, pa.array(keys, pa.binary(16)))
             .append_column(EMBEDDING, embedding_cache.embeddings_column(vectors))
             .append_column(COMPUTED, pa.array(computed))
@@ -128,16 +123,6 @@ def load_version(store: VectorStore, version: str, run_dir: Path) -> int:
     return store.count(version)
 
 
-def write_rejects(tagged: ray.data.Dataset, path: Path) -> int:
-    """Quarantine every row with a reason, with the reason, before any inference is spent."""
-    rejects = tagged.filter(expr=col(REASON).is_not_null()).materialize()
-    tables = [t for t in ray.get(rejects.to_arrow_refs()) if t.num_rows]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if tables:
-        pq.write_table(pa.concat_tables(tables), path)
-    return sum(t.num_rows for t in tables)
-
-
 @ray.remote
 def prepare_engine(engine: EngineSettings) -> dict[str, Any]:
     """Build (or find cached) and gate the engine once, before the actors fan out."""
@@ -154,18 +139,9 @@ def run_embed_job(
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
         start = time.perf_counter()
-        rows = pads.dataset(settings.input, format="parquet").count_rows()
-        tagged = ray.data.read_parquet(settings.input).map_batches(
-            tag_rejects, batch_format="pyarrow", fn_kwargs={"duplicates": duplicate_ids(settings.input)}
-        )
         rejects_path = run_dir / "rejects.parquet"
-        rejects = write_rejects(tagged, rejects_path)
+        good, rows, rejects = validated_corpus(settings.input, settings.max_reject_ratio, rejects_path)
         seconds["validate"] = time.perf_counter() - start
-        if rows and rejects / rows > settings.max_reject_ratio:
-            raise RejectRatioExceededError(
-                f"{rejects} of {rows} rows rejected, over max_reject_ratio="
-                f"{settings.max_reject_ratio}; reasons in {rejects_path}"
-            )
 
         start = time.perf_counter()
         engine_report = ray.get(prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine))
@@ -173,7 +149,7 @@ def run_embed_job(
 
         start = time.perf_counter()
         sink = StagingSink(run_dir / "embeddings")
-        tagged.filter(expr=col(REASON).is_null()).map_batches(
+        good.map_batches(
             EmbedActor,
             fn_constructor_kwargs={"engine": engine, "cache_dir": settings.work_dir / "cache"},
             compute=ActorPoolStrategy(size=settings.actors),

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Set
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import ray
+from ray.data.expressions import col
 
-from models.errors import InvalidInputError
+from models.errors import InvalidInputError, ModelError
 from models.tokenize import check_text
 
 REASON = "reject_reason"
+
+
+class RejectRatioExceededError(ModelError):
+    """Too many bad rows: the input is more likely broken than the rows."""
 
 
 def duplicate_ids(uri: str) -> set[str]:
@@ -41,3 +49,28 @@ def tag_rejects(batch: pa.Table, duplicates: Set[str]) -> pa.Table:
         for i, t in zip(batch["id"].to_pylist(), batch["text"].to_pylist(), strict=True)
     ]
     return batch.append_column(REASON, pa.array(reasons, type=pa.string()))
+
+
+def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: Path, noun: str = "rows") -> int:
+    """Write every row with a reason to `path`, before any inference is spent; fail past `max_ratio`."""
+    rejects = tagged.filter(expr=col(REASON).is_not_null()).materialize()
+    tables = [t for t in ray.get(rejects.to_arrow_refs()) if t.num_rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if tables:
+        pq.write_table(pa.concat_tables(tables), path)
+    count = sum(t.num_rows for t in tables)
+    if rows and count / rows > max_ratio:
+        raise RejectRatioExceededError(
+            f"{count} of {rows} {noun} rejected, over max_reject_ratio={max_ratio}; reasons in {path}"
+        )
+    return count
+
+
+def validated_corpus(uri: str, max_ratio: float, rejects_path: Path) -> tuple[ray.data.Dataset, int, int]:
+    """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first."""
+    rows = pads.dataset(uri, format="parquet").count_rows()
+    tagged = ray.data.read_parquet(uri).map_batches(
+        tag_rejects, batch_format="pyarrow", fn_kwargs={"duplicates": duplicate_ids(uri)}
+    )
+    rejects = quarantine(tagged, rows, max_ratio, rejects_path)
+    return tagged.filter(expr=col(REASON).is_null()).drop_columns([REASON]), rows, rejects

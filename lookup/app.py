@@ -1,16 +1,16 @@
-"""The ASGI app: `POST /v1/search`, `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
+"""The ASGI app: `POST /v1/search`, key lookups (lookup/keys.py), `/healthz`, `/readyz`, `/metrics`,
+`/openapi.json`.
 
 Search embeds the query on the request's thread (about 1-2 ms for a short query with
-the INT8 engine) and searches the published version; the store reader follows the
-version pointer, so a new publication is served without a restart.
+the INT8 engine) and searches the published version; the store readers follow the
+version pointers, so a new publication is served without a restart.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,16 +20,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from lookup.errors import Refused, error
+from lookup.keys import LABELS, RECS, Handler, KeyLookups
 from lookup.metrics import Metrics
 from lookup.openapi import openapi_document
 from lookup.settings import ServiceSettings
 from models import Encoder, EngineSettings, InvalidInputError, load_encoder
 from stores.errors import StoreUnavailableError, VersionNotFoundError
+from stores.key_value_reader import KeyValueReader
+from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import VectorStore, open_vector_store, version_age
 
 WARMUP_TEXT = "warm-up query for the engine and the index"
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 class SearchRequest(BaseModel):
@@ -40,24 +43,26 @@ class SearchRequest(BaseModel):
     filter: dict[str, str | int | bool] | None = None
 
 
-def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
-
-
 class Service:
-    """Owns the engine and the store reader; handlers are its methods."""
+    """Owns the engine and the store readers; handlers are its methods and KeyLookups'."""
 
     def __init__(
-        self, settings: ServiceSettings, engine: EngineSettings, stores: VectorStoreSettings
+        self,
+        settings: ServiceSettings,
+        engine: EngineSettings,
+        stores: VectorStoreSettings,
+        redis: RedisSettings,
     ) -> None:
         self.settings = settings
         # One query per call, one thread: after idle gaps a woken 2-thread pool measured
         # p99 7.3 ms against 3.8 ms single-threaded, for a p50 0.4 ms lower.
         self.engine_settings = engine.model_copy(update={"streams": 1, "threads": 1})
         self.store_settings = stores
+        self.redis_settings = redis
         self.metrics = Metrics()
         self.encoder: Encoder | None = None
         self.store: VectorStore | None = None
+        self.keys = KeyLookups(settings, self.metrics)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -65,7 +70,10 @@ class Service:
         self.store = open_vector_store(self.store_settings)
         for _ in range(self.settings.warmup_queries):
             self.encoder.encode([WARMUP_TEXT])
+        self.keys.reader = KeyValueReader(self.redis_settings)
         yield
+        await self.keys.reader.aclose()
+        self.keys.reader = None
         self.encoder.close()
         self.encoder = None
 
@@ -113,21 +121,30 @@ class Service:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """Ready once the engine is warm and a version is published; 503 with the reason before."""
+        """Ready once the engine is warm and both stores answer; 503 with the reason before.
+
+        An output not published yet does not hold readiness back (its version is null, its
+        reads answer 503): outputs are published independently, and a service that serves
+        only some of them is still ready to serve those.
+        """
         if self.encoder is None or self.store is None:
             return error(503, "warming up")
         try:
-            version = self.store.current()
+            embeddings = self.store.current()
         except StoreUnavailableError as e:
             return error(503, f"vector store unavailable: {e}")
-        if version is None:
-            return error(503, "no version of the corpus embeddings is published yet")
-        self.metrics.version_age.labels("embeddings").set(version_age(version))
+        try:
+            versions = {"embeddings": embeddings, **await self.keys.versions()}
+        except StoreUnavailableError as e:
+            return error(503, str(e))
+        for output, version in versions.items():
+            if version is not None:
+                self.metrics.version_age.labels(output).set(version_age(version))
         report = self.encoder.report
         return JSONResponse(
             {
                 "status": "ready",
-                "versions": {"embeddings": version},
+                "versions": versions,
                 "engine": f"{report.backend}/{report.device}/{report.precision}",
             }
         )
@@ -148,7 +165,10 @@ class Service:
             ):
                 response: Response = error(401, "missing or wrong bearer token")
             else:
-                response = await handler(request)
+                try:
+                    response = await handler(request)
+                except Refused as e:
+                    response = e.response
             self.metrics.latency.labels(route, str(response.status_code)).observe(time.perf_counter() - start)
             return response
 
@@ -160,18 +180,31 @@ def create_app(
     settings: ServiceSettings | None = None,
     engine: EngineSettings | None = None,
     stores: VectorStoreSettings | None = None,
+    redis: RedisSettings | None = None,
 ) -> Starlette:
+    """Settings left out are read from their PRECOMPUTE_* variables."""
     service = Service(
-        settings or ServiceSettings(), engine or EngineSettings(), stores or VectorStoreSettings()
+        settings or ServiceSettings(),
+        engine or EngineSettings(),
+        stores or VectorStoreSettings(),
+        redis or RedisSettings(),
     )
-    routes = [
-        Route("/v1/search", service.timed("/v1/search", service.search), methods=["POST"]),
+    keys = service.keys
+    routes = [Route("/v1/search", service.timed("/v1/search", service.search), methods=["POST"])]
+    for output in (LABELS, RECS):
+        single, batch = f"/v1/{output.name}/{{id}}", f"/v1/{output.name}:batchGet"
+        routes += [
+            # `:path`: an id may hold a '/' (sent as %2F); metrics label the route by its template.
+            Route(f"/v1/{output.name}/{{id:path}}", service.timed(single, keys.get(output)), methods=["GET"]),
+            Route(batch, service.timed(batch, keys.batch_get(output)), methods=["POST"]),
+        ]
+    routes += [
         Route("/healthz", service.timed("/healthz", service.healthz)),
         Route("/readyz", service.timed("/readyz", service.readyz)),
         Route("/metrics", service.metrics_endpoint, include_in_schema=False),
     ]
 
-    document = openapi_document(SearchRequest)
+    document = openapi_document(SearchRequest, LABELS.batch_model, RECS.batch_model)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

@@ -160,7 +160,7 @@ class _Builder:
         cached = json.loads(scored.read_text()) if scored.exists() else {}
         if cached.get("texts") != digest:
             embeddings = encode_texts(runner, tokenizer, texts, self.spec.max_batch)
-            cosine = row_cosine(embeddings, self.reference(texts, digest))
+            cosine = row_cosine(embeddings, reference_embeddings(self.settings, texts))
             cached = {"texts": digest, "cosine": cosine.tolist()}
             tmp = scored.with_suffix(".tmp")
             tmp.write_text(json.dumps(cached))
@@ -170,20 +170,26 @@ class _Builder:
 
     def gate_texts(self) -> list[str]:
         if self._gate_texts is None:
-            self._gate_texts = reference_texts(
-                self.settings.reference_corpus, "gate", self.settings.gate_texts
-            )
+            self._gate_texts = gate_texts(self.settings)
         return self._gate_texts
 
-    def reference(self, texts: list[str], digest: str) -> np.ndarray:
-        """FP32 PyTorch embeddings of the gate texts, computed once per model and text set."""
 
-        def compute(directory: Path) -> None:
-            from models.backends.torch import TorchRunner
+def gate_texts(settings: EngineSettings) -> list[str]:
+    return reference_texts(settings.reference_corpus, "gate", settings.gate_texts)
 
-            tokenizer = TextTokenizer(self.settings.max_seq_length)
-            with TorchRunner(Path(), "cpu", 1) as reference:
-                np.save(directory / "embeddings.npy", encode_texts(reference, tokenizer, texts, 32))
 
-        entry = self.cache.get_or_build("reference", {"model": self.model, "texts": digest}, compute)
-        return np.load(entry.path / "embeddings.npy")
+def reference_embeddings(settings: EngineSettings, texts: list[str]) -> np.ndarray:
+    """FP32 PyTorch embeddings of `texts`, computed once per model and text set: every
+    gate (cosine here, label agreement in labels.py) scores against the same reference."""
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
+
+    def compute(directory: Path) -> None:
+        from models.backends.torch import TorchRunner
+
+        tokenizer = TextTokenizer(settings.max_seq_length)
+        with TorchRunner(Path(), "cpu", 1) as reference:
+            np.save(directory / "embeddings.npy", encode_texts(reference, tokenizer, texts, 32))
+
+    key = {"model": model_hash(settings.max_seq_length), "texts": digest}
+    entry = EngineCache(settings.cache_dir).get_or_build("reference", key, compute)
+    return np.load(entry.path / "embeddings.npy")

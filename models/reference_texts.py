@@ -17,6 +17,11 @@ from models.errors import ModelError
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
 
 
+def split_slot(id_: object) -> int:
+    """The row's slot of ten: 0 is the gate's, 1 calibration's, the rest free (training)."""
+    return hashlib.sha256(str(id_).encode()).digest()[0] % 10
+
+
 def reference_texts(path: Path, purpose: Literal["gate", "calibration"], count: int) -> list[str]:
     """The first `count` texts of the corpus whose id hashes into the purpose's slot (1 in 10)."""
     try:
@@ -27,7 +32,7 @@ def reference_texts(path: Path, purpose: Literal["gate", "calibration"], count: 
     texts = [
         text
         for id_, text in zip(table["id"].to_pylist(), table["text"].to_pylist(), strict=True)
-        if text and hashlib.sha256(str(id_).encode()).digest()[0] % 10 == slot
+        if text and split_slot(id_) == slot
     ]
     if len(texts) < count:
         raise ModelError(

@@ -35,11 +35,53 @@ def run(
     corpus: Annotated[
         str | None, typer.Option(help="Corpus Parquet path or URI; default: the demo corpus.")
     ] = None,
+    interactions: Annotated[
+        str | None, typer.Option(help="Interactions Parquet path or URI; default: the demo's.")
+    ] = None,
 ) -> None:
-    """Run the nightly flow now: embed, validate, publish, GC; print the run report."""
+    """Run the nightly flow now: the three outputs, each validated and published; print the run report."""
     from flows.nightly import nightly
 
-    nightly(corpus=corpus)
+    nightly(corpus=corpus, interactions=interactions)
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Per output: the version served, its age and count, and the versions a rollback can reach."""
+    from precompute.outputs import as_json as to_json
+    from precompute.outputs import render
+    from precompute.outputs import status as read_status
+    from stores.redis_settings import RedisSettings
+    from stores.vector_settings import VectorStoreSettings
+
+    statuses = read_status(VectorStoreSettings(), RedisSettings())
+    print(json.dumps(to_json(statuses), indent=2) if as_json else render(statuses))
+
+
+@app.command()
+def rollback(
+    output: Annotated[str, typer.Argument(help="embeddings, labels or recs.")],
+    to: Annotated[
+        str | None, typer.Option(help="Version to serve; default: the one before the published one.")
+    ] = None,
+) -> None:
+    """Serve an earlier version of one output, in one atomic switch; the others are untouched."""
+    from precompute.outputs import OUTPUTS
+    from precompute.outputs import rollback as roll_back
+    from stores.errors import StoreError
+    from stores.redis_settings import RedisSettings
+    from stores.vector_settings import VectorStoreSettings
+
+    if output not in OUTPUTS:
+        raise typer.BadParameter(f"{output!r} is not one of {', '.join(OUTPUTS)}", param_hint="OUTPUT")
+    try:
+        version = roll_back(output, to, VectorStoreSettings(), RedisSettings())  # type: ignore[arg-type]
+    except StoreError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    print(f"{output}: serving {version}")
 
 
 @app.command()
@@ -108,3 +150,37 @@ def bench_vectors(
     from bench.vector_store import main
 
     main(docs, queries)
+
+
+@bench_app.command("publish")
+def bench_publish(
+    records: Annotated[int, typer.Option(min=1000, help="Records written per side and repeat.")] = 100_000,
+    repeats: Annotated[int, typer.Option(min=1, help="Repeats; medians are reported.")] = 3,
+) -> None:
+    """Versioned Redis publish (records/s, bytes per record) against redis-py MSET of the same values."""
+    from bench.publish import main
+
+    main(records, repeats=repeats)
+
+
+@bench_app.command("lookup")
+def bench_lookup(
+    rates: Annotated[
+        list[float] | None, typer.Option("--rate", min=1, help="Requests per second (repeatable).")
+    ] = None,
+    seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per rate and side.")] = 10.0,
+) -> None:
+    """Key-lookup p50/p99 through the service at fixed rates, against a bare redis-py GET."""
+    from bench.lookup import main
+
+    main(tuple(rates or (500.0, 1000.0)), seconds)
+
+
+@bench_app.command("recs")
+def bench_recs(
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats; the median is reported.")] = 5,
+) -> None:
+    """GFLOP/s of the recommendations' top-k step against a plain GEMM; leave-one-out hit-rate@10."""
+    from bench.recs import main
+
+    main(repeats)

@@ -1,26 +1,82 @@
-"""`precompute demo`: the nightly flow on the demo corpus, then real queries through the service."""
+"""`precompute demo`: the nightly flow on the demo data, then real reads of all three outputs through the service.
+
+Key lookups need Redis: without PRECOMPUTE_REDIS_URL the demo starts a throwaway
+redis-server of its own (nothing persisted), as a fresh machine has none running.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from flows.nightly import nightly
+from jobs.recs_settings import RecsJobSettings
+from jobs.settings import EmbedJobSettings
 from lookup.server import running
 from lookup.settings import ServiceSettings
+from stores.redis_server import redis_server
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
+USERS = 2
+
+
+@contextlib.contextmanager
+def redis_for_demo(work_dir: Path) -> Iterator[None]:
+    if "PRECOMPUTE_REDIS_URL" in os.environ:
+        yield
+        return
+    with redis_server(work_dir / "redis") as url:
+        os.environ["PRECOMPUTE_REDIS_URL"] = url
+        print(f"started a throwaway redis-server at {url} (set PRECOMPUTE_REDIS_URL to use your own)")
+        try:
+            yield
+        finally:
+            del os.environ["PRECOMPUTE_REDIS_URL"]
+
+
+def demo_users(interactions: str, count: int) -> dict[str, list[str]]:
+    """The first `count` users with at least three items: enough history to say what they like."""
+    table = pq.read_table(interactions, columns=["user_id", "item_id"])
+    sizes = table.group_by("user_id").aggregate([("item_id", "list")]).sort_by("user_id")
+    picked = sizes.filter(pc.greater_equal(pc.list_value_length(sizes["item_id_list"]), 3)).slice(0, count)
+    return dict(zip(picked["user_id"].to_pylist(), picked["item_id_list"].to_pylist(), strict=True))
+
+
+def summary(report: dict) -> str:
+    embeddings, labels, recs = (report["outputs"][o] for o in ("embeddings", "labels", "recs"))
+    return (
+        f"embeddings {embeddings['version']}: {embeddings['rows']} rows, {embeddings['rejects']} rejected, "
+        f"{embeddings['reused']} reused, {embeddings['computed']} computed, "
+        f"recall@10 {embeddings['validation']['recall_at_10']}\n"
+        f"labels     {labels['version']}: {labels['items']} items, {labels['labels']} labels, "
+        f"engine {labels['engine']['precision']} (label gate: "
+        + ", ".join(f"{g['precision']} {g['agreement']:.3f}" for g in labels["gate"])
+        + ")\n"
+        f"recs       {recs['version']}: {recs['users']} users, leave-one-out hit-rate@{recs['k']} "
+        f"{recs['validation']['ours']:.3f} against most-popular's {recs['validation']['most_popular']:.3f}"
+    )
 
 
 def main(top_k: int = 3) -> None:
-    report = nightly()
-    print(
-        f"\npublished version {report['version']}: {report['rows']} rows, {report['rejects']} rejected, "
-        f"{report['reused']} reused, {report['computed']} computed, recall@10 {report['validation']['recall_at_10']}"
-    )
-    with running(ServiceSettings()) as base:
-        print(f"lookup service at {base}: {httpx.get(f'{base}/readyz').json()}")
-        for query in QUERIES:
-            answer = httpx.post(f"{base}/v1/search", json={"query": query, "k": top_k}).json()
-            print(f"\nPOST /v1/search {query!r}")
-            for hit in answer["hits"]:
-                print(f"  {hit['score']:.3f}  {hit['id']}: {hit['payload'].get('title', '')}")
+    with redis_for_demo(EmbedJobSettings().work_dir):
+        report = nightly()
+        print(f"\n{summary(report)}")
+        with running(ServiceSettings()) as base, httpx.Client(base_url=base) as http:
+            print(f"\nlookup service at {base}: {http.get('/readyz').json()}")
+            for query in QUERIES:
+                answer = http.post("/v1/search", json={"query": query, "k": top_k}).json()
+                print(f"\nPOST /v1/search {query!r}")
+                for hit in answer["hits"]:
+                    labels = http.get(f"/v1/labels/{hit['id']}").json()["labels"]
+                    named = ", ".join(f"{label['label']} {label['score']:.2f}" for label in labels)
+                    print(f"  {hit['score']:.3f}  {hit['id']}: {hit['payload'].get('title', '')}  [{named}]")
+            for user, items in demo_users(RecsJobSettings().interactions, USERS).items():
+                answer = http.get(f"/v1/recs/{user}", params={"k": 5}).json()
+                print(f"\nGET /v1/recs/{user}?k=5  (declares {', '.join(items)})")
+                print("  " + ", ".join(f"{item['id']} {item['score']:.2f}" for item in answer["items"]))

@@ -20,3 +20,7 @@ class StoreUnavailableError(StoreError):
 
 class VersionNotFoundError(StoreError):
     """The named version does not exist, or nothing is published yet; not retryable."""
+
+
+class PublishValidationError(StoreError):
+    """A version failed its checks before publish (record count, sample reads); nothing was switched."""

@@ -57,3 +57,12 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.parquet"
     pq.write_table(pa.Table.from_pylist(rows + bad), path)
     return path
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One real redis-server for the run, on a free port (`make test` installs redis-server)."""
+    from stores.redis_server import redis_server
+
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url

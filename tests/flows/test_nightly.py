@@ -1,14 +1,18 @@
-"""The nightly flow on Prefect's test harness, real Ray, the in-process Qdrant engine."""
+"""The nightly flow on Prefect's test harness, real Ray, the in-process Qdrant engine, a real redis-server."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.nightly import nightly
+from stores.key_value import KeyValueStore
+from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
 
@@ -19,10 +23,32 @@ def prefect_api() -> None:
         yield
 
 
+@pytest.fixture(scope="module")
+def interactions(small_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real relations of the test corpus: maintainers (users) x the packages they maintain."""
+    corpus = pq.read_table(small_corpus).to_pylist()
+    rows = [{"user_id": r["maintainer"], "item_id": r["id"]} for r in corpus if r["id"] not in (None, "dup")]
+    path = tmp_path_factory.mktemp("interactions") / "interactions.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
 @pytest.fixture
-def environment(settings, small_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def environment(
+    settings,
+    small_corpus: Path,
+    interactions: Path,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
     """The flow reads its settings from the environment, as in production."""
     env = {
+        "PRECOMPUTE_REDIS_URL": redis_url,
+        "PRECOMPUTE_REDIS_PREFIX": f"flow{tmp_path.name}",
+        "PRECOMPUTE_RECS_INTERACTIONS": str(interactions),
+        "PRECOMPUTE_RECS_MAX_REJECT_RATIO": "0.05",
+        "PRECOMPUTE_LABELS_MAX_TRAIN_TEXTS": "400",
         "PRECOMPUTE_JOB_INPUT": str(small_corpus),
         "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
         "PRECOMPUTE_JOB_MAX_REJECT_RATIO": "0.05",
@@ -38,26 +64,53 @@ def environment(settings, small_corpus: Path, tmp_path: Path, monkeypatch: pytes
 
 def test_nightly_publishes_reuses_and_collects_garbage(prefect_api, ray_local, environment: Path) -> None:
     first = nightly(keep_versions=1)
-    assert (first["rows"], first["rejects"], first["computed"], first["reused"]) == (204, 4, 200, 0)
-    assert first["validation"]["count"] == 200 and first["validation"]["recall_at_10"] >= 0.99
-    assert first["gate"][0]["passed"] and first["engine"]["precision"] == "int8"
-    saved = json.loads((environment / "work" / "reports" / f"{first['version']}.json").read_text())
+    embeddings, labels, recs = (first["outputs"][o] for o in ("embeddings", "labels", "recs"))
+    assert first["failed"] == {}
+    assert (embeddings["rows"], embeddings["rejects"], embeddings["computed"], embeddings["reused"]) == (
+        204,
+        4,
+        200,
+        0,
+    )
+    assert embeddings["validation"]["count"] == 200 and embeddings["validation"]["recall_at_10"] >= 0.99
+    assert embeddings["gate"][0]["passed"] and embeddings["engine"]["precision"] == "int8"
+    assert (labels["items"], labels["rejects"]) == (200, 4) and labels["gate"][-1]["passed"]
+    assert recs["users"] > 10 and recs["validation"]["ours"] >= recs["validation"]["most_popular"]
+    saved = json.loads((environment / "work" / "reports" / f"{first['run']}.json").read_text())
     assert saved == first
+    with KeyValueStore(RedisSettings()) as store:
+        assert store.current("labels") == labels["version"]
+        assert store.current("recs") == recs["version"]
 
     second = nightly(keep_versions=1)
-    assert (second["computed"], second["reused"]) == (0, 200)
+    assert (second["outputs"]["embeddings"]["computed"], second["outputs"]["embeddings"]["reused"]) == (
+        0,
+        200,
+    )
     third = nightly(keep_versions=1)
-    assert third["deleted_versions"] == [first["version"]]
+    versions = [run["outputs"]["embeddings"]["version"] for run in (first, second, third)]
+    assert third["outputs"]["embeddings"]["deleted_versions"] == [versions[0]]
     runs = environment / "work" / "runs"
-    assert sorted(p.name for p in runs.iterdir()) == sorted([second["version"], third["version"]])
+    assert sorted(p.name for p in runs.iterdir() if p.name not in ("labels", "recs")) == sorted(versions[1:])
     with open_vector_store(VectorStoreSettings()) as store:
-        assert store.current() == third["version"]
-        assert store.versions() == [second["version"], third["version"]]
+        assert store.current() == versions[2]
+        assert store.versions() == versions[1:]
+    with KeyValueStore(RedisSettings()) as store:
+        for output in ("labels", "recs"):
+            kept = [v.name for v in store.versions(output)]
+            assert kept == [run["outputs"][output]["version"] for run in (second, third)]
 
 
-def test_a_version_that_fails_validation_is_not_published(prefect_api, ray_local, environment: Path) -> None:
+def test_a_failed_output_leaves_the_others_published(prefect_api, ray_local, environment: Path) -> None:
     published = nightly()
-    with pytest.raises(Exception, match="recall@10"):
-        nightly(min_recall=1.01)
+    broken = environment / "broken.parquet"
+    pq.write_table(pa.table({"user_id": ["u"] * 3, "item_id": ["no-such-item"] * 3}), broken)
+    with pytest.raises(Exception, match="outputs failed"):
+        nightly(interactions=str(broken))
+    report = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
+    assert list(report["failed"]) == ["recs"] and "RejectRatioExceededError" in report["failed"]["recs"]
     with open_vector_store(VectorStoreSettings()) as store:
-        assert store.current() == published["version"]
+        assert store.current() == report["outputs"]["embeddings"]["version"]
+    with KeyValueStore(RedisSettings()) as store:
+        assert store.current("labels") == report["outputs"]["labels"]["version"]
+        assert store.current("recs") == published["outputs"]["recs"]["version"]

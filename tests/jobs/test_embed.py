@@ -9,8 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.embed import RejectRatioExceededError, run_embed_job
+from jobs.embed import run_embed_job
 from jobs.settings import EmbedJobSettings
+from jobs.validate import RejectRatioExceededError
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import VectorStore, open_vector_store
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from starlette.testclient import TestClient
 from lookup.app import create_app
 from lookup.settings import ServiceSettings
 from models.settings import DEMO_CORPUS
+from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
 
@@ -38,14 +40,20 @@ def stores(tmp_path: Path) -> VectorStoreSettings:
 
 
 @pytest.fixture
+def redis(redis_url: str) -> RedisSettings:
+    """Key lookups' store, reachable and empty (a prefix of its own): readiness needs it to answer."""
+    return RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
 def rows() -> list[dict]:
     return pq.read_table(DEMO_CORPUS).slice(0, 150).to_pylist()
 
 
 @pytest.fixture
-def client(encoder, settings, stores, rows) -> Iterator[TestClient]:
+def client(encoder, settings, stores, redis, rows) -> Iterator[TestClient]:
     write_version(stores, V1, rows, encoder)
-    app = create_app(ServiceSettings(warmup_queries=2), settings, stores)
+    app = create_app(ServiceSettings(warmup_queries=2), settings, stores, redis)
     with TestClient(app) as client:
         yield client
 
@@ -97,7 +105,8 @@ def test_malformed_json_is_400(client: TestClient) -> None:
 def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()
-    assert ready["versions"] == {"embeddings": V1} and ready["engine"] == "onnxruntime/cpu/int8"
+    assert ready["versions"] == {"embeddings": V1, "labels": None, "recs": None}
+    assert ready["engine"] == "onnxruntime/cpu/int8"
     client.post("/v1/search", json={"query": "editor"})
     metrics = client.get("/metrics").text
     assert 'precompute_request_seconds_bucket{le="0.00025",route="/v1/search",status="200"}' in metrics
@@ -112,17 +121,19 @@ def test_a_new_version_is_served_without_restart(client: TestClient, encoder, st
     assert all(h["id"] in {r["id"] for r in rows[:50]} for h in answer["hits"])
 
 
-def test_nothing_published_is_503_and_not_ready(encoder, settings, stores) -> None:
-    with TestClient(create_app(ServiceSettings(warmup_queries=1), settings, stores)) as client:
-        assert client.get("/readyz").status_code == 503
+def test_nothing_published_is_503_yet_ready(encoder, settings, stores, redis) -> None:
+    """Ready (the stores answer), with no version to name; search answers 503 until one is published."""
+    with TestClient(create_app(ServiceSettings(warmup_queries=1), settings, stores, redis)) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["versions"]["embeddings"] is None
         answer = client.post("/v1/search", json={"query": "editor"})
         assert answer.status_code == 503 and "Retry-After" in answer.headers
 
 
-def test_bearer_token_guards_v1_only(encoder, settings, stores, rows) -> None:
+def test_bearer_token_guards_v1_only(encoder, settings, stores, redis, rows) -> None:
     write_version(stores, V1, rows[:20], encoder)
     with TestClient(
-        create_app(ServiceSettings(auth_token="s3cret", warmup_queries=1), settings, stores)
+        create_app(ServiceSettings(auth_token="s3cret", warmup_queries=1), settings, stores, redis)
     ) as client:
         assert client.post("/v1/search", json={"query": "editor"}).status_code == 401
         ok = client.post("/v1/search", json={"query": "editor"}, headers={"Authorization": "Bearer s3cret"})

@@ -1,0 +1,311 @@
+"""Recommendations as a Ray Data job: read -> validate -> group by user -> exact top-k -> the caller's sink.
+
+    rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
+    popularity:   good rows -> a bincount per block -> item counts (the ranker's prior)
+    main pass:    good rows -> group by user -> TopKActor pool (blocked matmul, mask, topk) -> values -> sink
+
+Two towers: the item tower is the corpus encoder (the caller passes its embeddings), the user
+tower the normalised weighted mean of the user's items. Scoring is exact, not approximate:
+one matrix multiply per block of users against every item, so no recall is lost to an index.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import ray
+import torch
+from ray.data import ActorPoolStrategy
+from ray.data.datasource import Datasink
+from ray.data.expressions import col
+
+from jobs.ray_session import ray_session
+from jobs.recs_settings import RecsJobSettings
+from jobs.validate import REASON, quarantine
+from stores.records import RANKED, encode_ranked
+
+USER, ITEM, WEIGHT = "user_id", "item_id", "weight"
+INDEX, ITEMS, WEIGHTS = "item_index", "items", "weights"
+SAMPLES = 5
+
+
+class Seen(NamedTuple):
+    """Users' interactions as CSR: user u's item positions are items[offsets[u]:offsets[u + 1]]."""
+
+    offsets: np.ndarray
+    items: np.ndarray
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
+class RecsJobReport:
+    rows: int
+    rejects: int
+    rejects_path: str
+    users: int
+    k: int
+    users_per_s: float
+    """Users over the whole recommend stage (shuffle by user, actor start, top-k), not the kernel alone."""
+    seconds: dict[str, float]
+    vocabulary: list[str]
+    """Item ids by position: a value's indices point here, so a publish stores it with the version."""
+    samples: dict[str, bytes]
+    """A few user_id -> value as written, for the read-back checks of a publish."""
+
+
+def row_reason(user_id: object, item_id: object, weight: float | None, index: dict[str, int]) -> str | None:
+    if user_id is None:
+        return "user_id is null"
+    if item_id is None:
+        return "item_id is null"
+    if weight is not None and math.isnan(weight):
+        return "weight is NaN"
+    if weight is not None and weight < 0:
+        return f"weight {weight} is negative"
+    if str(item_id) not in index:
+        return f"item_id {item_id!r} is not in the item table"
+    return None
+
+
+def tag_rejects(batch: pa.Table, index: dict[str, int]) -> pa.Table:
+    """Add `reject_reason` (null for good rows) and the item's position in the item table."""
+    weights = batch[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * batch.num_rows
+    users, items = batch[USER].to_pylist(), batch[ITEM].to_pylist()
+    reasons = [row_reason(*row, index) for row in zip(users, items, weights, strict=True)]
+    positions = [None if r else index[str(i)] for r, i in zip(reasons, items, strict=True)]
+    return batch.append_column(REASON, pa.array(reasons, pa.string())).append_column(
+        INDEX, pa.array(positions, pa.int64())
+    )
+
+
+def clean(batch: pa.Table) -> pa.Table:
+    """Good rows in the job's own types; a missing or null weight is an unweighted interaction."""
+    weights = batch[WEIGHT] if WEIGHT in batch.column_names else pa.nulls(batch.num_rows, pa.float32())
+    return pa.table(
+        {
+            USER: pc.cast(batch[USER], pa.string()),
+            INDEX: batch[INDEX],
+            WEIGHT: pc.fill_null(pc.cast(weights, pa.float32()), 1.0),
+        }
+    )
+
+
+def count_items(batch: pa.Table, items: int) -> dict[str, np.ndarray]:
+    return {"counts": np.bincount(batch[INDEX].to_numpy(), minlength=items)[None]}
+
+
+def popularity_prior(counts: np.ndarray, weight: float) -> np.ndarray:
+    """weight * log1p(count), scaled so the most popular item gets `weight`: on a cosine's scale."""
+    logs = np.log1p(counts.astype(np.float32))
+    return (weight * logs / max(float(logs.max()), 1e-12)).astype(np.float32)
+
+
+def gather_user(rows: pa.Table) -> pa.Table:
+    """One user's rows -> one row with the user's item positions and weights as lists."""
+    items = rows[INDEX].combine_chunks()
+    return pa.table(
+        {
+            "id": rows[USER].slice(0, 1),
+            ITEMS: pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), items),
+            WEIGHTS: pa.ListArray.from_arrays(
+                pa.array([0, len(items)], pa.int32()), rows[WEIGHT].combine_chunks()
+            ),
+        }
+    )
+
+
+def seen_of(batch: pa.Table) -> Seen:
+    items, weights = batch[ITEMS].combine_chunks(), batch[WEIGHTS].combine_chunks()
+    return Seen(
+        offsets=items.offsets.to_numpy().astype(np.int64),
+        items=items.flatten().to_numpy().astype(np.int64),
+        weights=weights.flatten().to_numpy().astype(np.float32),
+    )
+
+
+class BlockedTopK:
+    """Exact top-k of cosine(user, item) + prior over every item, the user's seen items excluded.
+
+    Owns the item matrix and the [block, items] score buffer, allocated once: a block of users
+    is one matrix multiply into the buffer, the prior added and seen items set to -inf in place,
+    then topk. CUDA where torch sees it, else CPU BLAS.
+    """
+
+    def __init__(self, item_vectors: np.ndarray, k: int, block: int, prior: np.ndarray | None = None) -> None:
+        if not 1 <= k <= len(item_vectors):
+            raise ValueError(f"k must be between 1 and the number of items ({len(item_vectors)}), got {k}")
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.items = torch.tensor(item_vectors, dtype=torch.float32, device=self.device)
+        self.prior = None if prior is None else torch.tensor(prior, dtype=torch.float32, device=self.device)
+        self.k, self.block = k, block
+        self.scores = torch.empty((block, len(item_vectors)), dtype=torch.float32, device=self.device)
+
+    def user_vectors(self, seen: Seen) -> torch.Tensor:
+        """The user tower: the normalised weighted mean of the user's items' vectors."""
+        users = len(seen.offsets) - 1
+        rows = torch.tensor(np.repeat(np.arange(users), np.diff(seen.offsets)), device=self.device)
+        weighted = self.items[torch.tensor(seen.items, device=self.device)]
+        weighted *= torch.tensor(seen.weights, device=self.device)[:, None]
+        sums = torch.zeros((users, self.items.shape[1]), device=self.device).index_add_(0, rows, weighted)
+        return torch.nn.functional.normalize(sums, dim=1)
+
+    def __call__(self, user_vectors: torch.Tensor, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
+        """(indices, scores), [users, k] each, best first; index -1 and score -inf where a user
+        has fewer than k unseen items."""
+        users = len(user_vectors)
+        indices = np.empty((users, self.k), np.int64)
+        scores = np.empty((users, self.k), np.float32)
+        for start in range(0, users, self.block):
+            stop = min(start + self.block, users)
+            block = self.scores[: stop - start]
+            torch.mm(user_vectors[start:stop].to(self.device), self.items.T, out=block)
+            if self.prior is not None:
+                block += self.prior
+            offsets = seen.offsets[start : stop + 1]
+            rows = np.repeat(np.arange(stop - start), np.diff(offsets))
+            cols = seen.items[offsets[0] : offsets[-1]]
+            block[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = -math.inf
+            top_scores, top_indices = torch.topk(block, self.k, dim=1)
+            scores[start:stop] = top_scores.cpu().numpy()
+            indices[start:stop] = top_indices.cpu().numpy()
+        indices[np.isneginf(scores)] = -1
+        return indices, scores
+
+
+def top_k(
+    user_vectors: np.ndarray,
+    item_vectors: np.ndarray,
+    seen: Seen,
+    k: int,
+    block: int,
+    prior: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k items per user by blocked matrix multiply; see BlockedTopK."""
+    ranker = BlockedTopK(item_vectors, k, block, prior)
+    return ranker(torch.tensor(user_vectors, dtype=torch.float32), seen)
+
+
+def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
+    """Record values; a user with fewer than k unseen items gets a shorter one (no filler pairs)."""
+    lengths = (indices >= 0).sum(axis=1) * RANKED.itemsize
+    values = encode_ranked(np.maximum(indices, 0), scores)
+    return [value[:length] for value, length in zip(values, lengths, strict=True)]
+
+
+class TopKActor:
+    """Holds the item matrix, the prior and the score buffer; scores a block of users per call."""
+
+    def __init__(self, item_vectors: ray.ObjectRef, prior: np.ndarray | None, k: int, block: int) -> None:
+        # Ray sets OMP_NUM_THREADS=1 in an actor with under one CPU; the matmul wants every core.
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        self.ranker = BlockedTopK(ray.get(item_vectors), k, block, prior)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        seen = seen_of(batch)
+        indices, scores = self.ranker(self.ranker.user_vectors(seen), seen)
+        return pa.table({"id": batch["id"], "value": pa.array(ranked_values(indices, scores), pa.binary())})
+
+
+def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
+    """Interactions per item, summed from one bincount per block: no shuffle."""
+    per_block = good.map_batches(
+        count_items, batch_format="pyarrow", batch_size=None, fn_kwargs={"items": items}
+    )
+    return sum((row["counts"] for row in per_block.take_all()), np.zeros(items, np.int64))
+
+
+def run_recs_job(
+    settings: RecsJobSettings,
+    item_ids: list[str],
+    item_vectors: np.ndarray,
+    sink: Datasink,
+    work_dir: Path,
+    before_write: Callable[[int], None] | None = None,
+) -> RecsJobReport:
+    """Top-k items for every user with a valid interaction, written through `sink`.
+
+    item_vectors: [items, dim], L2-normalised, row i the embedding of item_ids[i].
+    before_write: called with the number of records (users) once they are computed and
+    before the first write, for a store that sizes a version up front (create_version(rows=)).
+    The values are materialised before the write (about 70 bytes a user) so that the samples
+    are exactly what was written.
+    """
+    if len(item_ids) != len(item_vectors):
+        raise ValueError(f"{len(item_ids)} item_ids but {len(item_vectors)} item_vectors")
+    index = {item: i for i, item in enumerate(item_ids)}
+    if len(index) != len(item_ids):
+        raise ValueError(f"item_ids must be unique: {len(item_ids) - len(index)} duplicates")
+    rejects_path = work_dir / "rejects.parquet"
+    seconds: dict[str, float] = {}
+    with ray_session(settings.ray_address):
+        resources = ray.cluster_resources()
+        gpus = resources.get("GPU", 0) > 0
+        start = time.perf_counter()
+        rows = pads.dataset(settings.interactions, format="parquet").count_rows()
+        tagged = ray.data.read_parquet(settings.interactions).map_batches(
+            tag_rejects, batch_format="pyarrow", fn_kwargs={"index": index}
+        )
+        rejects = quarantine(
+            tagged.drop_columns([INDEX]), rows, settings.max_reject_ratio, rejects_path, "interactions"
+        )
+        seconds["validate"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        good = (
+            tagged.filter(expr=col(REASON).is_null()).map_batches(clean, batch_format="pyarrow").materialize()
+        )
+        counts = item_counts(good, len(item_ids))
+        prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
+        seconds["popularity"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        values = (
+            good.groupby(USER, num_partitions=max(1, int(resources.get("CPU", 1))))
+            .map_groups(gather_user, batch_format="pyarrow")
+            .map_batches(
+                TopKActor,
+                fn_constructor_kwargs={
+                    "item_vectors": ray.put(np.asarray(item_vectors, np.float32)),
+                    "prior": prior,
+                    "k": settings.k,
+                    "block": settings.users_per_block,
+                },
+                compute=ActorPoolStrategy(size=settings.actors),
+                batch_size=settings.users_per_block,
+                batch_format="pyarrow",
+                # As in jobs/embed.py: an actor taking a whole CPU of two hangs the dataset.
+                num_gpus=1 if gpus else 0,
+                num_cpus=1 if gpus else 0.5,
+            )
+            .materialize()
+        )
+        users = values.count()
+        seconds["recommend"] = time.perf_counter() - start
+        samples = {row["id"]: row["value"] for row in values.take(SAMPLES)}
+
+        start = time.perf_counter()
+        if before_write:
+            before_write(users)
+        values.write_datasink(sink)
+        seconds["write"] = time.perf_counter() - start
+    return RecsJobReport(
+        rows=rows,
+        rejects=rejects,
+        rejects_path=str(rejects_path),
+        users=users,
+        k=settings.k,
+        users_per_s=round(users / seconds["recommend"], 1),
+        seconds={stage: round(value, 2) for stage, value in seconds.items()},
+        vocabulary=list(item_ids),
+        samples=samples,
+    )

@@ -1,0 +1,227 @@
+"""Key lookups from Redis: `GET /v1/labels/{id}`, `GET /v1/recs/{id}?k=` and their `:batchGet`.
+
+Each answer is one round trip (KeyValueReader pipelines the reads with the version
+pointer, so a batch comes from one version) and some string joins: a version's
+vocabulary is JSON-escaped once, the first time the version is read, and a value is
+decoded with numpy. GETs take no pydantic: their two inputs are checked by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from lookup.errors import Refused, error
+from lookup.metrics import Metrics
+from lookup.settings import ServiceSettings
+from stores.errors import StoreUnavailableError, VersionNotFoundError
+from stores.key_value_reader import KeyValueReader
+from stores.records import RANKED
+
+Handler = Callable[[Request], Awaitable[Response]]
+CACHED_VOCABULARIES = 4
+"""Two outputs, each with its published version and the one before a switch."""
+NOTHING_PUBLISHED_RETRY_S = "5"
+
+
+class LabelsBatchGet(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ids: list[str] = Field(min_length=1)
+
+
+class RecsBatchGet(LabelsBatchGet):
+    k: int | None = Field(None, ge=1)
+    """At most this many items per user; by default all that were stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A key-value output as the API shows it."""
+
+    name: str
+    """The output in Redis."""
+    list_key: str
+    """Key of the ranked list in an answer."""
+    entry: str
+    """%-template of one entry of the list: the vocabulary entry (JSON) and the score."""
+    batch_model: type[LabelsBatchGet]
+
+    @property
+    def takes_k(self) -> bool:
+        return "k" in self.batch_model.model_fields
+
+
+LABELS = Output("labels", "labels", '{"label":%s,"score":%s}', LabelsBatchGet)
+RECS = Output("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet)
+OUTPUTS = (LABELS, RECS)
+
+
+class Vocabulary:
+    """One version's vocabulary (label names, item ids), JSON-escaped once for all its answers."""
+
+    def __init__(self, entries: Sequence[str], template: str) -> None:
+        self.quoted = list(map(json.dumps, entries))
+        self.template = template
+
+    def render(self, value: bytes, k: int | None) -> str:
+        """A stored value as a JSON array of entries, best first, the first `k` (None: all).
+
+        Scores print as the shortest decimal that reads back as the stored float16 (0.9, not 0.8999).
+        """
+        pairs = np.frombuffer(value, RANKED)[:k]
+        quoted, template = self.quoted, self.template
+        entries = [
+            template % (quoted[i], score)
+            for i, score in zip(pairs["index"].tolist(), pairs["score"].astype(str).tolist(), strict=True)
+        ]
+        return f"[{','.join(entries)}]"
+
+
+def check_id(item_id: str, field: str, max_chars: int) -> None:
+    if not item_id or len(item_id) > max_chars:
+        raise Refused(error(422, f"an id must have 1 to {max_chars} characters", field=field))
+
+
+def parse_k(raw: str, max_k: int) -> int:
+    k = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else 0
+    if not 1 <= k <= max_k:
+        raise Refused(error(422, f"k must be an integer from 1 to {max_k}, got {raw!r}", field="k"))
+    return k
+
+
+class KeyLookups:
+    """The key-lookup handlers. The service's lifespan sets `reader`: it binds to the event loop."""
+
+    def __init__(self, settings: ServiceSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.reader: KeyValueReader | None = None
+        self._vocabularies: dict[tuple[str, str], Vocabulary] = {}
+
+    def get(self, output: Output) -> Handler:
+        settings = self.settings
+        params = {"k"} if output.takes_k else set()
+
+        async def get(request: Request) -> Response:
+            item_id = request.path_params["id"]
+            check_id(item_id, "id", settings.max_id_chars)
+            k = None
+            if request.scope["query_string"]:
+                query = request.query_params
+                for name in query:
+                    if name not in params:
+                        raise Refused(error(422, f"unknown query parameter {name!r}", field=name))
+                if "k" in query:
+                    k = parse_k(query["k"], settings.max_k)
+            version, vocabulary, (value,) = await self.read(output, [item_id])
+            if value is None:
+                return error(
+                    404,
+                    f"no {output.name} for id {item_id!r} in version {version}",
+                    id=item_id,
+                    version=version,
+                )
+            return Response(
+                f'{{"version":"{version}","id":{json.dumps(item_id)},'
+                f'"{output.list_key}":{vocabulary.render(value, k)}}}',
+                media_type="application/json",
+            )
+
+        get.__doc__ = f"The {output.name} of one id, best first, from the published version."
+        return get
+
+    def batch_get(self, output: Output) -> Handler:
+        settings = self.settings
+
+        async def batch_get(request: Request) -> Response:
+            try:
+                body = await request.json()
+            except ValueError:
+                return error(400, "body must be JSON")
+            try:
+                req = output.batch_model.model_validate(body)
+            except ValidationError as e:
+                first = e.errors()[0]
+                return error(422, first["msg"], field=".".join(map(str, first["loc"])))
+            if len(req.ids) > settings.max_batch_ids:
+                return error(422, f"at most {settings.max_batch_ids} ids per call", field="ids")
+            for i, item_id in enumerate(req.ids):
+                check_id(item_id, f"ids.{i}", settings.max_id_chars)
+            k = getattr(req, "k", None)
+            if k is not None and k > settings.max_k:
+                return error(422, f"k must be at most {settings.max_k}", field="k")
+            version, vocabulary, values = await self.read(output, req.ids)
+            results, missing = [], []
+            for item_id, value in zip(req.ids, values, strict=True):
+                if value is None:
+                    missing.append(item_id)
+                else:
+                    results.append(
+                        f'{{"id":{json.dumps(item_id)},"{output.list_key}":{vocabulary.render(value, k)}}}'
+                    )
+            return Response(
+                f'{{"version":"{version}","results":[{",".join(results)}],"missing":{json.dumps(missing)}}}',
+                media_type="application/json",
+            )
+
+        batch_get.__doc__ = (
+            f"The {output.name} of many ids, all from one published version; unknown ids listed."
+        )
+        return batch_get
+
+    async def read(self, output: Output, ids: list[str]) -> tuple[str, Vocabulary, list[bytes | None]]:
+        """(published version, its vocabulary, values); Refused with a 503 while nothing can be read."""
+        reader = self.open_reader()
+        try:
+            version, values = await reader.get_many(output.name, ids)
+            return version, await self.vocabulary(reader, output, version), values
+        except VersionNotFoundError:
+            raise Refused(
+                error(
+                    503,
+                    f"no version of {output.name} is published yet",
+                    headers={"Retry-After": NOTHING_PUBLISHED_RETRY_S},
+                )
+            ) from None
+        except StoreUnavailableError as e:
+            self.metrics.store_errors.labels(output.name).inc()
+            raise Refused(error(503, str(e), headers={"Retry-After": str(int(e.retry_after) or 1)})) from None
+
+    def open_reader(self) -> KeyValueReader:
+        if self.reader is None:
+            raise Refused(error(503, "warming up", headers={"Retry-After": "1"}))
+        return self.reader
+
+    async def vocabulary(self, reader: KeyValueReader, output: Output, version: str) -> Vocabulary:
+        vocabulary = self._vocabularies.get((output.name, version))
+        if vocabulary is None:
+            meta = await reader.meta(output.name, version)
+            vocabulary = Vocabulary(meta["vocabulary"], output.entry)
+            self._vocabularies[output.name, version] = vocabulary
+            if len(self._vocabularies) > CACHED_VOCABULARIES:
+                del self._vocabularies[next(iter(self._vocabularies))]
+        return vocabulary
+
+    async def versions(self) -> dict[str, str | None]:
+        """Each output's published version (None before its first publish), its vocabulary prepared.
+
+        Raises StoreUnavailableError while Redis is down.
+        """
+        reader = self.open_reader()
+        versions: dict[str, str | None] = {}
+        for output in OUTPUTS:
+            try:
+                version, _ = await reader.get_many(output.name, [])
+            except VersionNotFoundError:
+                versions[output.name] = None
+                continue
+            await self.vocabulary(reader, output, version)
+            versions[output.name] = version
+        return versions

@@ -1,0 +1,256 @@
+"""The content-label model: a softmax head over the sentence encoder, trained on the corpus's labels.
+
+    python -m models.labels    # train (or find cached) and print held-out accuracy
+
+The head is softmax regression on FP32 embeddings of the labelled corpus (the gate's
+held-out texts excluded), exported to ONNX (Gemm + Softmax) and cached like an engine,
+keyed by model, training data and recipe; `load_labeler` trains it on first use, so a
+fresh machine needs no step of its own. Weights never go into git.
+
+The encoder under the head runs on the engine path (quantized, cached) with its own gate:
+a precision labels only if its top label agrees with FP32's on `gate_agreement` of the
+held-out texts. Labels are less forgiving than search: a near tie between two sections
+flips on a small perturbation, so a precision that passes the cosine gate for embeddings
+can still fail this one and fall back a rung; the report records it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pyarrow as pa
+import pyarrow.parquet as pq
+from onnx import TensorProto, helper, numpy_helper
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models.encoder import Encoder, EngineReport
+from models.engine import (
+    gate_texts,
+    load_encoder,
+    precision_ladder,
+    reference_embeddings,
+    resolve_backend,
+    resolve_device,
+)
+from models.engine_cache import EngineCache
+from models.errors import GateFailedError, ModelError
+from models.reference_texts import SPLIT_SLOT, split_slot
+from models.settings import DEMO_CORPUS, EngineSettings
+from models.source import EMBEDDING_DIM, OUTPUT_NAME, model_hash
+
+RECIPE = "softmax-regression/lbfgs/l2-1e-4/v1"
+HEAD_FILE = "head.onnx"
+LABELS_FILE = "labels.json"
+PROBABILITIES = "probabilities"
+
+
+class LabelSettings(BaseSettings):
+    """What the label head learns from; env PRECOMPUTE_LABELS_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_LABELS_", frozen=True)
+
+    corpus: Path = DEMO_CORPUS
+    """Parquet with `id`, `text` and the label column: the training data."""
+
+    column: str = "section"
+    """The label column (the Debian archive Section in the demo corpus)."""
+
+    max_train_texts: int | None = Field(None, ge=10)
+    """Cap on training texts (None: all but the gate's held-out ones)."""
+
+    top: int = Field(3, ge=1, le=10)
+    """Labels stored per item, best first."""
+
+    gate_agreement: float = Field(0.99, gt=0, le=1)
+    """A precision labels only if its top label matches FP32's on this share of held-out texts."""
+
+
+@dataclass(frozen=True)
+class LabelGate:
+    precision: str
+    agreement: float
+    passed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class LabelerReport:
+    engine: EngineReport
+    head_dir: str
+    held_out_accuracy: float
+    gates: list[LabelGate] = field(default_factory=list)
+
+
+def train_head(embeddings: np.ndarray, targets: np.ndarray, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Weights [classes, dim] and bias [classes] of an L2-regularised softmax regression."""
+    import torch  # training only: labelling runs the exported head on ONNX Runtime
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(embeddings.shape[1], classes)
+    x, y = torch.from_numpy(embeddings), torch.from_numpy(targets)
+    optimizer = torch.optim.LBFGS(linear.parameters(), max_iter=300, line_search_fn="strong_wolfe")
+
+    def loss() -> torch.Tensor:
+        optimizer.zero_grad()
+        value = torch.nn.functional.cross_entropy(linear(x), y) + 1e-4 * linear.weight.pow(2).sum()
+        value.backward()
+        return value
+
+    optimizer.step(loss)
+    return linear.weight.detach().numpy(), linear.bias.detach().numpy()
+
+
+def export_head(weight: np.ndarray, bias: np.ndarray, path: Path) -> None:
+    """embedding [B, dim] -> probabilities [B, classes]: Gemm then Softmax."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gemm", [OUTPUT_NAME, "weight", "bias"], ["logits"], transB=1),
+            helper.make_node("Softmax", ["logits"], [PROBABILITIES], axis=-1),
+        ],
+        "label_head",
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", EMBEDDING_DIM])],
+        [helper.make_tensor_value_info(PROBABILITIES, TensorProto.FLOAT, ["batch", len(bias)])],
+        [
+            numpy_helper.from_array(weight.astype(np.float32), "weight"),
+            numpy_helper.from_array(bias.astype(np.float32), "bias"),
+        ],
+    )
+    # IR version 10: what the ONNX Runtime releases we pin load (onnx writes a newer one by default).
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+class LabelHead:
+    """The exported head on ONNX Runtime: probabilities and top labels of embeddings."""
+
+    def __init__(self, directory: Path) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.directory = directory
+        self.session = ort.InferenceSession(str(directory / HEAD_FILE), options, ["CPUExecutionProvider"])
+        meta = json.loads((directory / LABELS_FILE).read_text())
+        self.labels: list[str] = meta["labels"]
+        self.held_out_accuracy: float = meta["held_out_accuracy"]
+
+    def probabilities(self, embeddings: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {OUTPUT_NAME: embeddings})[0]
+
+    def top(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(label indices, probabilities), [rows, k] each, best first."""
+        probabilities = self.probabilities(embeddings)
+        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+        return order, np.take_along_axis(probabilities, order, axis=1)
+
+
+def load_head(labels: LabelSettings, engine: EngineSettings) -> LabelHead:
+    """The trained head for this model and training data, trained now on a cache miss."""
+    with open(labels.corpus, "rb") as f:
+        data = hashlib.file_digest(f, "sha256").hexdigest()[:16]
+    key = {
+        "model": model_hash(engine.max_seq_length),
+        "corpus": data,
+        "column": labels.column,
+        "max_train_texts": str(labels.max_train_texts),
+        "recipe": RECIPE,
+    }
+    entry = EngineCache(engine.cache_dir).get_or_build(
+        "label-head", key, lambda directory: _train(labels, engine, directory)
+    )
+    return LabelHead(entry.path)
+
+
+def _train(labels: LabelSettings, engine: EngineSettings, directory: Path) -> None:
+    try:
+        table = pq.read_table(labels.corpus, columns=["id", "text", labels.column])
+    except (OSError, pa.ArrowException) as e:
+        raise ModelError(f"labels corpus {labels.corpus}: cannot read id, text, {labels.column} ({e})") from e
+    rows = [
+        r
+        for r in table.to_pylist()
+        if r["text"] and r[labels.column] and split_slot(r["id"]) != SPLIT_SLOT["gate"]
+    ]
+    names = sorted({r[labels.column] for r in rows})
+    targets = np.array([names.index(r[labels.column]) for r in rows], dtype=np.int64)
+    # Hold out a tenth (by hash, never the gate's) to report accuracy, then fit on everything.
+    held_out = np.array([split_slot(r["id"]) == SPLIT_SLOT["calibration"] for r in rows])
+    rows, targets, held_out = (x[: labels.max_train_texts] for x in (rows, targets, held_out))
+    with load_encoder(engine.model_copy(update={"precision": "fp32"})) as encoder:
+        embeddings = encoder.encode([r["text"] for r in rows])
+    weight, bias = train_head(embeddings[~held_out], targets[~held_out], len(names))
+    predicted = np.argmax(embeddings[held_out] @ weight.T + bias, axis=1)
+    accuracy = float(np.mean(predicted == targets[held_out])) if held_out.any() else float("nan")
+    weight, bias = train_head(embeddings, targets, len(names))
+    export_head(weight, bias, directory / HEAD_FILE)
+    (directory / LABELS_FILE).write_text(json.dumps({"labels": names, "held_out_accuracy": accuracy}))
+
+
+class Labeler:
+    """Texts in, top labels out: the gated encoder, then the head."""
+
+    def __init__(self, encoder: Encoder, head: LabelHead, top: int, report: LabelerReport) -> None:
+        self.encoder = encoder
+        self.head = head
+        self.top = top
+        self.report = report
+
+    @property
+    def labels(self) -> list[str]:
+        return self.head.labels
+
+    def label(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(label indices, probabilities), [len(texts), top] each, best first."""
+        return self.head.top(self.encoder.encode(texts), self.top)
+
+    def close(self) -> None:
+        self.encoder.close()
+
+    def __enter__(self) -> Labeler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_labeler(labels: LabelSettings | None = None, engine: EngineSettings | None = None) -> Labeler:
+    """The fastest encoder precision whose labels agree with FP32's, under the trained head."""
+    labels, engine = labels or LabelSettings(), engine or EngineSettings()
+    head = load_head(labels, engine)
+    texts = gate_texts(engine)
+    reference = np.argmax(head.probabilities(reference_embeddings(engine, texts)), axis=1)
+    device = resolve_device(engine)
+    gates: list[LabelGate] = []
+    for rung in precision_ladder(engine, device, resolve_backend(engine, device).name):
+        if any(g.precision == rung for g in gates):
+            continue
+        encoder = load_encoder(engine.model_copy(update={"precision": rung}))
+        precision = encoder.report.precision  # lower than `rung` if the cosine gate failed it
+        agreement = float(np.mean(np.argmax(head.probabilities(encoder.encode(texts)), axis=1) == reference))
+        passed = agreement >= labels.gate_agreement
+        reason = "" if passed else f"label agreement {agreement:.4f} < {labels.gate_agreement}"
+        gates.append(LabelGate(precision, agreement, passed, reason))
+        if passed:
+            report = LabelerReport(encoder.report, str(head.directory), head.held_out_accuracy, gates)
+            return Labeler(encoder, head, labels.top, report)
+        encoder.close()
+    failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
+    raise GateFailedError(f"no precision passed the label agreement gate ({failures})")
+
+
+def main() -> None:
+    labels, engine = LabelSettings(), EngineSettings()
+    head = load_head(labels, engine)
+    print(f"{len(head.labels)} labels from {labels.corpus} column {labels.column!r}")
+    print(f"held-out top-1 accuracy {head.held_out_accuracy:.4f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""Versioned key lookups in Redis, the writing half: create, write, publish, roll back, collect garbage.
+
+A version is written aside under its own keys while readers keep reading the published
+one; publish checks it (record count, sample reads) and then switches the pointer in one
+atomic step. Old versions are deleted whole, a few hundred keys per round trip, found
+from their registered bucket count rather than by KEYS or SCAN. The service reads with
+key_value_reader.py; the key layout is in redis_settings.py.
+
+Publish and deletion race safely: deletion first moves a version out of the registry,
+in one script that refuses the published version, and publish switches only to a
+registered version, in one script too. So a version being deleted is never published,
+and the published one is never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from itertools import repeat
+from types import TracebackType
+from typing import Any, Self
+
+import pyarrow as pa
+import redis
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import Datasink, WriteResult
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from stores.errors import PublishValidationError, StoreError, VersionNotFoundError
+from stores.redis_settings import (
+    OutputKeys,
+    RedisSettings,
+    bucket_of,
+    buckets_of,
+    check_output,
+    output_keys,
+    unavailable_as_store_error,
+)
+from stores.vectors import check_version
+
+COUNT_CHUNK = 1000
+"""Buckets per HLEN round trip when counting a version."""
+UNLINK_CHUNK = 500
+"""Keys per UNLINK round trip: freeing a few hundred small hashes keeps Redis busy well under 1 ms."""
+WRONG_SAMPLES_SHOWN = 5
+
+FLIP = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+"""KEYS pointer, registry; ARGV version. Publish a version only while it is registered."""
+
+CLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
+local entry = redis.call('HGET', KEYS[2], ARGV[1])
+if not entry then return -1 end
+redis.call('HSET', KEYS[3], ARGV[1], entry)
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
+"""KEYS pointer, registry, dropping; ARGV version. Move an unpublished version to `dropping`:
+its entry stays there until its last key is gone, so an interrupted deletion is finished later."""
+
+Client = redis.Redis | RedisCluster
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    name: str
+    rows: int
+    """As given to create_version; publish checked that Redis holds exactly this many."""
+    created: datetime
+    is_current: bool
+    meta: dict[str, Any]
+    """As given to create_version (e.g. the vocabulary that values index into)."""
+
+
+def connect(settings: RedisSettings) -> Client:
+    """A few quick retries: a job rides out a blip, HSET and UNLINK being safe to repeat."""
+    options: dict[str, Any] = {
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.socket_timeout,
+        "retry": Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.01), 3),
+    }
+    with unavailable_as_store_error(settings):
+        if settings.cluster:
+            return RedisCluster.from_url(settings.url, **options)
+        return redis.Redis.from_url(settings.url, **options)
+
+
+def check_items(name: str, items: Sequence[object], kind: type) -> None:
+    """One C-level pass on the write path; the slow search only when something is wrong."""
+    if not all(map(isinstance, items, repeat(kind))):
+        i, item = next((i, x) for i, x in enumerate(items) if not isinstance(x, kind))
+        raise ValueError(f"{name}[{i}] must be {kind.__name__}, got {type(item).__name__}")
+
+
+class KeyValueStore:
+    """For jobs, flows and the CLI (sync). The service reads with KeyValueReader."""
+
+    def __init__(self, settings: RedisSettings | None = None) -> None:
+        self.settings = settings or RedisSettings()
+        self._client = connect(self.settings)
+        self._buckets: dict[tuple[str, str], int] = {}
+        """Bucket count of each version this instance writes, read once from the registry."""
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def create_version(
+        self, output: str, version: str, rows: int, meta: Mapping[str, Any] | None = None
+    ) -> None:
+        """Register a new, empty version of `rows` records; its bucket count is fixed from here on."""
+        keys = output_keys(self.settings, output)
+        check_version(version)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"rows must be an int >= 0, got {rows!r}")
+        entry = {
+            "rows": rows,
+            "buckets": max(1, math.ceil(rows / self.settings.entries_per_bucket)),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "meta": dict(meta or {}),
+        }
+        try:
+            encoded = json.dumps(entry)
+        except TypeError as e:
+            raise ValueError(f"meta must be JSON-serializable: {e}") from e
+        with unavailable_as_store_error(self.settings):
+            created = self._client.hsetnx(keys.registry, version, encoded)
+        if not created:
+            raise StoreError(f"version {version!r} of output {output!r} already exists")
+
+    def write(self, output: str, version: str, ids: Sequence[str], values: Sequence[bytes]) -> int:
+        """HSET records into an unpublished version, bucket by bucket, pipelined; return how many.
+
+        Every record is checked before any is sent, so a bad one writes nothing.
+        """
+        keys = output_keys(self.settings, output)
+        if len(ids) != len(values):
+            raise ValueError(f"ids and values differ in length: {len(ids)} and {len(values)}")
+        check_items("ids", ids, str)
+        check_items("values", values, bytes)
+        buckets = self._writable(keys, version)
+        fields = [item_id.encode() for item_id in ids]
+        groups: dict[int, list[bytes]] = {}  # bucket -> HSET arguments: field, value, field, ...
+        for bucket, field, value in zip(buckets_of(fields, buckets), fields, values, strict=True):
+            args = groups.get(bucket)
+            if args is None:
+                groups[bucket] = [field, value]
+            else:
+                args += (field, value)
+        with unavailable_as_store_error(self.settings):
+            pipe = self._client.pipeline(transaction=False)
+            pending = 0
+            for bucket, args in groups.items():
+                pipe.execute_command("HSET", keys.bucket(version, bucket), *args)
+                pending += len(args) // 2
+                if pending >= self.settings.write_batch:
+                    pipe.execute()
+                    pending = 0
+            pipe.execute()
+        return len(ids)
+
+    def sink(self, output: str, version: str) -> KeyValueSink:
+        """A Ray Datasink writing into `version`, which create_version must have registered."""
+        return KeyValueSink(self.settings, check_output(output), check_version(version))
+
+    def _writable(self, keys: OutputKeys, version: str) -> int:
+        """The version's bucket count; refuses unknown and published versions."""
+        check_version(version)
+        cached = self._buckets.get((keys.output, version))
+        if cached is not None:
+            return cached
+        with unavailable_as_store_error(self.settings):
+            entry, pointer = (
+                self._client.pipeline(transaction=False)
+                .hget(keys.registry, version)
+                .get(keys.pointer)
+                .execute()
+            )
+        if entry is None:
+            raise VersionNotFoundError(
+                f"version {version!r} of output {keys.output!r} does not exist; create_version first"
+            )
+        if pointer == version.encode():
+            raise StoreError(
+                f"version {version!r} of output {keys.output!r} is published; it is never written again"
+            )
+        buckets = self._buckets[keys.output, version] = json.loads(entry)["buckets"]
+        return buckets
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish(self, output: str, version: str, samples: Mapping[str, bytes] | None = None) -> list[str]:
+        """Check the version, make it the one readers see in one atomic step, then collect garbage.
+
+        Checks: Redis holds exactly the `rows` given to create_version (a lost or duplicated
+        write shows here), and every sample (id -> value the job computed) reads back
+        identical. A failed check raises PublishValidationError and switches nothing.
+        Returns the versions the garbage collection deleted, oldest first.
+        """
+        keys = output_keys(self.settings, output)
+        self._validate(keys, check_version(version), samples or {})
+        self._flip(keys, version)
+        return self.collect_garbage(output)
+
+    def rollback(self, output: str, to: str | None = None) -> str:
+        """Publish `to`, by default the newest version older than the published one; return it.
+
+        The version is checked like a publish (its record count), without samples.
+        """
+        keys = output_keys(self.settings, output)
+        if to is None:
+            current = self.current(output)
+            if current is None:
+                raise VersionNotFoundError(
+                    f"nothing of output {output!r} is published: nothing to roll back from"
+                )
+            older = [v for v in self._names(keys) if v < current]
+            if not older:
+                raise VersionNotFoundError(
+                    f"no version of output {output!r} older than {current!r} to roll back to"
+                )
+            to = older[-1]
+        self._validate(keys, check_version(to), {})
+        self._flip(keys, to)
+        return to
+
+    def _validate(self, keys: OutputKeys, version: str, samples: Mapping[str, bytes]) -> None:
+        entry = self._entry(keys, version)
+        buckets = entry["buckets"]
+        fields = []
+        for item_id, value in samples.items():
+            if not isinstance(item_id, str) or not isinstance(value, bytes):
+                raise ValueError(
+                    f"samples must map str ids to bytes values, got {item_id!r}: {type(value).__name__}"
+                )
+            fields.append(item_id.encode())
+        with unavailable_as_store_error(self.settings):
+            stored = 0
+            for start in range(0, buckets, COUNT_CHUNK):
+                pipe = self._client.pipeline(transaction=False)
+                for bucket in range(start, min(start + COUNT_CHUNK, buckets)):
+                    pipe.hlen(keys.bucket(version, bucket))
+                stored += sum(pipe.execute())
+            pipe = self._client.pipeline(transaction=False)
+            for field in fields:
+                pipe.hget(keys.bucket(version, bucket_of(field, buckets)), field)
+            read = pipe.execute()
+        where = f"version {version!r} of output {keys.output!r}"
+        if stored != entry["rows"]:
+            raise PublishValidationError(
+                f"{where} holds {stored} records, but was created for {entry['rows']}"
+            )
+        wrong = [i for i, got in zip(samples, read, strict=True) if got != samples[i]]
+        if wrong:
+            raise PublishValidationError(
+                f"{where}: {len(wrong)} of {len(samples)} samples read back missing or different, "
+                f"e.g. {wrong[:WRONG_SAMPLES_SHOWN]}"
+            )
+
+    def _flip(self, keys: OutputKeys, version: str) -> None:
+        self._buckets.pop((keys.output, version), None)  # so a later write re-checks, and is refused
+        with unavailable_as_store_error(self.settings):
+            flipped = self._client.eval(FLIP, 2, keys.pointer, keys.registry, version)
+        if not flipped:
+            raise VersionNotFoundError(f"version {version!r} of output {keys.output!r} was deleted meanwhile")
+
+    # -- reading the registry ---------------------------------------------------------------
+
+    def current(self, output: str) -> str | None:
+        """The published version, None before the first publish."""
+        keys = output_keys(self.settings, output)
+        with unavailable_as_store_error(self.settings):
+            pointer = self._client.get(keys.pointer)
+        return pointer.decode() if pointer is not None else None
+
+    def versions(self, output: str) -> list[VersionInfo]:
+        """Every registered version, published or not, oldest first."""
+        keys = output_keys(self.settings, output)
+        with unavailable_as_store_error(self.settings):
+            entries, pointer = (
+                self._client.pipeline(transaction=False).hgetall(keys.registry).get(keys.pointer).execute()
+            )
+        infos = []
+        for name, raw in sorted(entries.items()):
+            entry = json.loads(raw)
+            created = datetime.fromisoformat(entry["created"])
+            infos.append(VersionInfo(name.decode(), entry["rows"], created, name == pointer, entry["meta"]))
+        return infos
+
+    def _names(self, keys: OutputKeys) -> list[str]:
+        """Registered versions, oldest first, without reading their (possibly large) metadata."""
+        with unavailable_as_store_error(self.settings):
+            return sorted(name.decode() for name in self._client.hkeys(keys.registry))
+
+    def _entry(self, keys: OutputKeys, version: str) -> dict[str, Any]:
+        with unavailable_as_store_error(self.settings):
+            raw = self._client.hget(keys.registry, version)
+        if raw is None:
+            raise VersionNotFoundError(f"version {version!r} of output {keys.output!r} does not exist")
+        return json.loads(raw)
+
+    # -- deleting ---------------------------------------------------------------------------
+
+    def collect_garbage(self, output: str) -> list[str]:
+        """Delete all versions but the published one and the `keep_versions` newest others.
+
+        Also finishes deletions that an interrupted run left behind. Returns the deleted
+        versions, oldest first.
+        """
+        keys = output_keys(self.settings, output)
+        current = self.current(output)
+        others = [v for v in self._names(keys) if v != current]
+        for version in others[: max(len(others) - self.settings.keep_versions, 0)]:
+            self._claim(keys, version)  # refused (and kept) if a rollback published it meanwhile
+        with unavailable_as_store_error(self.settings):
+            dropping = sorted(name.decode() for name in self._client.hkeys(keys.dropping))
+        for version in dropping:
+            self._purge(keys, version)
+        return dropping
+
+    def drop_version(self, output: str, version: str) -> None:
+        """Delete one unpublished version whole (e.g. a failed run's)."""
+        keys = output_keys(self.settings, output)
+        claimed = self._claim(keys, check_version(version))
+        if claimed == 0:
+            raise StoreError(
+                f"version {version!r} of output {output!r} is published; publish or roll back first"
+            )
+        if claimed < 0:
+            raise VersionNotFoundError(f"version {version!r} of output {output!r} does not exist")
+        self._purge(keys, version)
+
+    def _claim(self, keys: OutputKeys, version: str) -> int:
+        """1: moved to `dropping`; 0: published, kept; -1: not registered."""
+        self._buckets.pop((keys.output, version), None)
+        with unavailable_as_store_error(self.settings):
+            return self._client.eval(CLAIM, 3, keys.pointer, keys.registry, keys.dropping, version)
+
+    def _purge(self, keys: OutputKeys, version: str) -> None:
+        """UNLINK every bucket of a claimed version, then forget it."""
+        with unavailable_as_store_error(self.settings):
+            raw = self._client.hget(keys.dropping, version)
+            if raw is None:  # another process finished it
+                return
+            buckets = json.loads(raw)["buckets"]
+            for start in range(0, buckets, UNLINK_CHUNK):
+                pipe = self._client.pipeline(transaction=False)
+                for bucket in range(start, min(start + UNLINK_CHUNK, buckets)):
+                    pipe.unlink(keys.bucket(version, bucket))
+                pipe.execute()
+            self._client.hdel(keys.dropping, version)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class KeyValueSink(Datasink[int]):
+    """Writes Ray Data blocks with columns `id` (string or integer) and `value` (binary) into a version.
+
+    Each write task opens its own connection (the sink is a pickled copy there). A failed
+    write deletes the whole version: a half-written version is never worth keeping.
+    """
+
+    def __init__(self, settings: RedisSettings, output: str, version: str) -> None:
+        self.settings = settings
+        self.output = output
+        self.version = version
+        self.rows = 0
+        """Records written, set once the write completes; publish checks the count in Redis."""
+
+    @property
+    def min_rows_per_write(self) -> int:
+        """Rows per write task: each pays a connection and a registry read, and more rows
+        per task put more records into each HSET (records per HSET = rows per task x
+        entries_per_bucket / rows of the version)."""
+        return self.settings.write_batch
+
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+        if schema is not None and {"id", "value"} - set(schema.names):
+            raise ValueError(f"blocks need columns 'id' and 'value', got {schema.names}")
+        with KeyValueStore(self.settings) as store:
+            store._writable(output_keys(self.settings, self.output), self.version)
+
+    def write(self, blocks: Iterable[Block], ctx: Any) -> int:
+        """All the task's blocks in one store write, for the fullest HSETs."""
+        ids: list[str] = []
+        values: list[bytes] = []
+        for block in blocks:
+            table = BlockAccessor.for_block(block).to_arrow()
+            ids += table["id"].cast(pa.string()).to_pylist()
+            values += table["value"].to_pylist()
+        with KeyValueStore(self.settings) as store:
+            return store.write(self.output, self.version, ids, values)
+
+    def on_write_complete(self, write_result: WriteResult[int]) -> None:
+        self.rows = sum(write_result.write_returns)
+
+    def on_write_failed(self, error: Exception) -> None:
+        # Best effort, like Ray's call itself: the caller must see `error`, not a cleanup
+        # failure; a version left behind stays registered, so a later collect_garbage deletes it.
+        with contextlib.suppress(StoreError), KeyValueStore(self.settings) as store:
+            store.drop_version(self.output, self.version)

@@ -1,0 +1,129 @@
+"""Versioned key lookups in Redis, the reading half: the lookup service's async reader.
+
+One round trip per answer: a pipeline of the HGETs in the version this reader saw last,
+then a GET of the pointer. The values are returned only if the pointer still names that
+version; otherwise the reader follows the pointer (reading the new version's registry
+entry once) and asks again. So every answer comes from one version, and a publish or a
+rollback costs readers one extra round trip, never an error. The pointer is read after
+the values because a version is deleted only once it is no longer published: if it is
+still published after the HGETs, they read it whole. (Cluster pipelines go to several
+nodes at once and lose that order; there deletion also waits `keep_versions` publishes.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from stores.errors import StoreUnavailableError, VersionNotFoundError
+from stores.redis_settings import (
+    OutputKeys,
+    RedisSettings,
+    bucket_of,
+    output_keys,
+    unavailable_as_store_error,
+)
+
+SWITCHES = 3
+"""Pointer moves followed within one call before giving up with a retryable error."""
+CACHED_VERSIONS = 8
+"""Registry entries kept (two outputs, a few versions each); an entry may hold a large vocabulary."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    buckets: int
+    meta: dict[str, Any]
+
+
+class KeyValueReader:
+    """For the ASGI service; use one instance from one event loop (redis.asyncio connections are bound to it)."""
+
+    def __init__(self, settings: RedisSettings | None = None) -> None:
+        self.settings = settings or RedisSettings()
+        options: dict[str, Any] = {
+            "socket_timeout": self.settings.socket_timeout,
+            "socket_connect_timeout": self.settings.socket_timeout,
+            # One immediate retry replaces a pooled connection a restart broke; more would
+            # hold the request while Redis is down, when a quick 503 is the answer.
+            "retry": Retry(NoBackoff(), 1),
+        }
+        cls = RedisCluster if self.settings.cluster else aioredis.Redis
+        self._client = cls.from_url(self.settings.url, **options)
+        self._published: dict[str, str] = {}
+        """The version each output's pointer named last time: where the next read looks first."""
+        self._entries: dict[tuple[str, str], _Entry] = {}
+
+    async def get(self, output: str, item_id: str) -> tuple[str, bytes | None]:
+        """(published version, value or None for an unknown id)."""
+        version, values = await self.get_many(output, [item_id])
+        return version, values[0]
+
+    async def get_many(self, output: str, ids: Sequence[str]) -> tuple[str, list[bytes | None]]:
+        """(published version, one value or None per id): all from that one version."""
+        keys = output_keys(self.settings, output)
+        fields = []
+        for i, item_id in enumerate(ids):
+            if not isinstance(item_id, str):
+                raise ValueError(f"ids[{i}] must be str, got {type(item_id).__name__}")
+            fields.append(item_id.encode())
+        with unavailable_as_store_error(self.settings):
+            version = self._published.get(output)
+            if version is None:
+                version = await self._follow(keys, await self._client.get(keys.pointer))
+            for _ in range(SWITCHES):
+                buckets = (await self._entry(keys, version)).buckets
+                pipe = self._client.pipeline(transaction=False)
+                for field in fields:
+                    pipe.hget(keys.bucket(version, bucket_of(field, buckets)), field)
+                pipe.get(keys.pointer)
+                *values, pointer = await pipe.execute()
+                if pointer == version.encode():
+                    return version, values
+                version = await self._follow(keys, pointer)
+        raise StoreUnavailableError(f"the published version of {output!r} kept switching", retry_after=0.1)
+
+    async def meta(self, output: str, version: str) -> dict[str, Any]:
+        """What create_version stored with the version (e.g. its vocabulary); read once per version."""
+        with unavailable_as_store_error(self.settings):
+            return (await self._entry(output_keys(self.settings, output), version)).meta
+
+    async def _follow(self, keys: OutputKeys, pointer: bytes | None) -> str:
+        if pointer is None:
+            raise VersionNotFoundError(f"nothing of output {keys.output!r} is published")
+        version = pointer.decode()
+        await self._entry(keys, version)
+        self._published[keys.output] = version
+        return version
+
+    async def _entry(self, keys: OutputKeys, version: str) -> _Entry:
+        entry = self._entries.get((keys.output, version))
+        if entry is not None:
+            return entry
+        raw = await self._client.hget(keys.registry, version)
+        if raw is None:
+            raise VersionNotFoundError(f"version {version!r} of output {keys.output!r} does not exist")
+        decoded = json.loads(raw)
+        entry = self._entries[keys.output, version] = _Entry(decoded["buckets"], decoded["meta"])
+        if len(self._entries) > CACHED_VERSIONS:
+            del self._entries[next(iter(self._entries))]
+        return entry
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

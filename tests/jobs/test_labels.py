@@ -1,0 +1,84 @@
+"""The labels job on real Ray, written through the real Redis sink and read back as the service reads it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.labels import run_labels_job
+from jobs.settings import EmbedJobSettings
+from jobs.validate import RejectRatioExceededError
+from models.labels import LabelSettings, load_labeler
+from stores.key_value import KeyValueStore
+from stores.key_value_reader import KeyValueReader
+from stores.records import decode_ranked
+from stores.redis_settings import RedisSettings
+
+VERSION = "20261123T010000Z-label0"
+LABELS = LabelSettings(max_train_texts=400)
+"""As in the flow's tests: the trained head is cached per training set, so they share it."""
+
+
+@pytest.fixture
+def redis(redis_url: str) -> RedisSettings:
+    return RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}")
+
+
+def test_every_valid_item_gets_the_labelers_top_labels(
+    ray_local, settings, small_corpus: Path, redis: RedisSettings, tmp_path: Path
+) -> None:
+    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path, max_reject_ratio=0.05)
+    with KeyValueStore(redis) as store:
+        report = run_labels_job(
+            job,
+            LABELS,
+            settings,
+            store.sink("labels", VERSION),
+            tmp_path / "run",
+            before_write=lambda rows: store.create_version("labels", VERSION, rows),
+        )
+        store.publish("labels", VERSION, report.samples)
+
+    rejects = pq.read_table(report.rejects_path).to_pylist()
+    assert sorted(r["reject_reason"] for r in rejects) == [
+        "id 'dup' is duplicated",
+        "id 'dup' is duplicated",
+        "id is null",
+        "text is empty",
+    ]
+    assert (report.rows, report.rejects, report.items) == (204, 4, 200)
+    rows = pq.read_table(small_corpus).slice(0, 200).to_pylist()
+
+    async def read() -> list[bytes | None]:
+        async with KeyValueReader(redis) as reader:
+            return (await reader.get_many("labels", [r["id"] for r in rows]))[1]
+
+    stored = asyncio.run(read())
+    with load_labeler(LABELS, settings) as labeler:
+        assert report.vocabulary == labeler.labels
+        assert report.labeler["engine"]["precision"] == labeler.report.engine.precision
+        indices, scores = labeler.label([r["text"] for r in rows])
+    for value, want_indices, want_scores in zip(stored, indices, scores, strict=True):
+        got_indices, got_scores = decode_ranked(value)
+        np.testing.assert_array_equal(got_indices, want_indices)
+        np.testing.assert_allclose(got_scores, want_scores, atol=1e-3)  # float16 on the wire
+    top = [report.vocabulary[decode_ranked(v)[0][0]] for v in stored]
+    agreement = np.mean([label == row["section"] for label, row in zip(top, rows, strict=True)])
+    assert agreement > 0.5  # the head learned the sections: 57 of them, chance is under 0.1
+
+
+def test_too_many_rejects_fail_before_any_labelling(
+    ray_local, settings, small_corpus: Path, redis: RedisSettings, tmp_path: Path
+) -> None:
+    job = EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path, max_reject_ratio=0.01)
+    with (
+        KeyValueStore(redis) as store,
+        pytest.raises(RejectRatioExceededError, match="4 of 204 rows rejected"),
+    ):
+        run_labels_job(job, LABELS, settings, store.sink("labels", VERSION), tmp_path / "run")
+    assert pq.read_table(tmp_path / "run" / "rejects.parquet").num_rows == 4  # quarantined, with reasons

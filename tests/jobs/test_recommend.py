@@ -1,0 +1,211 @@
+"""The recommendations job on real Ray and real Parquet: exact top-k, rejects, values, leave-one-out."""
+
+from __future__ import annotations
+
+import math
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from ray import cloudpickle
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import Datasink
+
+from jobs.recommend import Seen, run_recs_job, top_k
+from jobs.recs_quality import hold_out, leave_one_out, seen_of_table
+from jobs.recs_settings import DEMO_INTERACTIONS, RecsJobSettings
+from jobs.validate import RejectRatioExceededError
+from models import Encoder
+from models.settings import DEMO_CORPUS
+from stores.records import decode_ranked
+
+ITEMS = 60
+BAD_ROWS = [
+    {"user_id": None, "item_id": "emacsen-common", "weight": 1.0},
+    {"user_id": "u-null-item", "item_id": None, "weight": 1.0},
+    {"user_id": "u-nan", "item_id": "emacsen-common", "weight": math.nan},
+    {"user_id": "u-negative", "item_id": "emacsen-common", "weight": -1.0},
+    {"user_id": "u-unknown", "item_id": "no-such-package", "weight": 1.0},
+]
+
+
+class ParquetSink(Datasink[None]):
+    """Stands in for the Redis sink a flow passes: each block a Parquet part, read back by the test."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, blocks: Iterable[Block], ctx: Any) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        for block in blocks:
+            pq.write_table(
+                BlockAccessor.for_block(block).to_arrow(), self.path / f"{uuid.uuid4().hex}.parquet"
+            )
+
+
+# Ray's workers cannot import a test module: ship ParquetSink's code with it instead.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def brute_force(users: np.ndarray, items: np.ndarray, seen: list[set[int]], prior: np.ndarray) -> np.ndarray:
+    """Every user's score for every item, seen items at -inf: the reference top-k is its argsort."""
+    scores = users.astype(np.float64) @ items.T.astype(np.float64) + prior
+    for row, seen_items in enumerate(seen):
+        scores[row, list(seen_items)] = -np.inf
+    return scores
+
+
+def csr(seen: list[list[int]]) -> Seen:
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seen])]).astype(np.int64)
+    items = np.array([i for s in seen for i in s], np.int64)
+    return Seen(offsets, items, np.ones(len(items), np.float32))
+
+
+def test_top_k_is_exact_and_never_returns_a_seen_item() -> None:
+    rng = np.random.default_rng(7)
+    users, items = rng.normal(size=(50, 32)), rng.normal(size=(200, 32))
+    users /= np.linalg.norm(users, axis=1, keepdims=True)
+    items /= np.linalg.norm(items, axis=1, keepdims=True)
+    prior = rng.uniform(0, 0.3, 200)
+    seen = [sorted(rng.choice(200, size=rng.integers(0, 40), replace=False).tolist()) for _ in range(49)]
+    seen.append(list(range(197)))  # only three unseen items left for k=5
+
+    indices, scores = top_k(users, items, csr(seen), k=5, block=16, prior=prior)
+
+    reference = brute_force(users, items, [set(s) for s in seen], prior)
+    expected = np.argsort(-reference, axis=1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(indices[:49], expected[:49])
+    np.testing.assert_allclose(scores[:49], np.take_along_axis(reference, expected, 1)[:49], atol=1e-5)
+    assert indices[49].tolist() == [*expected[49, :3].tolist(), -1, -1]
+    assert np.isneginf(scores[49, 3:]).all()
+    assert all(not set(row) & set(s) for row, s in zip(indices.tolist(), seen, strict=True))
+
+
+@pytest.fixture(scope="module")
+def items(encoder: Encoder) -> tuple[list[str], np.ndarray]:
+    """The demo's most interacted-with packages, embedded from their real descriptions."""
+    counts = Counter(pq.read_table(DEMO_INTERACTIONS, columns=["item_id"])["item_id"].to_pylist())
+    ids = sorted(item for item, _ in counts.most_common(ITEMS))
+    corpus = {
+        row["id"]: row["text"] for row in pq.read_table(DEMO_CORPUS, columns=["id", "text"]).to_pylist()
+    }
+    return ids, encoder.encode([corpus[i] for i in ids])
+
+
+@pytest.fixture(scope="module")
+def interactions(items: tuple[list[str], np.ndarray], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real interactions with those items, plus one row of each kind the contract rejects."""
+    ids = set(items[0])
+    good = [row for row in pq.read_table(DEMO_INTERACTIONS).to_pylist() if row["item_id"] in ids]
+    path = tmp_path_factory.mktemp("interactions") / "interactions.parquet"
+    schema = pa.schema([("user_id", pa.string()), ("item_id", pa.string()), ("weight", pa.float32())])
+    pq.write_table(pa.Table.from_pylist(good + BAD_ROWS, schema), path)
+    return path
+
+
+def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
+    ray_local, items, interactions: Path, tmp_path: Path
+) -> None:
+    ids, vectors = items
+    settings = RecsJobSettings(
+        interactions=str(interactions), k=10, users_per_block=256, popularity_weight=0.4
+    )
+    sized: list[tuple[int, bool]] = []
+    report = run_recs_job(
+        settings,
+        ids,
+        vectors,
+        ParquetSink(tmp_path / "out"),
+        tmp_path / "work",
+        before_write=lambda users: sized.append((users, (tmp_path / "out").exists())),
+    )
+
+    rejects = pq.read_table(report.rejects_path).to_pylist()
+    assert sorted((r["user_id"] or "", r["reject_reason"]) for r in rejects) == [
+        ("", "user_id is null"),
+        ("u-nan", "weight is NaN"),
+        ("u-negative", "weight -1.0 is negative"),
+        ("u-null-item", "item_id is null"),
+        ("u-unknown", "item_id 'no-such-package' is not in the item table"),
+    ]
+
+    table = pq.read_table(interactions)
+    good = table.slice(0, table.num_rows - len(BAD_ROWS)).to_pylist()
+    position = {item: i for i, item in enumerate(ids)}
+    history: dict[str, dict[int, float]] = {}
+    for row in good:
+        history.setdefault(row["user_id"], {})[position[row["item_id"]]] = row["weight"]
+    counts = np.bincount([position[row["item_id"]] for row in good], minlength=len(ids))
+    prior = 0.4 * np.log1p(counts) / np.log1p(counts.max())
+    users = sorted(history)
+    profiles = np.stack([sum(w * vectors[i] for i, w in history[u].items()) for u in users])
+    profiles /= np.linalg.norm(profiles, axis=1, keepdims=True)
+    reference = brute_force(profiles, vectors, [set(history[u]) for u in users], prior)
+
+    written = pq.read_table(tmp_path / "out").sort_by("id")
+    assert written["id"].to_pylist() == users
+    assert (report.rows, report.rejects, report.users, report.k) == (
+        table.num_rows,
+        len(BAD_ROWS),
+        len(users),
+        10,
+    )
+    for row, value in enumerate(written["value"].to_pylist()):
+        indices, scores = decode_ranked(value)
+        best = np.sort(reference[row])[::-1][:10]
+        # Items with the reference's top-k scores, in order (ties may swap); fp16 scores on the wire.
+        np.testing.assert_allclose(reference[row, indices], best, atol=1e-5)
+        np.testing.assert_allclose(scores, best, atol=2e-3)
+    assert sized == [(len(users), False)]
+    assert report.vocabulary == ids
+    stored = dict(zip(written["id"].to_pylist(), written["value"].to_pylist(), strict=True))
+    assert len(report.samples) == 5 and report.samples.items() <= stored.items()
+
+
+def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: Path, tmp_path: Path) -> None:
+    strict = RecsJobSettings(interactions=str(interactions), max_reject_ratio=0.001)
+    with pytest.raises(
+        RejectRatioExceededError, match=r"5 of \d+ interactions rejected, over max_reject_ratio=0.001"
+    ):
+        run_recs_job(strict, *items, ParquetSink(tmp_path / "out"), tmp_path / "work")
+    assert not (tmp_path / "out").exists()
+
+
+def unit(*components: float) -> list[float]:
+    vector = np.array(components, np.float32)
+    return (vector / np.linalg.norm(vector)).tolist()
+
+
+def test_leave_one_out_on_a_hand_made_catalogue() -> None:
+    """Two topic pairs and one item everybody has: content finds a user's held-out sibling,
+    most-popular always offers the popular item, and a heavy prior makes ours do the same."""
+    vectors = {
+        "a0": unit(1, 0, 0, 0.1),
+        "a1": unit(1, 0, 0, -0.1),
+        "b0": unit(0, 1, 0, 0.1),
+        "b1": unit(0, 1, 0, -0.1),
+        "popular": unit(0, 0, 1, 0),
+    }
+    rows = [("fan-a1", "a0"), ("fan-a1", "a1"), ("fan-a2", "a0"), ("fan-a2", "a1")]
+    rows += [("fan-b", "b0"), ("fan-b", "b1"), ("fan-b", "not-in-catalogue")]
+    rows += [(f"one-item-{i}", "popular") for i in range(20)]
+    table = pa.table({"user_id": [u for u, _ in rows], "item_id": [i for _, i in rows]})
+    ids = list(vectors)
+    seen = seen_of_table(table, ids)
+    matrix = np.array([vectors[i] for i in ids], np.float32)
+
+    train, targets = hold_out(seen, seed=3)
+    assert (targets >= 0).sum() == 3 and len(train.items) == len(seen.items) - 3
+    np.testing.assert_array_equal(hold_out(seen, seed=3)[1], targets)
+
+    light = leave_one_out(seen, matrix, popularity_weight=0.2, k=1)
+    assert (light.users, light.ours, light.content_only, light.most_popular) == (3, 1.0, 1.0, 0.0)
+    heavy = leave_one_out(seen, matrix, popularity_weight=2.0, k=1)
+    assert heavy.ours == 0.0

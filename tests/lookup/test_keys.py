@@ -1,0 +1,256 @@
+"""Key lookups (`/v1/labels`, `/v1/recs`, their `:batchGet`) on a real redis-server, through the ASGI app.
+
+No embeddings are published in these tests: key lookups must not depend on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from lookup.app import create_app
+from lookup.settings import ServiceSettings
+from stores.key_value import KeyValueStore
+from stores.records import encode_ranked
+from stores.redis_server import redis_server
+from stores.redis_settings import RedisSettings
+from stores.vector_settings import VectorStoreSettings
+
+V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
+LABEL_NAMES = ["games", "python", "editors", "libs", 'say "hi"']
+ITEMS = [f"pkg-{i}" for i in range(20)] + ["a/b", "café"]
+USERS = [f"user-{i}" for i in range(10)]
+SCORES = [0.9, 0.5, 0.25, 0.125]
+"""Exact in float16 or printed back as written: answers must show these numbers."""
+TOKEN = "s3cret"
+
+
+def labels_of(ordinal: int) -> list[list[int]]:
+    """Per item, three label indices; the first tells the version (ordinal) apart."""
+    return [[(i + ordinal) % len(LABEL_NAMES), (i + 2) % len(LABEL_NAMES), 4] for i in range(len(ITEMS))]
+
+
+def recs_of(ordinal: int) -> list[list[int]]:
+    return [[(u + ordinal + j) % len(ITEMS) for j in range(4)] for u in range(len(USERS))]
+
+
+def publish(redis: RedisSettings, output: str, version: str, ids: list[str], rows: list[list[int]]) -> None:
+    vocabulary = LABEL_NAMES if output == "labels" else ITEMS
+    k = len(rows[0])
+    values = encode_ranked(np.array(rows), np.array([SCORES[:k]] * len(rows)))
+    with KeyValueStore(redis) as store:
+        store.create_version(output, version, len(ids), {"vocabulary": vocabulary})
+        store.write(output, version, ids, values)
+        store.publish(output, version)
+
+
+def publish_both(redis: RedisSettings, version: str, ordinal: int) -> None:
+    publish(redis, "labels", version, ITEMS, labels_of(ordinal))
+    publish(redis, "recs", version, USERS, recs_of(ordinal))
+
+
+def expected_labels(item: str, ordinal: int) -> list[dict]:
+    row = labels_of(ordinal)[ITEMS.index(item)]
+    return [{"label": LABEL_NAMES[i], "score": s} for i, s in zip(row, SCORES, strict=False)]
+
+
+def expected_items(user: str, ordinal: int, k: int = 4) -> list[dict]:
+    row = recs_of(ordinal)[USERS.index(user)]
+    return [{"id": ITEMS[i], "score": s} for i, s in zip(row, SCORES, strict=True)][:k]
+
+
+def redis_for_test(url: str) -> RedisSettings:
+    """A prefix per test: tests share one server and never see each other's keys."""
+    return RedisSettings(url=url, prefix=f"t{uuid.uuid4().hex[:8]}", keep_versions=1)
+
+
+def app(engine, tmp_path: Path, redis: RedisSettings, **service):
+    """No embeddings published: an empty in-process vector store."""
+    stores = VectorStoreSettings(type="edge", path=tmp_path / "qdrant")
+    return create_app(ServiceSettings(warmup_queries=1, **service), engine, stores, redis)
+
+
+@pytest.fixture(scope="module")
+def served(
+    encoder, settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TestClient]:
+    """One app for the read-only tests: V1 of both outputs, bearer auth on."""
+    redis = redis_for_test(redis_url)
+    publish_both(redis, V1, 1)
+    with TestClient(
+        app(settings, tmp_path_factory.mktemp("keys"), redis, auth_token=TOKEN),
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+def redis(redis_url: str) -> RedisSettings:
+    return redis_for_test(redis_url)
+
+
+@pytest.fixture
+def client(encoder, settings, tmp_path: Path, redis: RedisSettings) -> Iterator[TestClient]:
+    """An app of its own, on a Redis prefix of its own, nothing published yet."""
+    with TestClient(app(settings, tmp_path, redis)) as client:
+        yield client
+
+
+@pytest.mark.parametrize("item", ["pkg-3", "a/b", "café"])
+def test_labels_of_one_item(served: TestClient, item: str) -> None:
+    answer = served.get(f"/v1/labels/{item.replace('/', '%2F')}")
+    assert answer.status_code == 200
+    assert answer.json() == {"version": V1, "id": item, "labels": expected_labels(item, 1)}
+
+
+def test_recs_of_one_user_all_or_k(served: TestClient) -> None:
+    assert served.get("/v1/recs/user-2").json() == {
+        "version": V1,
+        "id": "user-2",
+        "items": expected_items("user-2", 1),
+    }
+    assert served.get("/v1/recs/user-2?k=2").json()["items"] == expected_items("user-2", 1, k=2)
+    assert served.get("/v1/recs/user-2?k=100").json()["items"] == expected_items("user-2", 1)
+
+
+def test_batch_get_lists_the_missing(served: TestClient) -> None:
+    answer = served.post("/v1/labels:batchGet", json={"ids": ["pkg-1", "nope", "café", "pkg-1"]})
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "version": V1,
+        "results": [{"id": item, "labels": expected_labels(item, 1)} for item in ["pkg-1", "café", "pkg-1"]],
+        "missing": ["nope"],
+    }
+    recs = served.post("/v1/recs:batchGet", json={"ids": ["user-0", "ghost", "user-9"], "k": 3}).json()
+    assert recs == {
+        "version": V1,
+        "results": [{"id": u, "items": expected_items(u, 1, k=3)} for u in ["user-0", "user-9"]],
+        "missing": ["ghost"],
+    }
+
+
+def test_unknown_id_is_404_naming_it(served: TestClient) -> None:
+    for path in ("/v1/labels/nope", "/v1/recs/nope"):
+        answer = served.get(path)
+        assert answer.status_code == 404
+        assert answer.json()["id"] == "nope" and "'nope'" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/recs/user-1?k=0", "k"),
+        ("/v1/recs/user-1?k=101", "k"),
+        ("/v1/recs/user-1?k=abc", "k"),
+        ("/v1/recs/user-1?k=2.5", "k"),
+        ("/v1/recs/user-1?k=-1", "k"),
+        ("/v1/recs/user-1?limit=3", "limit"),
+        ("/v1/labels/pkg-1?k=3", "k"),
+        (f"/v1/labels/{'x' * 257}", "id"),
+        ("/v1/labels/", "id"),
+    ],
+)
+def test_bad_gets_are_422_naming_the_field(served: TestClient, path: str, field: str) -> None:
+    answer = served.get(path)
+    assert answer.status_code == 422
+    assert answer.json()["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/labels:batchGet", {"ids": []}, "ids"),
+        ("/v1/labels:batchGet", {}, "ids"),
+        ("/v1/labels:batchGet", {"ids": "pkg-1"}, "ids"),
+        ("/v1/labels:batchGet", {"ids": ["pkg-1", 7]}, "ids.1"),
+        ("/v1/labels:batchGet", {"ids": ["pkg-1", ""]}, "ids.1"),
+        ("/v1/labels:batchGet", {"ids": ["x" * 257]}, "ids.0"),
+        ("/v1/labels:batchGet", {"ids": ["pkg-1"] * 501}, "ids"),
+        ("/v1/labels:batchGet", {"ids": ["pkg-1"], "k": 2}, "k"),
+        ("/v1/recs:batchGet", {"ids": ["user-1"], "k": 0}, "k"),
+        ("/v1/recs:batchGet", {"ids": ["user-1"], "k": 101}, "k"),
+        ("/v1/recs:batchGet", {"ids": ["user-1"], "k": "3"}, "k"),
+    ],
+)
+def test_bad_batches_are_422_naming_the_field(served: TestClient, path: str, body: dict, field: str) -> None:
+    answer = served.post(path, json=body)
+    assert answer.status_code == 422
+    assert answer.json()["field"] == field
+
+
+def test_malformed_batch_is_400_and_auth_guards_lookups(served: TestClient) -> None:
+    answer = served.post(
+        "/v1/recs:batchGet", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 400
+    assert served.get("/v1/labels/pkg-1", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_readiness_metrics_and_schema(served: TestClient) -> None:
+    ready = served.get("/readyz").json()
+    assert ready["versions"] == {"embeddings": None, "labels": V1, "recs": V1}
+    served.get("/v1/labels/pkg-1")
+    metrics = served.get("/metrics").text
+    assert 'precompute_request_seconds_count{route="/v1/labels/{id}",status="200"}' in metrics
+    assert 'precompute_version_age_seconds{output="recs"}' in metrics
+    paths = served.get("/openapi.json").json()["paths"]
+    assert {"/v1/labels/{id}", "/v1/recs/{id}", "/v1/labels:batchGet", "/v1/recs:batchGet"} <= set(paths)
+    assert paths["/v1/recs:batchGet"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+        "properties"
+    ].keys() == {"ids", "k"}
+
+
+def test_nothing_published_is_503_yet_ready(client: TestClient, redis: RedisSettings) -> None:
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["versions"] == {"embeddings": None, "labels": None, "recs": None}
+    for answer in (client.get("/v1/labels/pkg-1"), client.post("/v1/recs:batchGet", json={"ids": ["u"]})):
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
+    publish(redis, "labels", V1, ITEMS, labels_of(1))
+    assert client.get("/v1/labels/pkg-1").json()["labels"] == expected_labels("pkg-1", 1)
+    assert client.get("/v1/recs/user-1").status_code == 503
+
+
+def test_new_version_and_rollback_are_served_without_restart(
+    client: TestClient, redis: RedisSettings
+) -> None:
+    publish_both(redis, V1, 1)
+    assert client.get("/v1/labels/pkg-4").json()["labels"] == expected_labels("pkg-4", 1)
+    publish_both(redis, V2, 2)
+    assert client.get("/v1/labels/pkg-4").json() == {
+        "version": V2,
+        "id": "pkg-4",
+        "labels": expected_labels("pkg-4", 2),
+    }
+    batch = client.post("/v1/recs:batchGet", json={"ids": ["user-3"]}).json()
+    assert batch["version"] == V2 and batch["results"][0]["items"] == expected_items("user-3", 2)
+    with KeyValueStore(redis) as store:
+        assert store.rollback("labels") == V1
+    assert client.get("/v1/labels/pkg-4").json()["labels"] == expected_labels("pkg-4", 1)
+    assert client.get("/readyz").json()["versions"] == {"embeddings": None, "labels": V1, "recs": V2}
+
+
+def test_redis_down_is_503_then_recovers(encoder, settings, tmp_path: Path) -> None:
+    with contextlib.ExitStack() as server:
+        redis = RedisSettings(url=server.enter_context(redis_server(tmp_path / "redis")))
+        publish_both(redis, V1, 1)
+        with TestClient(app(settings, tmp_path, redis)) as client:
+            assert client.get("/v1/labels/pkg-1").status_code == 200
+            server.close()
+            answer = client.get("/v1/labels/pkg-1")
+            assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+            assert "unavailable" in answer.json()["error"]
+            assert client.post("/v1/recs:batchGet", json={"ids": ["user-1"]}).status_code == 503
+            assert client.get("/readyz").status_code == 503
+            assert 'precompute_store_errors_total{output="labels"} 1.0' in client.get("/metrics").text
+            with redis_server(tmp_path / "redis", port=urlparse(redis.url).port):
+                publish_both(redis, V2, 2)  # nothing was persisted: the nightly publishes again
+                assert client.get("/v1/labels/pkg-1").json()["labels"] == expected_labels("pkg-1", 2)
+                assert client.get("/readyz").json()["versions"]["recs"] == V2

@@ -1,0 +1,316 @@
+"""The versioned key-value store against a real redis-server: writes, publish, rollback, GC, readers.
+
+Every value encodes the version it belongs to (index 0 of its ranked pairs) and its row
+(index 1), so an answer that mixes versions, or returns another id's value, is detectable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import redis
+
+from stores.errors import PublishValidationError, StoreError, StoreUnavailableError, VersionNotFoundError
+from stores.key_value import KeyValueStore
+from stores.key_value_reader import KeyValueReader
+from stores.records import decode_ranked, encode_ranked
+from stores.redis_server import redis_server
+from stores.redis_settings import RedisSettings
+
+N = 250
+K = 10
+OUTPUT = "recs"
+IDS = [f"pkg-{i}" for i in range(N)]
+V1, V2, V3, V4 = (f"2026110{d}T031500Z-aa0{d}" for d in range(1, 5))
+ORDINAL = {V1: 1, V2: 2, V3: 3, V4: 4}
+
+
+def values_of(ordinal: int) -> list[bytes]:
+    indices = np.zeros((N, K), dtype=np.int64)
+    indices[:, 0] = ordinal
+    indices[:, 1] = np.arange(N)
+    return encode_ranked(indices, np.ones((N, K), dtype=np.float32))
+
+
+def origin(value: bytes) -> tuple[int, int]:
+    """(version ordinal, row) a value was written for."""
+    indices, _ = decode_ranked(value)
+    return int(indices[0]), int(indices[1])
+
+
+def load(store: KeyValueStore, version: str, rows: int = N) -> list[bytes]:
+    values = values_of(ORDINAL[version])
+    store.create_version(OUTPUT, version, N, {"vocabulary": ["a", "b"], "ordinal": ORDINAL[version]})
+    store.write(OUTPUT, version, IDS[:rows], values[:rows])
+    return values
+
+
+def publish(store: KeyValueStore, version: str) -> None:
+    values = load(store, version)
+    store.publish(OUTPUT, version, {IDS[0]: values[0], IDS[-1]: values[-1]})
+
+
+def keys_of(settings: RedisSettings) -> set[bytes]:
+    with redis.Redis.from_url(settings.url) as client:
+        return {
+            *client.scan_iter(match=f"{settings.prefix}:*", count=1000),
+            *client.scan_iter(match=f"{{{settings.prefix}:*", count=1000),
+        }
+
+
+@pytest.fixture
+def settings(redis_url: str) -> RedisSettings:
+    """A prefix per test: tests share one server and never see each other's keys."""
+    return RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}", keep_versions=1)
+
+
+@pytest.fixture
+def store(settings: RedisSettings) -> Iterator[KeyValueStore]:
+    with KeyValueStore(settings) as store:
+        yield store
+
+
+async def read(settings: RedisSettings, ids: list[str]) -> tuple[str, list[bytes | None], dict]:
+    async with KeyValueReader(settings) as reader:
+        version, values = await reader.get_many(OUTPUT, ids)
+        return version, values, await reader.meta(OUTPUT, version)
+
+
+def test_write_publish_get(store: KeyValueStore, settings: RedisSettings) -> None:
+    values = load(store, V1)
+    store.publish(OUTPUT, V1, {IDS[7]: values[7]})
+
+    async def reads() -> tuple:
+        async with KeyValueReader(settings) as reader:
+            return await reader.get(OUTPUT, IDS[3]), await reader.get_many(
+                OUTPUT, [IDS[5], "unknown", IDS[5]]
+            )
+
+    (version, value), (batch_version, batch) = asyncio.run(reads())
+    assert (version, value) == (V1, values[3])
+    assert (batch_version, batch) == (V1, [values[5], None, values[5]])
+    assert store.current(OUTPUT) == V1
+    [info] = store.versions(OUTPUT)
+    assert (info.name, info.rows, info.is_current) == (V1, N, True)
+    assert info.meta == {"vocabulary": ["a", "b"], "ordinal": 1}
+    assert asyncio.run(read(settings, []))[2] == info.meta
+
+
+def test_nothing_published(store: KeyValueStore, settings: RedisSettings) -> None:
+    load(store, V1)
+    assert store.current(OUTPUT) is None
+    with pytest.raises(VersionNotFoundError, match="nothing of output 'recs' is published"):
+        asyncio.run(read(settings, [IDS[0]]))
+    with pytest.raises(VersionNotFoundError, match="nothing to roll back from"):
+        store.rollback(OUTPUT)
+
+
+def test_failed_validation_switches_nothing(store: KeyValueStore, settings: RedisSettings) -> None:
+    load(store, V1, rows=N - 1)
+    with pytest.raises(PublishValidationError, match=f"holds {N - 1} records, but was created for {N}"):
+        store.publish(OUTPUT, V1)
+    assert store.current(OUTPUT) is None
+
+    publish(store, V2)
+    values = load(store, V3)
+    wrong = {IDS[1]: values[2], "unknown": values[0], IDS[4]: values[4]}
+    with pytest.raises(PublishValidationError, match=r"2 of 3 samples .* \['pkg-1', 'unknown'\]"):
+        store.publish(OUTPUT, V3, wrong)
+    with pytest.raises(VersionNotFoundError, match="does not exist"):
+        store.publish(OUTPUT, V4)
+    assert store.current(OUTPUT) == V2
+    assert asyncio.run(read(settings, [IDS[1]]))[:2] == (V2, [values_of(2)[1]])
+
+
+def test_rollback(settings: RedisSettings) -> None:
+    with KeyValueStore(settings.model_copy(update={"keep_versions": 2})) as store:
+        rollbacks(store, settings)
+
+
+def rollbacks(store: KeyValueStore, settings: RedisSettings) -> None:
+    for version in (V1, V2, V3):
+        publish(store, version)
+    assert store.rollback(OUTPUT) == V2
+    assert asyncio.run(read(settings, [IDS[9]]))[:2] == (V2, [values_of(2)[9]])
+    assert store.rollback(OUTPUT) == V1
+    with pytest.raises(VersionNotFoundError, match=f"older than '{V1}'"):
+        store.rollback(OUTPUT)
+    assert store.rollback(OUTPUT, to=V3) == V3
+    assert [(v.name, v.is_current) for v in store.versions(OUTPUT)] == [(V1, False), (V2, False), (V3, True)]
+    with pytest.raises(VersionNotFoundError, match="'20261231T000000Z-none'"):
+        store.rollback(OUTPUT, to="20261231T000000Z-none")
+    assert store.current(OUTPUT) == V3
+
+
+def test_garbage_collection_keeps_current_and_newest(store: KeyValueStore, settings: RedisSettings) -> None:
+    for version in (V1, V2, V3):  # keep_versions=1: each publish deletes all but it and one more
+        publish(store, version)
+    assert [v.name for v in store.versions(OUTPUT)] == [V2, V3]
+    assert store.rollback(OUTPUT) == V2
+    publish(store, V4)  # the others are V2 and V3: the newer one stays
+    assert [v.name for v in store.versions(OUTPUT)] == [V3, V4]
+    assert store.collect_garbage(OUTPUT) == []
+    with pytest.raises(StoreError, match="is published"):
+        store.drop_version(OUTPUT, V4)
+    buckets = {f"{settings.prefix}:{OUTPUT}:{v}:{{{b}}}".encode() for v in (V3, V4) for b in range(3)}
+    bookkeeping = {f"{{{settings.prefix}:{OUTPUT}}}:{k}".encode() for k in ("current", "versions")}
+    assert keys_of(settings) == buckets | bookkeeping  # no orphan key of a deleted version
+
+    store.drop_version(OUTPUT, V3)
+    assert [v.name for v in store.versions(OUTPUT)] == [V4]
+    with pytest.raises(VersionNotFoundError):
+        store.drop_version(OUTPUT, V3)
+
+
+def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, settings: RedisSettings) -> None:
+    import ray
+
+    values = values_of(1)
+    store.create_version(OUTPUT, V1, N)
+    table = pa.table({"id": IDS, "value": pa.array(values, pa.binary())})
+    sink = store.sink(OUTPUT, V1)
+    ray.data.from_arrow(table).repartition(3).write_datasink(sink)
+    assert sink.rows == N
+    store.publish(OUTPUT, V1, {IDS[100]: values[100]})
+    assert asyncio.run(read(settings, IDS))[:2] == (V1, values)
+
+    store.create_version(OUTPUT, V2, N)
+    bad = pa.table({"id": IDS, "value": [str(i) for i in range(N)]})  # strings, not binary
+    with pytest.raises(Exception, match=r"values\[0\] must be bytes, got str"):
+        ray.data.from_arrow(bad).write_datasink(store.sink(OUTPUT, V2))
+    assert [v.name for v in store.versions(OUTPUT)] == [V1]  # the failed version is deleted whole
+
+
+def test_readers_never_see_errors_or_mixed_versions(store: KeyValueStore, settings: RedisSettings) -> None:
+    """Readers hammer the store while versions are published, rolled back and garbage-collected."""
+    publish(store, V1)
+    answers: dict[str, int] = dict.fromkeys(ORDINAL, 0)
+    errors: list[BaseException] = []
+    mixed: list[tuple[str, list]] = []
+    stop = threading.Event()
+
+    def check(version: str, ids: list[str], values: list[bytes | None]) -> None:
+        want = [(ORDINAL[version], IDS.index(i)) for i in ids]
+        if [origin(v) if v is not None else None for v in values] != want:
+            mixed.append((version, values))
+        answers[version] += 1
+
+    async def reader(reader: KeyValueReader, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            ids = [IDS[i] for i in rng.integers(0, N, size=1 if seed % 2 else 20)]
+            try:
+                if len(ids) == 1:
+                    version, value = await reader.get(OUTPUT, ids[0])
+                    check(version, ids, [value])
+                else:
+                    version, values = await reader.get_many(OUTPUT, ids)
+                    check(version, ids, values)
+            except Exception as e:
+                errors.append(e)
+
+    def operate() -> None:
+        try:
+            for step in (
+                lambda: publish(store, V2),
+                lambda: publish(store, V3),  # deletes V1 (keep_versions=1)
+                lambda: store.rollback(OUTPUT),
+                lambda: store.rollback(OUTPUT, to=V3),
+                lambda: publish(store, V4),  # deletes V2
+            ):
+                time.sleep(0.15)
+                step()
+            time.sleep(0.15)
+        finally:
+            stop.set()
+
+    async def run() -> None:
+        async with KeyValueReader(settings) as shared, KeyValueReader(settings) as other:
+            tasks = [asyncio.create_task(reader(shared if s < 4 else other, s)) for s in range(6)]
+            await asyncio.to_thread(operate)
+            await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+    assert errors == []
+    assert mixed == []
+    assert all(answers[v] > 0 for v in ORDINAL), answers
+
+
+def test_redis_down_then_back(tmp_path: Path) -> None:
+    """503 material while Redis is down; the same reader answers again once it is back."""
+
+    async def scenario() -> None:
+        with contextlib.ExitStack() as server:
+            url = server.enter_context(redis_server(tmp_path))
+            settings = RedisSettings(url=url)
+            with KeyValueStore(settings) as store:
+                publish(store, V1)
+            async with KeyValueReader(settings) as reader:
+                assert (await reader.get(OUTPUT, IDS[2]))[0] == V1
+                server.close()
+                with pytest.raises(StoreUnavailableError, match="unavailable"):
+                    await reader.get(OUTPUT, IDS[2])
+                with pytest.raises(StoreUnavailableError), KeyValueStore(settings) as store:
+                    store.current(OUTPUT)
+                with redis_server(tmp_path, port=urlparse(url).port), KeyValueStore(settings) as store:
+                    publish(store, V2)  # nothing was persisted: the nightly publishes again
+                    assert await reader.get(OUTPUT, IDS[2]) == (V2, values_of(2)[2])
+
+    asyncio.run(scenario())
+
+
+def test_bad_parameters_are_named(store: KeyValueStore, settings: RedisSettings) -> None:
+    with pytest.raises(ValueError, match=r"version '\.\./x' is not a valid version name"):
+        store.create_version(OUTPUT, "../x", N)
+    with pytest.raises(ValueError, match="output 'a:b' is not a valid output name"):
+        store.create_version("a:b", V1, N)
+    with pytest.raises(ValueError, match="rows must be an int >= 0, got -1"):
+        store.create_version(OUTPUT, V1, -1)
+    with pytest.raises(ValueError, match="meta must be JSON-serializable"):
+        store.create_version(OUTPUT, V1, N, {"when": object()})
+    with pytest.raises(VersionNotFoundError, match="create_version first"):
+        store.write(OUTPUT, V1, IDS[:1], values_of(1)[:1])
+    store.create_version(OUTPUT, V1, 2)
+    with pytest.raises(StoreError, match="already exists"):
+        store.create_version(OUTPUT, V1, 2)
+    with pytest.raises(ValueError, match=r"values\[1\] must be bytes, got str"):
+        store.write(OUTPUT, V1, IDS[:2], [b"x", "y"])
+    with pytest.raises(ValueError, match=r"ids\[0\] must be str, got int"):
+        store.write(OUTPUT, V1, [7, "b"], [b"x", b"y"])
+    with pytest.raises(ValueError, match="ids and values differ in length: 2 and 1"):
+        store.write(OUTPUT, V1, IDS[:2], [b"x"])
+    with pytest.raises(ValueError, match="version 'v 2'"):
+        store.sink(OUTPUT, "v 2")
+    store.write(OUTPUT, V1, IDS[:2], [b"x", b"y"])
+    store.publish(OUTPUT, V1)
+    with pytest.raises(StoreError, match="is published; it is never written again"):
+        store.write(OUTPUT, V1, IDS[:1], [b"z"])
+    with pytest.raises(ValueError, match=r"ids\[1\] must be str, got bytes"):
+        asyncio.run(read(settings, [IDS[0], b"pkg-1"]))
+
+
+def test_one_node_cluster(tmp_path: Path) -> None:
+    """Cluster mode refuses commands across slots even on one node: the layout must never need them."""
+    with (
+        redis_server(tmp_path, cluster=True) as url,
+        KeyValueStore(RedisSettings(url=url, cluster=True)) as store,
+    ):
+        settings = store.settings
+        store.create_version(OUTPUT, V1, N)
+        store.write(OUTPUT, V1, IDS, values_of(1))
+        store.publish(OUTPUT, V1, {IDS[0]: values_of(1)[0]})
+        for version in (V2, V3, V4):
+            publish(store, version)
+        assert store.rollback(OUTPUT) == V3
+        assert [v.name for v in store.versions(OUTPUT)] == [V2, V3, V4]  # keep_versions=2
+        assert asyncio.run(read(settings, IDS[:50]))[:2] == (V3, values_of(3)[:50])
