@@ -11,24 +11,13 @@ Records: the 5,000 demo corpus ids, each with its top-3 labels (its Debian secti
 two others after) over the 58 sections; a "recs" version of 10 items per user is
 published too, as the service would find it. Ids are drawn at random per request.
 
-Load is open loop: request i is due at start + i/rate, and its latency counts from then,
-so a late answer delays no later measurement (no coordinated omission). The client is
-a few threads taking the next due request as they come free, each on its own keep-alive
-connection, sending prebuilt request bytes on a raw socket and reading the answer by its
-Content-Length: http.client parses headers with the email package (tens of microseconds
-a response). Debian's `wrk` and `hey` were passed over: wrk holds no fixed rate, and hey
-times each request from when it was sent, not from when it was due.
+Load: bench/load.py (open loop, due-time latencies, raw keep-alive HTTP/1.1).
 """
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import json
-import socket
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -36,6 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import redis
 
+from bench.load import CLIENT_THREADS, Connect, get, http, open_loop, percentiles
 from lookup.server import running
 from lookup.settings import ServiceSettings
 from models.settings import DEMO_CORPUS
@@ -50,9 +40,7 @@ LABELS_PER_ITEM = 3
 RECS_PER_USER = 10
 USERS = 5000
 PLAIN_PREFIX = "bench:plain:"
-CLIENT_THREADS = 4
 WARMUP_S = 1.0
-PR_SET_TIMERSLACK = 29
 
 
 def labels(ids: list[str], sections: list[str], rng: np.random.Generator) -> tuple[list[str], list[bytes]]:
@@ -83,72 +71,7 @@ def publish(settings: RedisSettings, output: str, ids: list[str], values: list[b
     return version
 
 
-def precise_sleeps() -> None:
-    """Linux lets a sleeping thread wake up to 50 us late (timer slack); 1 ns keeps due times honest."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: sleeps are as precise as the platform makes them
-
-
-def open_loop(
-    connect: Callable[[], Callable[[int], bool]], requests: int, rate: float
-) -> tuple[np.ndarray, int]:
-    """(latency in ms of each request from its due time, failed requests).
-
-    `connect` is called once per client thread and returns that thread's `call(i)`, which
-    sends request i and returns whether it succeeded.
-    """
-    latencies = np.zeros(requests)
-    failed = [0]
-    due_ids = itertools.count()  # next() on a count is atomic under the GIL: a free thread takes the next due
-    start = time.perf_counter() + 0.05
-
-    def client() -> None:
-        precise_sleeps()
-        call = connect()
-        while (i := next(due_ids)) < requests:
-            due = start + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            if not call(i):
-                failed[0] += 1
-            latencies[i] = time.perf_counter() - due
-
-    threads = [threading.Thread(target=client) for _ in range(CLIENT_THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return latencies * 1000, failed[0]
-
-
-def http_gets(host: str, port: int, paths: Sequence[str]) -> Callable[[], Callable[[int], bool]]:
-    """Per thread: one keep-alive connection, GET paths[i], read the answer by Content-Length."""
-    requests = [f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode() for path in paths]
-
-    def connect() -> Callable[[int], bool]:
-        sock = socket.create_connection((host, port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        def call(i: int) -> bool:
-            sock.sendall(requests[i])
-            answer = sock.recv(65536)
-            while (end := answer.find(b"\r\n\r\n")) < 0:
-                answer += sock.recv(65536)
-            at = answer.find(b"content-length:", 0, end)
-            length = int(answer[at + 15 : answer.find(b"\r\n", at)])
-            while len(answer) < end + 4 + length:
-                answer += sock.recv(65536)
-            return answer.startswith(b"HTTP/1.1 200")
-
-        return call
-
-    return connect
-
-
-def redis_gets(url: str, keys: Sequence[str]) -> Callable[[], Callable[[int], bool]]:
+def redis_gets(url: str, keys: Sequence[str]) -> Connect:
     """Per thread: a redis-py client of its own (one connection), GET keys[i]."""
 
     def connect() -> Callable[[int], bool]:
@@ -156,13 +79,6 @@ def redis_gets(url: str, keys: Sequence[str]) -> Callable[[], Callable[[int], bo
         return lambda i: client.get(keys[i]) is not None
 
     return connect
-
-
-def percentiles(latencies: np.ndarray) -> dict[str, float]:
-    return {
-        "p50_ms": round(float(np.median(latencies)), 3),
-        "p99_ms": round(float(np.percentile(latencies, 99)), 3),
-    }
 
 
 def main(rates: Sequence[float] = (500.0, 1000.0), seconds: float = 10.0, seed: int = 0) -> dict[str, object]:
@@ -203,10 +119,10 @@ def main(rates: Sequence[float] = (500.0, 1000.0), seconds: float = 10.0, seed: 
             for rate in rates:
                 requests = int(rate * seconds)
                 picks = rng.integers(0, len(ids), size=requests)
-                paths = [f"/v1/labels/{ids[p]}" for p in picks]
+                gets = [get(service.host, f"/v1/labels/{ids[p]}") for p in picks]
                 keys = [f"{PLAIN_PREFIX}{ids[p]}" for p in picks]
                 sides = {
-                    "ours": http_gets(service.host, service.port, paths),
+                    "ours": http(service.host, service.port, gets),
                     "baseline": redis_gets(url, keys),
                 }
                 figures: dict[str, dict[str, float]] = {}

@@ -5,81 +5,52 @@ in-process Qdrant engine with HNSW) over the demo corpus, published by the night
 Baseline, same queries and rate, in one process with no HTTP at all: what a user would
 otherwise write, sentence-transformers FP32 for the query and qdrant-client's local mode.
 
-Load is open-loop from 4 client threads: request i is due at start + i/rate, and its\nlatency counts from then,
-so a slow answer delays no later measurement (no coordinated omission). Also prints
-recall@10 of the served index against exact FP32 search over the same corpus.
+Load: bench/load.py (open loop, due-time latencies, raw keep-alive HTTP/1.1), the same
+client threads for both sides. Also prints recall@10 of the served index against exact
+FP32 search over the same vectors, and end to end against FP32-model embeddings.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import tempfile
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow.parquet as pq
 from qdrant_client import QdrantClient, models
 from sentence_transformers import SentenceTransformer
 
+from bench.load import CLIENT_THREADS, http, open_loop, percentiles, post_json
 from lookup.server import running
 from lookup.settings import ServiceSettings
 from models import EngineSettings, load_encoder
 from models.source import model_dir
+from stores.redis_server import free_port
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
 
 VERSION = "20000101T000000Z-bench0"
 K = 10
 TIE = 1e-6
-CLIENT_THREADS = 4
+SERVICE_ENGINE = EngineSettings(graph="query", streams=1, threads=1)
+"""As lookup/app.py opens it."""
 
 
-def open_loop(call: Callable[[str], list[str]], queries: list[str], rate: float) -> list[float]:
-    """Latency of each query in ms, each sent at its due time by a pool of client threads."""
-    latencies = [0.0] * len(queries)
-    start = time.perf_counter()
-
-    def one(i: int) -> None:
-        due = start + i / rate
-        time.sleep(max(0.0, due - time.perf_counter()))
-        call(queries[i])
-        latencies[i] = (time.perf_counter() - due) * 1000
-
-    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-        list(pool.map(one, range(len(queries))))
-    return latencies
-
-
-def percentiles(latencies: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": round(float(np.median(latencies)), 2),
-        "p99_ms": round(float(np.percentile(latencies, 99)), 2),
-    }
-
-
-def through_service(base: str, queries: list[str], rate: float) -> tuple[list[float], dict[str, list[str]]]:
-    answers: dict[str, list[str]] = {}
-    local = threading.local()
-    address = urlsplit(base)
-
-    def ours(query: str) -> list[str]:
-        # http.client: one keep-alive connection per thread and the least client-side cost,
-        # so the figure is the service's, not a heavy client's.
-        if not hasattr(local, "connection"):
-            local.connection = http.client.HTTPConnection(address.hostname, address.port)
-        body = json.dumps({"query": query, "k": K})
-        local.connection.request("POST", "/v1/search", body, {"Content-Type": "application/json"})
-        answers[query] = [h["id"] for h in json.loads(local.connection.getresponse().read())["hits"]]
-        return answers[query]
-
-    open_loop(ours, queries[: CLIENT_THREADS * 4], rate)  # open every thread's connection
-    return open_loop(ours, queries, rate), answers
+def through_service(
+    host: str, port: int, queries: list[str], rate: float
+) -> tuple[np.ndarray, dict[str, list[str]]]:
+    """Latencies in ms, and each query's hit ids (parsed after the timed run)."""
+    requests = [post_json(host, "/v1/search", {"query": query, "k": K}) for query in queries]
+    bodies: list[bytes] = [b""] * len(queries)
+    connect = http(host, port, requests, bodies)
+    open_loop(connect, CLIENT_THREADS * 4, rate)  # warm every thread's connection
+    latencies, failed = open_loop(connect, len(queries), rate)
+    if failed:
+        raise RuntimeError(f"{failed} of {len(queries)} searches failed")
+    answers = {q: [h["id"] for h in json.loads(b)["hits"]] for q, b in zip(queries, bodies, strict=True)}
+    return latencies, answers
 
 
 def main(rate: float, requests: int) -> dict[str, object]:
@@ -101,12 +72,13 @@ def main(rate: float, requests: int) -> dict[str, object]:
             store.upsert(VERSION, ids, vectors, [{"title": r["title"]} for r in corpus])
             store.finalize(VERSION)
             store.publish(VERSION)
-            # Each query alone, as the service embeds it (dynamic INT8 depends on batch peers).
+        # Each query alone on the service's engine (dynamic INT8 depends on batch peers).
+        with load_encoder(SERVICE_ENGINE) as encoder:
             int8_queries = np.stack([encoder.encode([query])[0] for query in queries])
 
-        service = ServiceSettings(port=8765, warmup_queries=50)
-        with running(service, stores) as base:
-            our_latencies, answers = through_service(base, queries, rate)
+        service = ServiceSettings(port=free_port(), warmup_queries=50)
+        with running(service, stores):
+            our_latencies, answers = through_service(service.host, service.port, queries, rate)
 
     local = QdrantClient(location=":memory:")
     local.create_collection(
@@ -121,8 +93,11 @@ def main(rate: float, requests: int) -> dict[str, object]:
         hits = local.query_points("corpus", query=vector.tolist(), limit=K).points
         return [ids[h.id] for h in hits]
 
-    open_loop(baseline, queries[:20], rate)
-    base_latencies = open_loop(baseline, queries, rate)
+    def connect() -> Callable[[int], bool]:
+        return lambda i: bool(baseline(queries[i]))
+
+    open_loop(connect, 20, rate)
+    base_latencies, _ = open_loop(connect, len(queries), rate)
 
     position = {id_: i for i, id_ in enumerate(ids)}
 

@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
+from ray.data.datasource import Datasink
 
 from flows.validate import Validation, staged_vectors, validate_version
 from jobs.embed import EmbedJobReport, run_embed_job
@@ -40,6 +41,8 @@ from stores.key_value import KeyValueStore
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import new_version, open_vector_store
+
+Job = TypeVar("Job", LabelsJobReport, RecsJobReport)
 
 TRANSIENT = (StoreUnavailableError, ConnectionError, TimeoutError)
 
@@ -90,35 +93,49 @@ def collect_garbage(stores: VectorStoreSettings, job: EmbedJobSettings) -> list[
     return deleted
 
 
+def into_redis(
+    redis: RedisSettings,
+    output: str,
+    vocabulary: list[str],
+    work_dir: Path,
+    job: Callable[[Datasink, Path, Callable[[int], None]], Job],
+) -> tuple[Job, str, list[str]]:
+    """Run `job` into a new Redis version of `output` and publish it (count and sample reads first).
+
+    `job(sink, run_dir, size)` writes through `sink`, keeps its rejects in `run_dir`, and
+    calls `size(records)` before its first write. A failed attempt's version is deleted
+    whole. Returns (job report, version, versions deleted by the publish's GC).
+    """
+    version = new_version()
+    runs = work_dir / "runs" / output
+    with KeyValueStore(redis) as store:
+        try:
+            report = job(
+                store.sink(output, version),
+                runs / version,
+                lambda rows: store.create_version(output, version, rows, {"vocabulary": vocabulary}),
+            )
+            deleted = store.publish(output, version, report.samples)
+        except BaseException:
+            drop_unpublished(store, output, version)
+            raise
+    remove_runs(runs, deleted)
+    return report, version, deleted
+
+
 @task(**retrying)
 def label(
     job: EmbedJobSettings, labels: LabelSettings, engine: EngineSettings, redis: RedisSettings
 ) -> tuple[LabelsJobReport, str, list[str]]:
-    """Label the corpus into a new Redis version and publish it (count and sample reads first).
-
-    Returns (report, version, versions deleted by the publish's GC).
-    """
-    version = new_version()
-    runs = job.work_dir / "runs" / "labels"
+    """Label the corpus into a new Redis version and publish it."""
     vocabulary = load_head(labels, engine).labels  # trains the head on a cache miss
-    with KeyValueStore(redis) as store:
-        try:
-            report = run_labels_job(
-                job,
-                labels,
-                engine,
-                store.sink("labels", version),
-                runs / version,
-                before_write=lambda rows: store.create_version(
-                    "labels", version, rows, {"vocabulary": vocabulary}
-                ),
-            )
-            deleted = store.publish("labels", version, report.samples)
-        except BaseException:
-            drop_unpublished(store, "labels", version)
-            raise
-    remove_runs(runs, deleted)
-    return report, version, deleted
+    return into_redis(
+        redis,
+        "labels",
+        vocabulary,
+        job.work_dir,
+        lambda sink, run_dir, size: run_labels_job(job, labels, engine, sink, run_dir, before_write=size),
+    )
 
 
 class QualityError(Exception):
@@ -129,37 +146,26 @@ class QualityError(Exception):
 def recommend(
     recs: RecsJobSettings, embeddings_dir: Path, redis: RedisSettings, work_dir: Path
 ) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
-    """Recommend from the published embeddings into a new Redis version; publish it if it beats
-    most-popular under leave-one-out. Returns (report, version, quality, versions deleted)."""
-    version = new_version()
-    runs = work_dir / "runs" / "recs"
+    """Recommend from the published embeddings into a new Redis version; publish it only if it
+    beats most-popular under leave-one-out. Returns (report, version, quality, versions deleted)."""
     item_ids, item_vectors = staged_vectors(embeddings_dir)
-    with KeyValueStore(redis) as store:
-        try:
-            report = run_recs_job(
-                recs,
-                item_ids,
-                item_vectors,
-                store.sink("recs", version),
-                runs / version,
-                before_write=lambda rows: store.create_version(
-                    "recs", version, rows, {"vocabulary": item_ids}
-                ),
+    quality: RecsQuality | None = None
+
+    def job(sink: Datasink, run_dir: Path, size: Callable[[int], None]) -> RecsJobReport:
+        """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
+        nonlocal quality
+        report = run_recs_job(recs, item_ids, item_vectors, sink, run_dir, before_write=size)
+        seen = read_seen(recs.interactions, item_ids)
+        quality = leave_one_out(seen, item_vectors, recs.popularity_weight, recs.k)
+        if quality.ours < quality.most_popular:
+            raise QualityError(
+                f"leave-one-out hit-rate@{recs.k} {quality.ours:.4f} is below "
+                f"most-popular's {quality.most_popular:.4f}"
             )
-            quality = leave_one_out(
-                read_seen(recs.interactions, item_ids), item_vectors, recs.popularity_weight, recs.k
-            )
-            if quality.ours < quality.most_popular:
-                raise QualityError(
-                    f"leave-one-out hit-rate@{recs.k} {quality.ours:.4f} is below "
-                    f"most-popular's {quality.most_popular:.4f}"
-                )
-            deleted = store.publish("recs", version, report.samples)
-        except BaseException:
-            drop_unpublished(store, "recs", version)
-            raise
-    remove_runs(runs, deleted)
-    return report, version, quality, deleted
+        return report
+
+    report, version, deleted = into_redis(redis, "recs", item_ids, work_dir, job)
+    return report, version, quality, deleted  # type: ignore[return-value]  # set by job
 
 
 def drop_unpublished(store: KeyValueStore, output: str, version: str) -> None:

@@ -41,6 +41,8 @@ ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
     ("cpu", "fp32"): "fp32",
     ("cuda", "fp32"): "fp32",
 }
+# The single-query graph of a variant, where one exists (EngineSettings.graph).
+FUSED = {"int8-dynamic": "int8-dynamic-fused"}
 GATE_FILE = "gate.json"
 
 
@@ -135,6 +137,8 @@ class _Builder:
     def engine(self, precision: str) -> tuple[Path, bool]:
         """The backend's engine for this precision: (its cache entry, whether it was a hit)."""
         variant = ONNX_VARIANTS[(self.device, precision)]
+        if self.settings.graph == "query" and variant in FUSED:
+            variant = FUSED[variant]
         key = {
             "model": self.model,
             "precision": precision,

@@ -2,6 +2,8 @@
 
 - int8-dynamic (CPU): weights INT8 per output channel, activations quantized per batch
   at run time. Signed per-channel weights keep accuracy; unsigned per-tensor did not.
+- int8-dynamic-fused (CPU, one text at a time): the same over ONNX Runtime's fused BERT
+  graph, where attention, LayerNorm and GELU are single kernels (79 nodes instead of 252).
 - int8-qdq (GPU, TensorRT): explicit QuantizeLinear/DequantizeLinear pairs with ranges
   from calibration texts, symmetric as TensorRT requires. TensorRT 10 deprecated and 11
   removed implicit INT8 calibration: strongly typed networks take precision from Q/DQ.
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -24,9 +27,10 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
+from onnxruntime.transformers import optimizer
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
-from models.source import INPUT_NAMES
+from models.source import INPUT_NAMES, model_dir
 from models.tokenize import TextTokenizer
 
 CALIBRATION_BATCH = 8
@@ -36,6 +40,31 @@ def int8_dynamic(fp32: Path, out: Path, calibration: Sequence[str], max_seq_leng
     quantize_dynamic(
         fp32, out, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
     )
+
+
+def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], max_seq_length: int) -> None:
+    """For a single short text, per-node overhead outweighs arithmetic: fusing cut a query
+    after an idle gap from 3.2 to 2.8 ms, while batches of 16 ran 13% slower (hence not
+    for jobs). Attention becomes QAttention; accuracy to FP32 is the same as int8-dynamic's."""
+    config = json.loads((model_dir() / "config.json").read_text())
+    fused = out.with_suffix(".fused.onnx")
+    optimizer.optimize_model(
+        str(fp32),
+        model_type="bert",
+        num_heads=config["num_attention_heads"],
+        hidden_size=config["hidden_size"],
+        opt_level=1,
+    ).save_model_to_file(str(fused))
+    quantize_dynamic(
+        fused,
+        out,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul", "Attention"],
+        # The fused ops are contrib ops that ONNX shape inference cannot type.
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    fused.unlink()
 
 
 class _TextBatches(CalibrationDataReader):
@@ -93,6 +122,7 @@ Quantizer = Callable[[Path, Path, Sequence[str], int], None]
 
 QUANTIZERS: dict[str, Quantizer] = {
     "int8-dynamic": int8_dynamic,
+    "int8-dynamic-fused": int8_dynamic_fused,
     "int8-qdq": int8_qdq,
     "fp16": fp16,
 }

@@ -13,8 +13,8 @@ measured here):
   during the load by construction, and `finalize` is exactly `optimize()`.
 - `optimize()` builds HNSW only for segments above `indexing_threshold` (KB; about 10 MB
   by default, so 5,000 x 384 stayed unindexed): we set it to 1 KB so every finalized version
-  has its graph. The engine still scans exactly below `full_scan_threshold` (10 MB), which
-  for small corpora is faster than the graph and exact.
+  has its graph. The engine still scans exactly below `full_scan_threshold`
+  (VectorStoreSettings.full_scan_threshold_kb).
 - Processes: with the WAL on (the default) a second process's `load` fails with "failed
   to open WAL ... WouldBlock"; with `wal_enabled=False` (fixed at create) any number of
   processes open the same shard and query it, and nothing guards concurrent writes. Loading
@@ -92,18 +92,12 @@ def to_hit(point: qe.ScoredPoint) -> Hit:
 class QdrantEdgeStore(VectorStore):
     """Writer and reader in one class: a process uses whichever half it needs."""
 
-    def __init__(
-        self,
-        settings: VectorStoreSettings,
-        pointer_check_s: float = 0.5,
-        full_scan_threshold_kb: int = 10_000,
-    ) -> None:
+    def __init__(self, settings: VectorStoreSettings, pointer_check_s: float = 0.5) -> None:
         self.root = settings.path / settings.name
         self.pointer_check_s = pointer_check_s
         """How stale a reader's view of the published version may be; 0 checks on every search."""
-        self.full_scan_threshold_kb = full_scan_threshold_kb
-        """Versions created here scan exactly below this size (Qdrant's default, 10 MB: about
-        6,500 x 384 vectors), where a scan is as fast as the graph; above it, HNSW answers."""
+        self.full_scan_threshold_kb = settings.full_scan_threshold_kb
+        self._params = qe.SearchParams(hnsw_ef=settings.hnsw_ef)
         self._writers: dict[str, qe.EdgeShard] = {}
         self._fields: dict[str, dict[str, type | None]] = {}
         self._readers: dict[str, qe.EdgeShard] = {}
@@ -185,6 +179,7 @@ class QdrantEdgeStore(VectorStore):
             query=qe.Query.Nearest(vector.reshape(-1).tolist()),
             filter=edge_filter(filter),
             with_payload=True,
+            params=self._params,
         )
         for retry in (False, True):
             name = version or self._published()
@@ -269,6 +264,9 @@ class QdrantEdgeStore(VectorStore):
 
     def current(self) -> str | None:
         return self._read_pointer()
+
+    def serving(self) -> str:
+        return self._published()
 
     def versions(self) -> list[str]:
         if not self.root.is_dir():

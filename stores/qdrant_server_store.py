@@ -102,6 +102,8 @@ class QdrantServerStore(VectorStore):
             )
         self.client = client
         self.name = settings.name
+        self.full_scan_threshold_kb = settings.full_scan_threshold_kb
+        self._params = models.SearchParams(hnsw_ef=settings.hnsw_ef)
         self.ready_timeout_s = ready_timeout_s
         """How long finalize waits for the index to be built before giving up (retryable)."""
         self._fields: dict[str, dict[str, type | None]] = {}
@@ -127,7 +129,7 @@ class QdrantServerStore(VectorStore):
             self.client.create_collection(
                 collection,
                 vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
-                hnsw_config=models.HnswConfigDiff(m=0),
+                hnsw_config=models.HnswConfigDiff(m=0, full_scan_threshold=self.full_scan_threshold_kb),
                 metadata={FINALIZED_KEY: False},
             )
 
@@ -185,7 +187,12 @@ class QdrantServerStore(VectorStore):
         try:
             with translated(f"search in {target!r}"):
                 points = self.client.query_points(
-                    target, query=vector, limit=k, query_filter=server_filter(filter), with_payload=True
+                    target,
+                    query=vector,
+                    limit=k,
+                    query_filter=server_filter(filter),
+                    search_params=self._params,
+                    with_payload=True,
                 ).points
         except StoreUnavailableError:
             raise

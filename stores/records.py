@@ -16,7 +16,9 @@ RANKED = np.dtype([("index", "<u4"), ("score", "<f2")])
 def encode_ranked(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
     """One value per row of `indices` and `scores` ([rows, k] each, best first)."""
     if indices.shape != scores.shape or indices.ndim != 2:
-        raise ValueError(f"indices and scores must be [rows, k] of one shape: {indices.shape}, {scores.shape}")
+        raise ValueError(
+            f"indices and scores must be [rows, k] of one shape: {indices.shape}, {scores.shape}"
+        )
     pairs = np.empty(indices.shape, RANKED)
     pairs["index"] = indices
     pairs["score"] = scores

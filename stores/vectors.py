@@ -137,6 +137,18 @@ class VectorStore(ABC):
     def current(self) -> str | None:
         """The published version, None before the first publish."""
 
+    def serving(self) -> str:
+        """The version a search with version=None reads now; VersionNotFoundError before any publish.
+
+        A reader that reports which version answered asks this once, then searches that
+        version explicitly: the answer and the version it names cannot disagree. A store
+        may answer from a cached view of the pointer (edge: at most pointer_check_s old).
+        """
+        version = self.current()
+        if version is None:
+            raise VersionNotFoundError("nothing is published yet")
+        return version
+
     @abstractmethod
     def versions(self) -> list[str]:
         """Every stored version, finalized or not, oldest first."""
