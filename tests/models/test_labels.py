@@ -27,7 +27,7 @@ def test_exported_head_is_softmax_of_the_affine_map(tmp_path: Path) -> None:
     expected /= expected.sum(axis=1, keepdims=True)
     head = LabelHead(tmp_path)
     np.testing.assert_allclose(head.probabilities(x), expected, atol=1e-5)
-    indices, scores = head.top(x, 2)
+    indices, scores = head.top_of(head.probabilities(x), 2)
     np.testing.assert_array_equal(indices, np.argsort(-expected, axis=1)[:, :2])
     np.testing.assert_allclose(scores, np.sort(expected, axis=1)[:, ::-1][:, :2], atol=1e-5)
 
@@ -41,21 +41,32 @@ def test_training_separates_separable_classes() -> None:
     assert np.mean(np.argmax(points @ weight.T + bias, axis=1) == targets) > 0.98
 
 
-def test_a_precision_short_of_the_agreement_gate_falls_back(settings) -> None:
-    """INT8 labels agree with FP32 on most, not all, of the held-out texts: the gate decides the engine."""
+def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) -> None:
+    """INT8 labels agree with FP32 on most, not all, held-out texts: the gate decides what labels."""
     with load_labeler(LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=0.5), settings) as lenient:
         [int8] = lenient.report.gates
-        assert (int8.precision, int8.passed, lenient.report.engine.precision) == ("int8", True, "int8")
-    assert int8.agreement < 1.0  # what makes the strict gate below a real fallback
-    with load_labeler(LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=1.0), settings) as strict:
-        failed, passed = strict.report.gates
-        assert (failed.precision, failed.passed, failed.agreement) == ("int8", False, int8.agreement)
-        assert failed.reason == f"label agreement {int8.agreement:.4f} < 1.0"
-        assert (passed.precision, passed.agreement, strict.report.engine.precision) == ("fp32", 1.0, "fp32")
+        assert (int8.precision, int8.passed, int8.recheck_margin) == ("int8", True, None)
+        assert lenient.report.engine.precision == "int8" and lenient.recheck is None
+    assert int8.agreement < 1.0  # so the stricter gates below are real
+
+    just_above = LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=min(int8.agreement + 0.01, 1.0))
+    with load_labeler(just_above, settings) as rechecking:
+        alone, rechecked = rechecking.report.gates
+        assert (alone.precision, alone.passed, alone.agreement) == ("int8", False, int8.agreement)
+        assert (rechecked.precision, rechecked.passed) == ("int8+fp32-recheck", True)
+        assert rechecked.agreement >= just_above.gate_agreement and 0 < rechecked.rechecked < 0.5
         texts = ["a chess engine with a graphical board", "a library for parsing XML"]
-        indices, scores = strict.label(texts)
+        indices, scores = rechecking.label(texts)
         assert indices.shape == scores.shape == (2, 3)
         assert np.all(np.diff(scores, axis=1) <= 0) and np.all(scores > 0)
+
+    # Ten calibration texts show no flip, so nothing is rechecked and INT8 falls back to FP32.
+    strict = LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=1.0, recheck_texts=10)
+    with load_labeler(strict, settings) as exact:
+        alone, rechecked, fp32 = exact.report.gates
+        assert not alone.passed and not rechecked.passed and rechecked.rechecked == 0.0
+        assert rechecked.reason == f"label agreement {int8.agreement:.4f} < 1.0"
+        assert (fp32.precision, fp32.agreement, exact.report.engine.precision) == ("fp32", 1.0, "fp32")
 
 
 def test_a_bad_label_column_is_named(settings, tmp_path: Path) -> None:
