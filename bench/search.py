@@ -74,7 +74,7 @@ def main(rate: float, requests: int) -> dict[str, object]:
             store.publish(VERSION)
         # Each query alone on the service's engine (dynamic INT8 depends on batch peers).
         with load_encoder(SERVICE_ENGINE) as encoder:
-            int8_queries = np.stack([encoder.encode([query])[0] for query in queries])
+            int8_queries = np.stack([encoder.encode_query(query) for query in queries])
 
         service = ServiceSettings(port=free_port(), warmup_queries=50)
         with running(service, stores):

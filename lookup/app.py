@@ -70,7 +70,7 @@ class Service:
         self.encoder = await anyio.to_thread.run_sync(load_encoder, self.engine_settings)
         self.store = open_vector_store(self.store_settings)
         for _ in range(self.settings.warmup_queries):
-            self.encoder.encode([WARMUP_TEXT])
+            self.encoder.encode_query(WARMUP_TEXT)
         self.keys.reader = KeyValueReader(self.redis_settings)
         yield
         await self.keys.reader.aclose()
@@ -98,7 +98,7 @@ class Service:
         if self.encoder is None or self.store is None:
             return error(503, "warming up", headers={"Retry-After": "1"})
         try:
-            vector = self.encoder.encode([req.query])[0]
+            vector = self.encoder.encode_query(req.query)
         except InvalidInputError as e:
             return error(422, e.reason, field="query")
         try:

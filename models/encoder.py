@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -73,10 +74,22 @@ class Encoder:
         self.report = report
         self.streams = streams
         self._pool = ThreadPoolExecutor(streams, thread_name_prefix="encoder") if streams > 1 else None
+        self._query_ids = np.zeros((1, tokenizer.max_seq_length), dtype=np.int64)
+        self._query_mask = np.ones((1, tokenizer.max_seq_length), dtype=np.int64)
+        self._query_lock = threading.Lock()
 
     def encode(self, texts: Sequence[object]) -> np.ndarray:
         """float32 [len(texts), dim]. Raises InvalidInputError naming the first bad row."""
         return encode_texts(self.runner, self.tokenizer, texts, self.batch_size, self._pool)
+
+    def encode_query(self, text: object) -> np.ndarray:
+        """float32 [dim] of one text: the service's path. No batch is formed and nothing is
+        padded; the ids go into input buffers allocated once, and the engine reads views of
+        their first len(ids) columns. Calls are serialised: the buffers are shared."""
+        ids = self.tokenizer.ids(text)
+        with self._query_lock:
+            self._query_ids[0, : len(ids)] = ids
+            return self.runner.infer(self._query_ids[:, : len(ids)], self._query_mask[:, : len(ids)])[0]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -58,6 +58,10 @@ class TextTokenizer:
         self._tokenizer.no_padding()
         self.max_seq_length = max_seq_length
 
+    def ids(self, text: object) -> list[int]:
+        """Token ids of one text (checked as row 0): the single-query path, no batch to form."""
+        return self._tokenizer.encode_batch_fast([check_text(0, text)])[0].ids
+
     def batches(self, texts: Sequence[object], batch_size: int) -> Iterator[Batch]:
         """Check every text first (so a bad row fails before any work), then bucket by length."""
         checked = [check_text(row, text) for row, text in enumerate(texts)]

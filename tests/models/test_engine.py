@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from models import EngineSettings, ModelError, load_encoder
+from models import EngineSettings, InvalidInputError, ModelError, load_encoder
 from models.errors import BackendUnavailableError
 
 
@@ -40,3 +41,21 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PRECOMPUTE_ENGINE_PRECISION", "int4")
     with pytest.raises(ValueError, match="precision"):
         EngineSettings()
+
+
+def test_the_single_query_path_embeds_as_a_batch_of_one(encoder, corpus_texts) -> None:
+    """Its input buffers are reused: a short text after a long one must not see the long one's ids."""
+    long_text, short_text = corpus_texts[0] * 20, "a chess engine"
+    for text in (long_text, short_text, long_text[:300], short_text):
+        np.testing.assert_array_equal(encoder.encode_query(text), encoder.encode([text])[0])
+    with pytest.raises(InvalidInputError, match="row 0: text is empty"):
+        encoder.encode_query("  ")
+
+
+def test_the_query_graph_matches_the_batch_graph(settings: EngineSettings, encoder, corpus_texts) -> None:
+    """The service embeds queries on the fused graph; its vectors must sit where the corpus's do."""
+    with load_encoder(settings.model_copy(update={"graph": "query", "streams": 1, "threads": 1})) as query:
+        assert query.report.engine_dir != encoder.report.engine_dir and query.report.gates[0].passed
+        titles = [text.split(".")[0][:80] for text in corpus_texts[:20]]
+        fused = np.stack([query.encode_query(t) for t in titles])
+        assert np.min(np.sum(fused * np.stack([encoder.encode_query(t) for t in titles]), axis=1)) > 0.98
