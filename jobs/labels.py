@@ -82,14 +82,13 @@ def run_labels_job(
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
+        prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
         start = time.perf_counter()
         good, rows, rejects = validated_corpus(settings.input, settings.max_reject_ratio, rejects_path)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        report, vocabulary = ray.get(
-            prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)
-        )
+        report, vocabulary = ray.get(prepared)
         seconds["engine"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -29,5 +29,8 @@ class EmbedJobSettings(BaseSettings):
     """Inference actors. Each takes one GPU where there are GPUs; on CPU each takes one core
     and runs the engine's streams on all of them (the read tasks need little)."""
 
-    rows_per_batch: int = Field(512, ge=1)
-    """Rows per actor call; the engine re-batches them by length."""
+    rows_per_batch: int = Field(2048, ge=1)
+    """Rows per actor call; the engine sorts them by length and re-batches them, so more
+    rows mean less padding and fewer calls (`bench pipeline` on the demo corpus: 0.74 of
+    the bare engine's speed at 512, 0.82 at 2048), at the cost of a later first output and
+    3 MB of vectors a call."""
