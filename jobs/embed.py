@@ -24,13 +24,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray
-from ray.data import ActorPoolStrategy
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
 from jobs import embedding_cache
 from jobs.embedding_cache import EMBEDDING, KEY
-from jobs.ray_session import ray_session
+from jobs.ray_session import actor_pool, ray_session
 from jobs.settings import EmbedJobSettings
 from jobs.validate import validated_corpus
 from models import EngineSettings, load_encoder
@@ -155,13 +154,9 @@ def run_embed_job(
         good.map_batches(
             EmbedActor,
             fn_constructor_kwargs={"engine": engine, "cache_dir": settings.work_dir / "cache"},
-            compute=ActorPoolStrategy(size=settings.actors),
             batch_size=settings.rows_per_batch,
             batch_format="pyarrow",
-            # On CPU the engine's threads use every core; half a CPU in Ray's books leaves
-            # room for the read tasks (an actor taking all CPUs hangs the dataset silently).
-            num_gpus=1 if gpus else 0,
-            num_cpus=1 if gpus else 0.5,
+            **actor_pool(settings.actors, gpus),
         ).write_datasink(sink)
         seconds["embed"] = time.perf_counter() - start
 

@@ -18,10 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 import ray
-from ray.data import ActorPoolStrategy
 from ray.data.datasource import Datasink
 
-from jobs.ray_session import ray_session
+from jobs.ray_session import actor_pool, ray_session
 from jobs.settings import EmbedJobSettings
 from jobs.validate import validated_corpus
 from models import EngineSettings
@@ -97,12 +96,9 @@ def run_labels_job(
             .map_batches(
                 LabelActor,
                 fn_constructor_kwargs={"labels": labels, "engine": engine},
-                compute=ActorPoolStrategy(size=settings.actors),
                 batch_size=settings.rows_per_batch,
                 batch_format="pyarrow",
-                # As in jobs/embed.py: an actor taking a whole CPU of two hangs the dataset.
-                num_gpus=1 if gpus else 0,
-                num_cpus=1 if gpus else 0.5,
+                **actor_pool(settings.actors, gpus),
             )
             .materialize()
         )

@@ -1,12 +1,15 @@
-"""Join the Ray cluster named in settings, or start a local Ray for this process."""
+"""Join the Ray cluster named in settings, or start a local Ray for this process; the
+resources every inference actor pool asks for."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import ray
+from ray.data import ActorPoolStrategy
 
 
 @contextmanager
@@ -23,3 +26,15 @@ def ray_session(address: str | None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def actor_pool(size: int, gpus: bool) -> dict[str, Any]:
+    """`map_batches` options of an inference actor pool: one GPU per actor where there are
+    GPUs. On CPU the engine's threads use every core anyway; half a CPU in Ray's books leaves
+    room for the read tasks, while an actor taking all CPUs of a node hangs the dataset
+    silently (STACK.md)."""
+    return {
+        "compute": ActorPoolStrategy(size=size),
+        "num_gpus": 1 if gpus else 0,
+        "num_cpus": 1 if gpus else 0.5,
+    }

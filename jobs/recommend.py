@@ -25,11 +25,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import ray
 import torch
-from ray.data import ActorPoolStrategy
 from ray.data.datasource import Datasink
 from ray.data.expressions import col
 
-from jobs.ray_session import ray_session
+from jobs.ray_session import actor_pool, ray_session
 from jobs.recs_settings import RecsJobSettings
 from jobs.validate import REASON, quarantine
 from stores.records import RANKED, encode_ranked
@@ -280,12 +279,9 @@ def run_recs_job(
                     "k": settings.k,
                     "block": settings.users_per_block,
                 },
-                compute=ActorPoolStrategy(size=settings.actors),
                 batch_size=settings.users_per_block,
                 batch_format="pyarrow",
-                # As in jobs/embed.py: an actor taking a whole CPU of two hangs the dataset.
-                num_gpus=1 if gpus else 0,
-                num_cpus=1 if gpus else 0.5,
+                **actor_pool(settings.actors, gpus),
             )
             .materialize()
         )
