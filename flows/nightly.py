@@ -314,5 +314,8 @@ def nightly(
     create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {run}")
     print(json.dumps(report))
     if failed:
-        raise RuntimeError(f"outputs failed: {failed}; the others are published; report in {path}")
+        published = [output for output, fields in outputs.items() if fields["published"]]
+        raise RuntimeError(
+            f"outputs failed: {failed}; published: {', '.join(published) or 'none'}; report in {path}"
+        )
     return report

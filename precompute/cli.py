@@ -46,6 +46,30 @@ def run(
 
 
 @app.command()
+def schedule(
+    cron: Annotated[str, typer.Option(help="When to run, in cron syntax (UTC).")] = "0 3 * * *",
+) -> None:
+    """Serve the nightly flow on a schedule until interrupted: needs a Prefect server (PREFECT_API_URL).
+
+    Registers the deployment `nightly/nightly` with the schedule and runs each scheduled flow
+    run in a subprocess; the schedule stays active across restarts of this command. One run
+    at a time: a run due while another is running waits, so two runs never race to publish
+    and collect each other's versions.
+    """
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.nightly import nightly
+
+    nightly.serve(
+        name="nightly",
+        cron=cron,
+        global_limit=1,
+        pause_on_shutdown=False,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+
+
+@app.command()
 def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
