@@ -24,7 +24,7 @@ from jobs.ray_session import actor_pool, ray_session
 from jobs.settings import EmbedJobSettings
 from jobs.validate import validated_corpus
 from models import EngineSettings
-from models.labels import LabelSettings, load_labeler
+from models.labels import LabelerReport, LabelSettings, load_labeler, open_labeler
 from stores.records import encode_ranked
 
 SAMPLES = 5
@@ -46,10 +46,10 @@ class LabelsJobReport:
 
 
 class LabelActor:
-    """One labeler per actor: (id, text) rows in, (id, value) rows out."""
+    """One labeler per actor, the one prepare_labeler gated: (id, text) rows in, (id, value) rows out."""
 
-    def __init__(self, labels: LabelSettings, engine: EngineSettings) -> None:
-        self.labeler = load_labeler(labels, engine)
+    def __init__(self, labels: LabelSettings, engine: EngineSettings, report: LabelerReport) -> None:
+        self.labeler = open_labeler(labels, engine, report)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         indices, scores = self.labeler.label(batch["text"].to_pylist())
@@ -58,10 +58,10 @@ class LabelActor:
 
 
 @ray.remote
-def prepare_labeler(labels: LabelSettings, engine: EngineSettings) -> tuple[dict[str, Any], list[str]]:
-    """Train the head (on a cache miss), build and gate the engine once; (report, vocabulary)."""
+def prepare_labeler(labels: LabelSettings, engine: EngineSettings) -> tuple[LabelerReport, list[str]]:
+    """Train the head (on a cache miss), build the engine and gate the labeler once; (report, vocabulary)."""
     with load_labeler(labels, engine) as labeler:
-        return asdict(labeler.report), labeler.labels
+        return labeler.report, labeler.labels
 
 
 def run_labels_job(
@@ -95,7 +95,7 @@ def run_labels_job(
             good.select_columns(["id", "text"])
             .map_batches(
                 LabelActor,
-                fn_constructor_kwargs={"labels": labels, "engine": engine},
+                fn_constructor_kwargs={"labels": labels, "engine": engine, "report": report},
                 batch_size=settings.rows_per_batch,
                 batch_format="pyarrow",
                 **actor_pool(settings.actors, gpus),
@@ -116,7 +116,7 @@ def run_labels_job(
         rejects_path=str(rejects_path),
         items=rows - rejects,
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
-        labeler=report,
+        labeler=asdict(report),
         vocabulary=vocabulary,
         samples=samples,
     )
