@@ -49,7 +49,8 @@ def status(vectors: VectorStoreSettings, redis: RedisSettings) -> list[OutputSta
                 Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
                 for v in store.versions(output)
             ]
-            statuses.append(OutputStatus(output, "redis", store.current(output), versions))
+            current = next((v.name for v in versions if v.current), None)
+            statuses.append(OutputStatus(output, "redis", current, versions))
     return statuses
 
 
