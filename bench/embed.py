@@ -11,6 +11,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -19,7 +20,9 @@ from sentence_transformers import SentenceTransformer
 
 from models import Encoder, EngineSettings, load_encoder
 from models.gate import row_cosine
-from models.source import model_dir
+from models.hardware import device_fingerprint
+from models.settings import DEMO_CORPUS
+from models.source import read_encoder
 
 WARMUP_TEXTS = 64
 
@@ -37,8 +40,8 @@ def mean_tokens(encoder: Encoder, texts: Sequence[str]) -> float:
 
 def run(texts: Sequence[str], repeats: int, settings: EngineSettings) -> dict[str, object]:
     encoder = load_encoder(settings)
-    baseline = SentenceTransformer(str(model_dir()), device="cpu")
-    baseline.max_seq_length = settings.max_seq_length
+    baseline = SentenceTransformer(str(settings.model.folder), device="cpu")
+    baseline.max_seq_length = settings.model.max_seq_length
     batch_size = encoder.batch_size
 
     def ours() -> np.ndarray:
@@ -61,11 +64,13 @@ def run(texts: Sequence[str], repeats: int, settings: EngineSettings) -> dict[st
     report = encoder.report
     result = {
         "bench": "embed",
+        "machine": device_fingerprint("cpu"),
         "docs": len(texts),
         "mean_tokens": round(mean_tokens(encoder, texts), 1),
         "repeats": repeats,
         "batch_size": batch_size,
         "engine": f"{report.backend}/{report.device}/{report.precision}",
+        "model": f"{settings.model.folder} ({settings.model.architecture}, {settings.model.dim}-d)",
         "streams": encoder.streams,
         "torch_threads": torch.get_num_threads(),
         "ours_docs_per_s": round(ours_dps, 1),
@@ -79,11 +84,17 @@ def run(texts: Sequence[str], repeats: int, settings: EngineSettings) -> dict[st
     return result
 
 
-def main(docs: int, repeats: int, corpus: str | None = None) -> dict[str, object]:
+def main(docs: int, repeats: int, corpus: str | None = None, model: str | None = None) -> dict[str, object]:
+    """`model`: a sentence-transformers folder (default: the bundled model); gated on `corpus`."""
     settings = EngineSettings()
-    path = corpus or settings.reference_corpus
+    path = corpus or str(DEMO_CORPUS)
+    update: dict[str, object] = {"reference": settings.reference.model_copy(update={"path": path})}
+    if model is not None:
+        update["model"] = read_encoder(Path(model))
+    settings = settings.model_copy(update=update)
     texts = pq.read_table(path, columns=["text"])["text"].to_pylist()[:docs]
     result = run(texts, repeats, settings)
+    print(f"model {result['model']}")
     print(
         f"engine {result['engine']}, batch {result['batch_size']}, {result['docs']} docs "
         f"of {result['mean_tokens']} tokens on average, median of {repeats} repeats"
@@ -92,5 +103,6 @@ def main(docs: int, repeats: int, corpus: str | None = None) -> dict[str, object
     print(f"baseline  {result['baseline_docs_per_s']:8.1f} docs/s  ({result['baseline']})")
     print(f"ratio     {result['ratio']:8.2f}x")
     print(f"cosine to FP32: mean {result['cosine_mean']:.4f}, min {result['cosine_min']:.4f}")
+    print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result

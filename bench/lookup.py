@@ -28,6 +28,7 @@ import redis
 from bench.load import CLIENT_THREADS, Connect, get, http, open_loop, percentiles
 from lookup.server import running
 from lookup.settings import ServiceSettings
+from models.hardware import device_fingerprint
 from models.settings import DEMO_CORPUS
 from stores.key_value import KeyValueStore
 from stores.records import encode_ranked
@@ -92,6 +93,7 @@ def main(rates: Sequence[float] = (500.0, 1000.0), seconds: float = 10.0, seed: 
 
     result: dict[str, object] = {
         "bench": "lookup",
+        "machine": device_fingerprint("cpu"),
         "items": len(ids),
         "labels_per_item": LABELS_PER_ITEM,
         "value_bytes": value_bytes,
@@ -144,6 +146,7 @@ def main(rates: Sequence[float] = (500.0, 1000.0), seconds: float = 10.0, seed: 
                 )
                 result["rates"][str(int(rate))] = figures
     print("acceptance at 500/s: p50 <= 1 ms, p99 <= 5 ms; target at 1000/s: p50 <= 0.6 ms, p99 <= 2 ms")
+    print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result
 

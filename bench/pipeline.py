@@ -16,16 +16,19 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from jobs.embed import run_embed_job
-from jobs.settings import EmbedJobSettings
+from jobs.settings import JobSettings
 from models import EngineSettings, load_encoder
+from models.hardware import device_fingerprint
+from models.settings import DEMO_CORPUS
+from precompute.pipeline import CorpusInput
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
 
 
 def main(corpus: str | None = None) -> dict[str, object]:
-    engine = EngineSettings()
-    job = EmbedJobSettings(**({"input": corpus} if corpus else {}))
-    texts = pq.read_table(job.input, columns=["text"])["text"].to_pylist()
+    engine, job = EngineSettings(), JobSettings()
+    source = CorpusInput(path=corpus or str(DEMO_CORPUS))
+    texts = pq.read_table(source.path, columns=["text"])["text"].to_pylist()
 
     with load_encoder(engine) as encoder:
         encoder.encode(texts[:64])
@@ -36,10 +39,13 @@ def main(corpus: str | None = None) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         stores = VectorStoreSettings(type="edge", path=Path(tmp) / "qdrant")
         with open_vector_store(stores) as store:
-            report = run_embed_job("bench", store, job.model_copy(update={"work_dir": Path(tmp)}), engine)
+            report = run_embed_job(
+                "bench", store, source, job.model_copy(update={"work_dir": Path(tmp)}), engine
+            )
     job_rate = report.computed / report.seconds["embed"]
     result = {
         "bench": "pipeline",
+        "machine": device_fingerprint("cpu"),
         "docs": len(texts),
         "engine": f"{report.engine['backend']}/{report.engine['device']}/{report.engine['precision']}",
         "bare_engine_docs_per_s": round(bare, 1),
@@ -50,5 +56,6 @@ def main(corpus: str | None = None) -> dict[str, object]:
     print(f"bare engine  {bare:8.1f} docs/s  (Encoder.encode, same texts, same process)")
     print(f"Ray Data job {job_rate:8.1f} docs/s  (read -> validate -> actor pool -> staged Parquet)")
     print(f"efficiency   {result['efficiency']:8.2f}")
+    print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result

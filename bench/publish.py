@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import redis
 
+from models.hardware import device_fingerprint
 from models.settings import DEMO_CORPUS
 from stores.key_value import KeyValueStore
 from stores.records import encode_ranked
@@ -123,6 +124,7 @@ def main(
 
     result: dict[str, object] = {
         "bench": "publish",
+        "machine": device_fingerprint("cpu"),
         "records": records_n,
         "k": k,
         "repeats": repeats,
@@ -155,6 +157,7 @@ def main(
         f"{result['ours_memory_usage_bytes_per_record']}, baseline {result['baseline_memory_usage_bytes_per_record']} "
         f"B/record; {not_listpack} of {buckets} buckets past the listpack limits"
     )
+    print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result
 

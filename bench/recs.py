@@ -25,17 +25,18 @@ from jobs import embedding_cache
 from jobs.recommend import BlockedTopK, popularity_prior
 from jobs.recs_quality import leave_one_out, read_seen
 from jobs.recs_settings import RecsJobSettings
-from jobs.settings import EmbedJobSettings
+from jobs.settings import JobSettings
 from models import EngineSettings, load_encoder
+from models.hardware import device_fingerprint
 from models.settings import DEMO_CORPUS
-from models.source import model_hash
+from precompute.pipeline import load_pipeline
 
 
 def item_embeddings(texts: list[str]) -> tuple[np.ndarray, str]:
     """(vectors, where they came from)."""
     engine = EngineSettings()
-    keys = embedding_cache.content_keys(model_hash(engine.max_seq_length), texts)
-    cache = embedding_cache.load(EmbedJobSettings().work_dir / "cache")
+    keys = embedding_cache.content_keys(engine.model.hash, texts)
+    cache = embedding_cache.load(JobSettings().work_dir / "cache" / "embeddings")
     if all(key in cache for key in keys):
         return np.stack([cache[key] for key in keys]), "the embedding job's cache"
     with load_encoder(engine) as encoder:
@@ -62,7 +63,8 @@ def main(repeats: int = 5, block: int | None = None) -> dict[str, object]:
     corpus = pq.read_table(DEMO_CORPUS, columns=["id", "text"])
     item_ids = corpus["id"].to_pylist()
     vectors, source = item_embeddings(corpus["text"].to_pylist())
-    seen = read_seen(settings.interactions, item_ids)
+    pipeline = load_pipeline()
+    seen = read_seen(pipeline.outputs[pipeline.default("recs") or "recs"].input, item_ids)
     prior = popularity_prior(np.bincount(seen.items, minlength=len(item_ids)), settings.popularity_weight)
     ranker = BlockedTopK(vectors, settings.k, block, prior)
     users = ranker.user_vectors(seen)
@@ -79,6 +81,7 @@ def main(repeats: int = 5, block: int | None = None) -> dict[str, object]:
     device = torch.cuda.get_device_name() if ranker.device.type == "cuda" else "cpu"
     result = {
         "bench": "recs",
+        "machine": device_fingerprint("cpu"),
         "device": device,
         "torch_threads": torch.get_num_threads(),
         "users": len(users),
@@ -111,5 +114,6 @@ def main(repeats: int = 5, block: int | None = None) -> dict[str, object]:
         f"(content + popularity prior, weight {quality.popularity_weight}), content only "
         f"{quality.content_only:.3f}, most-popular {quality.most_popular:.3f}"
     )
+    print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result

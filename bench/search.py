@@ -26,7 +26,8 @@ from bench.load import CLIENT_THREADS, http, open_loop, percentiles, post_json
 from lookup.server import running
 from lookup.settings import ServiceSettings
 from models import EngineSettings, load_encoder
-from models.source import model_dir
+from models.hardware import device_fingerprint
+from models.settings import DEMO_CORPUS
 from stores.redis_server import free_port
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
@@ -54,13 +55,13 @@ def through_service(
 
 
 def main(rate: float, requests: int) -> dict[str, object]:
-    corpus = pq.read_table(EngineSettings().reference_corpus, columns=["id", "title", "text"]).to_pylist()
+    corpus = pq.read_table(DEMO_CORPUS, columns=["id", "title", "text"]).to_pylist()
     rng = np.random.default_rng(0)
     queries = [corpus[i]["title"] for i in rng.choice(len(corpus), size=requests)]
     ids = [row["id"] for row in corpus]
 
-    reference = SentenceTransformer(str(model_dir()), device="cpu")
-    reference.max_seq_length = 256
+    reference = SentenceTransformer(str(EngineSettings().model.folder), device="cpu")
+    reference.max_seq_length = EngineSettings().model.max_seq_length
     fp32_docs = reference.encode([r["text"] for r in corpus], batch_size=16, normalize_embeddings=True)
     fp32_queries = reference.encode(queries, batch_size=16, normalize_embeddings=True)
 
@@ -114,6 +115,7 @@ def main(rate: float, requests: int) -> dict[str, object]:
 
     result = {
         "bench": "search",
+        "machine": device_fingerprint("cpu"),
         "docs": len(corpus),
         "rate_per_s": rate,
         "requests": requests,
@@ -143,5 +145,6 @@ def main(rate: float, requests: int) -> dict[str, object]:
     print(
         f"recall@10 end to end (INT8 engine + index) against exact search with FP32 model embeddings: {result['recall_at_10_vs_fp32_model']}"
     )
+    print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from qdrant_client import QdrantClient
 
+from models.hardware import device_fingerprint
 from models.settings import DEMO_CORPUS
 from stores.qdrant_edge_store import QdrantEdgeStore
 from stores.qdrant_server_store import QdrantServerStore
@@ -147,6 +148,7 @@ def main(docs: int = 5000, queries: int = 200, k: int = 10) -> dict[str, object]
         )
     result = {
         "bench": "vector_store",
+        "machine": device_fingerprint("cpu"),
         "points": len(ids),
         "dim": int(vectors.shape[1]),
         "vectors": source,
@@ -154,6 +156,7 @@ def main(docs: int = 5000, queries: int = 200, k: int = 10) -> dict[str, object]
         "k": k,
         "backends": results,
     }
+    print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result
 

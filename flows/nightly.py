@@ -1,8 +1,11 @@
-"""The nightly flow: the three outputs, each validated and published on its own, then a run report.
+"""The nightly flow: every output of the pipeline file, each validated and published on its own, then a run report.
 
     embeddings: embed -> validate (count, canaries, recall@10) -> publish (Qdrant) -> GC
     labels:     label -> publish (Redis: count, sample reads) -> GC
-    recs:       (after embeddings: its item vectors) recommend -> validate (hit-rate@10) -> publish -> GC
+    recs:       (after its items' embeddings) recommend -> validate (hit-rate@10) -> publish -> GC
+
+Outputs run in the file's order by kind: embeddings, then labels, then recs (which need
+the item vectors their embeddings output published in this run).
 
 Each step is a Prefect task; transient store failures are retried with backoff, while
 bad data (reject ratio, accuracy gate, validation) fails at once: retrying cannot fix it.
@@ -33,9 +36,10 @@ from jobs.labels import LabelsJobReport, run_labels_job
 from jobs.recommend import RecsJobReport, run_recs_job
 from jobs.recs_quality import RecsQuality, leave_one_out, read_seen
 from jobs.recs_settings import RecsJobSettings
-from jobs.settings import EmbedJobSettings
+from jobs.settings import JobSettings
 from models import EngineSettings
-from models.labels import LabelSettings, load_head
+from models.labels import LabelSettings, label_names
+from precompute.pipeline import CorpusInput, InteractionsInput, load_pipeline
 from stores.errors import StoreUnavailableError
 from stores.key_value import KeyValueStore
 from stores.redis_settings import RedisSettings
@@ -66,10 +70,12 @@ retrying = {
 
 
 @task(**retrying)
-def embed(stores: VectorStoreSettings, job: EmbedJobSettings, engine: EngineSettings) -> EmbedJobReport:
+def embed(
+    output: str, corpus: CorpusInput, stores: VectorStoreSettings, job: JobSettings, engine: EngineSettings
+) -> EmbedJobReport:
     """Each attempt writes a version of its own: a retry never appends to a failed one's parts."""
     with open_vector_store(stores) as store:
-        return run_embed_job(new_version(), store, job, engine)
+        return run_embed_job(new_version(), store, corpus, job, engine, output)
 
 
 @task(cache_policy=NO_CACHE)
@@ -85,22 +91,24 @@ def publish(version: str, stores: VectorStoreSettings) -> None:
 
 
 @task(**retrying)
-def collect_garbage(stores: VectorStoreSettings, job: EmbedJobSettings) -> list[str]:
+def collect_garbage(output: str, stores: VectorStoreSettings, job: JobSettings) -> list[str]:
     """Delete old versions whole, with their staged runs (the cache is the newest run)."""
     with open_vector_store(stores) as store:
         deleted = store.gc(stores.keep_versions)
-    remove_runs(job.work_dir / "runs", deleted)
+    remove_runs(job.work_dir / "runs" / output, deleted)
     return deleted
 
 
 def into_redis(
     redis: RedisSettings,
     output: str,
+    store_key: str,
     vocabulary: list[str],
     work_dir: Path,
     job: Callable[[Datasink, Path, Callable[[int], None]], Job],
 ) -> tuple[Job, str, list[str]]:
-    """Run `job` into a new Redis version of `output` and publish it (count and sample reads first).
+    """Run `job` into a new Redis version of `output` (keys under `store_key`) and publish it
+    (count and sample reads first).
 
     `job(sink, run_dir, size)` writes through `sink`, keeps its rejects in `run_dir`, and
     calls `size(records)` before its first write. A failed attempt's version is deleted
@@ -111,13 +119,13 @@ def into_redis(
     with KeyValueStore(redis) as store:
         try:
             report = job(
-                store.sink(output, version),
+                store.sink(store_key, version),
                 runs / version,
-                lambda rows: store.create_version(output, version, rows, {"vocabulary": vocabulary}),
+                lambda rows: store.create_version(store_key, version, rows, {"vocabulary": vocabulary}),
             )
-            deleted = store.publish(output, version, report.samples)
+            deleted = store.publish(store_key, version, report.samples)
         except BaseException:
-            drop_unpublished(store, output, version)
+            drop_unpublished(store, store_key, version)
             raise
     remove_runs(runs, deleted)
     return report, version, deleted
@@ -125,16 +133,25 @@ def into_redis(
 
 @task(**retrying)
 def label(
-    job: EmbedJobSettings, labels: LabelSettings, engine: EngineSettings, redis: RedisSettings
+    output: str,
+    store_key: str,
+    corpus: CorpusInput,
+    job: JobSettings,
+    labels: LabelSettings,
+    engine: EngineSettings,
+    redis: RedisSettings,
 ) -> tuple[LabelsJobReport, str, list[str]]:
     """Label the corpus into a new Redis version and publish it."""
-    vocabulary = load_head(labels, engine).labels  # trains the head on a cache miss
+    vocabulary = label_names(labels, engine)  # trains a head on a cache miss
     return into_redis(
         redis,
-        "labels",
+        output,
+        store_key,
         vocabulary,
         job.work_dir,
-        lambda sink, run_dir, size: run_labels_job(job, labels, engine, sink, run_dir, before_write=size),
+        lambda sink, run_dir, size: run_labels_job(
+            corpus, job, labels, engine, sink, run_dir, before_write=size
+        ),
     )
 
 
@@ -144,7 +161,13 @@ class QualityError(Exception):
 
 @task(**retrying)
 def recommend(
-    recs: RecsJobSettings, embeddings_dir: Path, redis: RedisSettings, work_dir: Path
+    output: str,
+    store_key: str,
+    interactions: InteractionsInput,
+    recs: RecsJobSettings,
+    embeddings_dir: Path,
+    redis: RedisSettings,
+    work_dir: Path,
 ) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
     """Recommend from the published embeddings into a new Redis version; publish it only if it
     beats most-popular under leave-one-out. Returns (report, version, quality, versions deleted)."""
@@ -154,8 +177,8 @@ def recommend(
     def job(sink: Datasink, run_dir: Path, size: Callable[[int], None]) -> RecsJobReport:
         """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
         nonlocal quality
-        report = run_recs_job(recs, item_ids, item_vectors, sink, run_dir, before_write=size)
-        seen = read_seen(recs.interactions, item_ids)
+        report = run_recs_job(interactions, recs, item_ids, item_vectors, sink, run_dir, before_write=size)
+        seen = read_seen(interactions, item_ids)
         quality = leave_one_out(seen, item_vectors, recs.popularity_weight, recs.k)
         if quality.ours < quality.most_popular:
             raise QualityError(
@@ -164,7 +187,7 @@ def recommend(
             )
         return report
 
-    report, version, deleted = into_redis(redis, "recs", item_ids, work_dir, job)
+    report, version, deleted = into_redis(redis, output, store_key, item_ids, work_dir, job)
     return report, version, quality, deleted  # type: ignore[return-value]  # set by job
 
 
@@ -190,6 +213,7 @@ def embeddings_report(
 ) -> dict[str, Any]:
     per_second = {stage: round(embedded.rows / embedded.seconds[stage], 1) for stage in ROW_STAGES}
     return {
+        "kind": "embeddings",
         "version": embedded.version,
         "published": True,
         "rows": embedded.rows,
@@ -208,7 +232,9 @@ def embeddings_report(
 
 def labels_report(labelled: LabelsJobReport, version: str, deleted: list[str]) -> dict[str, Any]:
     engine = labelled.labeler["engine"]
+    accuracy = labelled.labeler["held_out_accuracy"]
     return {
+        "kind": "labels",
         "version": version,
         "published": True,
         "rows": labelled.rows,
@@ -220,7 +246,8 @@ def labels_report(labelled: LabelsJobReport, version: str, deleted: list[str]) -
         "docs_per_s": round(labelled.items / labelled.seconds["label"], 1),
         "engine": {k: engine[k] for k in ("backend", "device", "precision")},
         "gate": labelled.labeler["gates"],
-        "head_held_out_accuracy": round(labelled.labeler["held_out_accuracy"], 4),
+        "gate_texts_from": engine["gates"][-1]["texts_from"] if engine["gates"] else "",
+        "head_held_out_accuracy": None if accuracy is None else round(accuracy, 4),
         "deleted_versions": deleted,
     }
 
@@ -229,6 +256,7 @@ def recs_report(
     recs: RecsJobReport, version: str, quality: RecsQuality, deleted: list[str]
 ) -> dict[str, Any]:
     return {
+        "kind": "recs",
         "version": version,
         "published": True,
         "rows": recs.rows,
@@ -252,62 +280,84 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 @flow(name="nightly", log_prints=True)
-def nightly(
-    corpus: str | None = None,
-    interactions: str | None = None,
-    keep_versions: int | None = None,
-    min_recall: float = 0.99,
-) -> dict[str, Any]:
-    """Precompute the three outputs, each validated and published on its own, and report.
+def nightly(pipeline: str | None = None, keep_versions: int | None = None) -> dict[str, Any]:
+    """Precompute every output of the pipeline file, each validated and published on its own, and report.
 
-    corpus: Parquet path or URI (default: PRECOMPUTE_JOB_INPUT, else the demo corpus).
-    interactions: Parquet path or URI (default: PRECOMPUTE_RECS_INTERACTIONS, else the demo's).
-    keep_versions: previous versions kept for rollback, per output (default: the stores' settings).
+    pipeline: the pipeline file (default: PRECOMPUTE_PIPELINE, else ./precompute.toml, else the demo's).
+    keep_versions: previous versions kept for rollback, for every output (default: each output's own).
     """
-    job = EmbedJobSettings(**({"input": corpus} if corpus else {}))
-    recs = RecsJobSettings(**({"interactions": interactions} if interactions else {}))
-    keep = {"keep_versions": keep_versions} if keep_versions is not None else {}
-    stores, redis = VectorStoreSettings(**keep), RedisSettings(**keep)
-    engine, labels = EngineSettings(), LabelSettings()
+    spec = load_pipeline(pipeline)
+    spec.check()  # a bad file fails here, in one line, before any job starts
+    job, engine, labels = JobSettings(), EngineSettings(), LabelSettings()
     run = new_version()
     outputs: dict[str, Any] = {}
     failed: dict[str, str] = {}
+
+    def keep(settings: Any) -> Any:
+        return (
+            settings
+            if keep_versions is None
+            else settings.model_copy(update={"keep_versions": keep_versions})
+        )
 
     def attempt(output: str, step: Callable[[], dict[str, Any]]) -> None:
         try:
             outputs[output] = step()
         except Exception as e:  # reported, and the flow fails after the other outputs ran
             failed[output] = f"{type(e).__name__}: {e}"
-            outputs[output] = {"published": False, "error": failed[output]}
+            outputs[output] = {"kind": spec.outputs[output].kind, "published": False, "error": failed[output]}
 
-    def embeddings() -> dict[str, Any]:
-        embedded = embed(stores, job, engine)
+    def embeddings(name: str) -> dict[str, Any]:
+        stores = keep(spec.vector_settings(name))
+        embedded = embed(name, spec.outputs[name].input, stores, job, spec.engine_settings(name, engine))
         version = embedded.version
         seconds: dict[str, float] = {}
         start = time.perf_counter()
-        validation = validate(version, stores, job.work_dir / "runs" / version / "embeddings", min_recall)
+        staged = job.work_dir / "runs" / name / version / "embeddings"
+        validation = validate(version, stores, staged, spec.outputs[name].min_recall)
         seconds["validate_version"] = round(time.perf_counter() - start, 2)
         start = time.perf_counter()
         publish(version, stores)
         seconds["publish"] = round(time.perf_counter() - start, 2)
-        return embeddings_report(embedded, validation, collect_garbage(stores, job), seconds)
+        return embeddings_report(embedded, validation, collect_garbage(name, stores, job), seconds)
 
-    def labelled() -> dict[str, Any]:
-        return labels_report(*label(job, labels, engine, redis))
-
-    def recommended() -> dict[str, Any]:
-        if not outputs["embeddings"]["published"]:
-            raise RuntimeError("skipped: the embeddings it recommends from were not published")
-        version = outputs["embeddings"]["version"]
-        return recs_report(
-            *recommend(recs, job.work_dir / "runs" / version / "embeddings", redis, job.work_dir)
+    def labelled(name: str) -> dict[str, Any]:
+        return labels_report(
+            *label(
+                name,
+                spec.store(name),
+                spec.outputs[name].input,
+                job,
+                spec.label_settings(name, labels),
+                spec.engine_settings(name, engine),
+                keep(spec.redis_settings(name)),
+            )
         )
 
-    attempt("embeddings", embeddings)
-    attempt("labels", labelled)
-    attempt("recs", recommended)
+    def recommended(name: str) -> dict[str, Any]:
+        items = spec.outputs[name].items
+        if not outputs[items]["published"]:
+            raise RuntimeError(f"skipped: the embeddings it recommends from ({items}) were not published")
+        staged = job.work_dir / "runs" / items / outputs[items]["version"] / "embeddings"
+        output = spec.outputs[name]
+        return recs_report(
+            *recommend(
+                name,
+                spec.store(name),
+                output.input,
+                spec.recs_settings(name),
+                staged,
+                keep(spec.redis_settings(name)),
+                job.work_dir,
+            )
+        )
 
-    report = {"run": run, "outputs": outputs, "failed": failed}
+    steps = {"embeddings": embeddings, "labels": labelled, "recs": recommended}
+    for kind, step in steps.items():
+        for name in spec.of_kind(kind):
+            attempt(name, lambda step=step, name=name: step(name))
+
+    report = {"run": run, "pipeline": str(spec.path), "outputs": outputs, "failed": failed}
     path = job.work_dir / "reports" / f"{run}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

@@ -30,10 +30,10 @@ from ray.data.datasource import Datasink, WriteResult
 from jobs import embedding_cache
 from jobs.embedding_cache import EMBEDDING, KEY
 from jobs.ray_session import actor_pool, ray_session
-from jobs.settings import EmbedJobSettings
+from jobs.settings import JobSettings
 from jobs.validate import validated_corpus
 from models import EngineSettings, load_encoder
-from models.source import model_hash
+from precompute.pipeline import CorpusInput
 from stores.vectors import VectorStore
 
 COMPUTED = "computed"
@@ -59,7 +59,7 @@ class EmbedActor:
 
     def __init__(self, engine: EngineSettings, cache_dir: Path) -> None:
         self.encoder = load_encoder(engine)
-        self.model_hash = model_hash(engine.max_seq_length)
+        self.model_hash = engine.model.hash
         self.cache = embedding_cache.load(cache_dir)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -107,10 +107,15 @@ class StagingSink(Datasink[dict[str, int]]):
         self.computed = sum(r["computed"] for r in write_result.write_returns)
 
 
-def load_version(store: VectorStore, version: str, run_dir: Path) -> int:
+def version_meta(engine: EngineSettings) -> dict[str, Any]:
+    """What a version records of its model: a reader embeds queries with the same one."""
+    return {"model": engine.model.model_dump(mode="json"), "reference": engine.reference.model_dump()}
+
+
+def load_version(store: VectorStore, version: str, run_dir: Path, meta: dict[str, Any]) -> int:
     """Bulk-load staged parts into a new, unpublished version; index it; return its count."""
     parts = pads.dataset(run_dir, format="parquet")
-    store.create_version(version, parts.schema.field(EMBEDDING).type.list_size)
+    store.create_version(version, parts.schema.field(EMBEDDING).type.list_size, meta)
     payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
     for batch in parts.to_batches(batch_size=LOAD_BATCH):
         table = pa.Table.from_batches([batch])
@@ -130,10 +135,19 @@ def prepare_engine(engine: EngineSettings) -> dict[str, Any]:
 
 
 def run_embed_job(
-    version: str, store: VectorStore, settings: EmbedJobSettings, engine: EngineSettings
+    version: str,
+    store: VectorStore,
+    corpus: CorpusInput,
+    settings: JobSettings,
+    engine: EngineSettings,
+    output: str = "embeddings",
 ) -> EmbedJobReport:
-    """Embed the corpus into a new, unpublished store version; publishing is the caller's step."""
-    run_dir = settings.work_dir / "runs" / version
+    """Embed the corpus into a new, unpublished store version; publishing is the caller's step.
+
+    Staged parts go to `runs/<output>/<version>`; the previous run's are the cache (`cache/<output>`).
+    """
+    run_dir = settings.work_dir / "runs" / output / version
+    cache_dir = settings.work_dir / "cache" / output
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
@@ -142,7 +156,7 @@ def run_embed_job(
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
         rejects_path = run_dir / "rejects.parquet"
-        good, rows, rejects = validated_corpus(settings.input, settings.max_reject_ratio, rejects_path)
+        good, rows, rejects = validated_corpus(corpus, rejects_path)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -153,7 +167,7 @@ def run_embed_job(
         sink = StagingSink(run_dir / "embeddings")
         good.map_batches(
             EmbedActor,
-            fn_constructor_kwargs={"engine": engine, "cache_dir": settings.work_dir / "cache"},
+            fn_constructor_kwargs={"engine": engine, "cache_dir": cache_dir},
             batch_size=settings.rows_per_batch,
             batch_format="pyarrow",
             **actor_pool(settings.actors, gpus),
@@ -161,9 +175,9 @@ def run_embed_job(
         seconds["embed"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    loaded = load_version(store, version, sink.run_dir)
+    loaded = load_version(store, version, sink.run_dir, version_meta(engine))
     seconds["load"] = time.perf_counter() - start
-    embedding_cache.promote(settings.work_dir / "cache", sink.run_dir)
+    embedding_cache.promote(cache_dir, sink.run_dir)
     return EmbedJobReport(
         version=version,
         rows=rows,

@@ -21,10 +21,11 @@ import ray
 from ray.data.datasource import Datasink
 
 from jobs.ray_session import actor_pool, ray_session
-from jobs.settings import EmbedJobSettings
+from jobs.settings import JobSettings
 from jobs.validate import validated_corpus
 from models import EngineSettings
 from models.labels import LabelerReport, LabelSettings, load_labeler, open_labeler
+from precompute.pipeline import CorpusInput
 from stores.records import encode_ranked
 
 SAMPLES = 5
@@ -65,7 +66,8 @@ def prepare_labeler(labels: LabelSettings, engine: EngineSettings) -> tuple[Labe
 
 
 def run_labels_job(
-    settings: EmbedJobSettings,
+    corpus: CorpusInput,
+    settings: JobSettings,
     labels: LabelSettings,
     engine: EngineSettings,
     sink: Datasink,
@@ -83,7 +85,7 @@ def run_labels_job(
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
         start = time.perf_counter()
-        good, rows, rejects = validated_corpus(settings.input, settings.max_reject_ratio, rejects_path)
+        good, rows, rejects = validated_corpus(corpus, rejects_path)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

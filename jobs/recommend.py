@@ -31,6 +31,7 @@ from ray.data.expressions import col
 from jobs.ray_session import actor_pool, ray_session
 from jobs.recs_settings import RecsJobSettings
 from jobs.validate import REASON, quarantine
+from precompute.pipeline import InteractionsInput
 from stores.records import RANKED, encode_ranked
 
 USER, ITEM, WEIGHT = "user_id", "item_id", "weight"
@@ -74,6 +75,18 @@ def row_reason(user_id: object, item_id: object, weight: float | None, index: di
     if str(item_id) not in index:
         return f"item_id {item_id!r} is not in the item table"
     return None
+
+
+def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[str, str]:
+    """The input's user, item and weight columns (those present) to the names the job uses."""
+    names = {interactions.user: USER, interactions.item: ITEM, interactions.weight: WEIGHT}
+    return {old: new for old, new in names.items() if old != new and old in present}
+
+
+def read_interactions(interactions: InteractionsInput) -> ray.data.Dataset:
+    dataset = ray.data.read_parquet(interactions.path)
+    renames = column_renames(interactions, dataset.schema().names)
+    return dataset.rename_columns(renames) if renames else dataset
 
 
 def tag_rejects(batch: pa.Table, index: dict[str, int]) -> pa.Table:
@@ -224,6 +237,7 @@ def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
 
 
 def run_recs_job(
+    interactions: InteractionsInput,
     settings: RecsJobSettings,
     item_ids: list[str],
     item_vectors: np.ndarray,
@@ -250,12 +264,12 @@ def run_recs_job(
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
         start = time.perf_counter()
-        rows = pads.dataset(settings.interactions, format="parquet").count_rows()
-        tagged = ray.data.read_parquet(settings.interactions).map_batches(
+        rows = pads.dataset(interactions.path, format="parquet").count_rows()
+        tagged = read_interactions(interactions).map_batches(
             tag_rejects, batch_format="pyarrow", fn_kwargs={"index": index}
         )
         rejects = quarantine(
-            tagged.drop_columns([INDEX]), rows, settings.max_reject_ratio, rejects_path, "interactions"
+            tagged.drop_columns([INDEX]), rows, interactions.max_reject_ratio, rejects_path, "interactions"
         )
         seconds["validate"] = time.perf_counter() - start
 

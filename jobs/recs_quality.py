@@ -16,8 +16,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from jobs.recommend import INDEX, USER, WEIGHT, BlockedTopK, Seen, clean, popularity_prior, tag_rejects
+from jobs.recommend import (
+    INDEX,
+    USER,
+    WEIGHT,
+    BlockedTopK,
+    Seen,
+    clean,
+    column_renames,
+    popularity_prior,
+    tag_rejects,
+)
 from jobs.validate import REASON
+from precompute.pipeline import InteractionsInput
 
 
 @dataclass(frozen=True)
@@ -44,8 +55,10 @@ def seen_of_table(table: pa.Table, item_ids: list[str]) -> Seen:
     )
 
 
-def read_seen(uri: str, item_ids: list[str]) -> Seen:
-    return seen_of_table(pads.dataset(uri, format="parquet").to_table(), item_ids)
+def read_seen(interactions: InteractionsInput, item_ids: list[str]) -> Seen:
+    table = pads.dataset(interactions.path, format="parquet").to_table()
+    renames = column_renames(interactions, table.column_names)
+    return seen_of_table(table.rename_columns([renames.get(c, c) for c in table.column_names]), item_ids)
 
 
 def hold_out(seen: Seen, seed: int) -> tuple[Seen, np.ndarray]:

@@ -1,4 +1,5 @@
-"""Typed settings of the recommendations job, read from PRECOMPUTE_RECS_* variables."""
+"""Typed settings of the recommendations job, read from PRECOMPUTE_RECS_* variables; the pipeline
+file sets the input, k and popularity weight of each recs output."""
 
 from __future__ import annotations
 
@@ -13,15 +14,9 @@ DEMO_INTERACTIONS = DEMO_CORPUS.with_name("interactions.parquet")
 class RecsJobSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_RECS_", frozen=True)
 
-    interactions: str = str(DEMO_INTERACTIONS)
-    """Interactions Parquet (user_id, item_id, optional weight): a local path or an object-store URI."""
-
     k: int = Field(10, ge=1, le=10)
     """Recommendations per user. A value is 6 bytes a pair (stores/records.py); 10 pairs stay
     within Redis's 64-byte listpack limit, which keeps the per-user hash compact."""
-
-    max_reject_ratio: float = Field(0.01, ge=0, le=1)
-    """The job fails, before any top-k is computed, when more than this share of rows is rejected."""
 
     popularity_weight: float = Field(0.4, ge=0)
     """Weight of the popularity prior added to the cosine (0: content only). Chosen by the

@@ -1,4 +1,4 @@
-"""Typed settings of the corpus-embedding job, read from PRECOMPUTE_JOB_* variables."""
+"""Machine-wide settings of the jobs, read from PRECOMPUTE_JOB_* variables (inputs are the pipeline file's)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,13 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from models.settings import DEMO_CORPUS
 
-
-class EmbedJobSettings(BaseSettings):
+class JobSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_JOB_", frozen=True)
 
-    input: str = str(DEMO_CORPUS)
-    """Corpus Parquet: a local path or an object-store URI (s3://, gs://: pyarrow filesystems)."""
-
     work_dir: Path = Path.home() / ".local" / "share" / "precompute" / "jobs"
-    """Rejects, staged outputs and the embedding cache (which is the last run's staged output)."""
-
-    max_reject_ratio: float = Field(0.01, ge=0, le=1)
-    """The job fails, before any inference, when more than this share of rows is rejected."""
+    """Rejects, staged outputs and the embedding caches (each the last run's staged output),
+    under `runs/<output>/<version>` and `cache/<output>`; run reports under `reports/`."""
 
     ray_address: str | None = None
     """A Ray cluster (ray://host:10001 or auto); None starts a local Ray for this process."""

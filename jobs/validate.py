@@ -14,6 +14,7 @@ from ray.data.expressions import col
 
 from models.errors import InvalidInputError, ModelError
 from models.tokenize import check_text
+from precompute.pipeline import CorpusInput
 
 REASON = "reject_reason"
 
@@ -22,9 +23,9 @@ class RejectRatioExceededError(ModelError):
     """Too many bad rows: the input is more likely broken than the rows."""
 
 
-def duplicate_ids(uri: str) -> set[str]:
+def duplicate_ids(uri: str, column: str = "id") -> set[str]:
     """Ids that occur more than once. All their rows are rejected: which copy is right is unknowable."""
-    ids = pads.dataset(uri, format="parquet").to_table(columns=["id"])
+    ids = pads.dataset(uri, format="parquet").to_table(columns=[column]).rename_columns(["id"])
     counts = ids.group_by("id").aggregate([("id", "count")])
     repeated = counts.filter(pc.greater(counts["id_count"], 1))["id"]
     return {str(i) for i in repeated.to_pylist()}
@@ -66,11 +67,19 @@ def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: Path
     return count
 
 
-def validated_corpus(uri: str, max_ratio: float, rejects_path: Path) -> tuple[ray.data.Dataset, int, int]:
+def canonical_columns(corpus: CorpusInput) -> dict[str, str]:
+    """The input's id and text columns renamed to `id` and `text`, the names every job uses."""
+    return {old: new for old, new in ((corpus.id, "id"), (corpus.text, "text")) if old != new}
+
+
+def validated_corpus(corpus: CorpusInput, rejects_path: Path) -> tuple[ray.data.Dataset, int, int]:
     """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first."""
-    rows = pads.dataset(uri, format="parquet").count_rows()
-    tagged = ray.data.read_parquet(uri).map_batches(
-        tag_rejects, batch_format="pyarrow", fn_kwargs={"duplicates": duplicate_ids(uri)}
+    rows = pads.dataset(corpus.path, format="parquet").count_rows()
+    dataset = ray.data.read_parquet(corpus.path)
+    if renames := canonical_columns(corpus):
+        dataset = dataset.rename_columns(renames)
+    tagged = dataset.map_batches(
+        tag_rejects, batch_format="pyarrow", fn_kwargs={"duplicates": duplicate_ids(corpus.path, corpus.id)}
     )
-    rejects = quarantine(tagged, rows, max_ratio, rejects_path)
+    rejects = quarantine(tagged, rows, corpus.max_reject_ratio, rejects_path)
     return tagged.filter(expr=col(REASON).is_null()).drop_columns([REASON]), rows, rejects

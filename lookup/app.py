@@ -1,9 +1,13 @@
-"""The ASGI app: `POST /v1/search`, key lookups (lookup/keys.py), `/healthz`, `/readyz`, `/metrics`,
-`/openapi.json`.
+"""The ASGI app: search (lookup/search.py), key lookups (lookup/keys.py), `/healthz`, `/readyz`,
+`/metrics`, `/openapi.json`.
 
-Search embeds the query on the request's thread (about 1-2 ms for a short query with
-the INT8 engine) and searches the published version; the store readers follow the
-version pointers, so a new publication is served without a restart.
+Every output of the pipeline file is served under its name (`POST /v1/search/{name}`,
+`GET /v1/labels/{name}/{id}`, `GET /v1/recs/{name}/{id}`, `POST /v1/labels/{name}:batchGet`, ...);
+the unnamed routes answer from the first output of each kind. Search embeds the query on
+the request's thread (about 1-2 ms for a short query with the INT8 engine) and searches the
+published version; the store readers follow the version pointers, so a new publication is
+served without a restart. An unnamed route's id that starts with an output's name and a `/`
+reaches that output: such ids are read through the named route.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -24,23 +28,15 @@ from lookup.errors import Refused, error
 from lookup.keys import LABELS, RECS, Handler, KeyLookups
 from lookup.metrics import Metrics
 from lookup.openapi import openapi_document
+from lookup.search import Encoders, Searcher, SearchRequest
 from lookup.settings import ServiceSettings
-from models import Encoder, EngineSettings, InvalidInputError, load_encoder
+from models import EngineSettings, InvalidInputError
+from precompute.pipeline import Pipeline, load_pipeline
 from stores.errors import StoreUnavailableError, VersionNotFoundError
 from stores.key_value_reader import KeyValueReader
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
-from stores.vectors import VectorStore, open_vector_store, version_age
-
-WARMUP_TEXT = "warm-up query for the engine and the index"
-
-
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    query: str = Field(min_length=1)
-    k: int = Field(10, ge=1)
-    filter: dict[str, str | int | bool] | None = None
+from stores.vectors import open_vector_store, version_age
 
 
 class Service:
@@ -52,33 +48,46 @@ class Service:
         engine: EngineSettings,
         stores: VectorStoreSettings,
         redis: RedisSettings,
+        pipeline: Pipeline,
     ) -> None:
         self.settings = settings
-        # One query per call, one thread: after idle gaps a woken 2-thread pool measured
-        # p99 7.3 ms against 3.8 ms single-threaded, for a p50 0.4 ms lower. The fused
-        # graph suits one short text (EngineSettings.graph).
-        self.engine_settings = engine.model_copy(update={"streams": 1, "threads": 1, "graph": "query"})
+        self.pipeline = pipeline
+        self.engine_settings = engine
+        self.encoders = Encoders()
         self.store_settings = stores
         self.redis_settings = redis
         self.metrics = Metrics()
-        self.encoder: Encoder | None = None
-        self.store: VectorStore | None = None
-        self.keys = KeyLookups(settings, self.metrics)
+        self.searchers: dict[str, Searcher] = {}
+        """Embeddings outputs by name; empty until warm."""
+        self.keys = KeyLookups(settings, self.metrics, pipeline)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.encoder = await anyio.to_thread.run_sync(load_encoder, self.engine_settings)
-        self.store = open_vector_store(self.store_settings)
-        for _ in range(self.settings.warmup_queries):
-            self.encoder.encode_query(WARMUP_TEXT)
+        searchers = {}
+        for name in self.pipeline.of_kind("embeddings"):
+            store = open_vector_store(self.pipeline.vector_settings(name, self.store_settings))
+            engine = self.pipeline.engine_settings(name, self.engine_settings)
+            searcher = Searcher(store, self.encoders, engine)
+            await anyio.to_thread.run_sync(searcher.warm, self.settings.warmup_queries)
+            searchers[name] = searcher
+        self.searchers = searchers
         self.keys.reader = KeyValueReader(self.redis_settings)
         yield
         await self.keys.reader.aclose()
         self.keys.reader = None
-        self.encoder.close()
-        self.encoder = None
+        for searcher in self.searchers.values():
+            searcher.store.close()
+        self.searchers = {}
+        self.encoders.close()
 
-    async def search(self, request: Request) -> Response:
+    def search(self, name: str) -> Handler:
+        async def search(request: Request) -> Response:
+            return await self.search_output(name, request)
+
+        search.__doc__ = f"Embed `query`, return the `k` nearest documents of {name}'s published version."
+        return search
+
+    async def search_output(self, name: str, request: Request) -> Response:
         """Embed `query`, return the `k` nearest documents of the published version (with `filter`)."""
         try:
             body = await request.json()
@@ -95,21 +104,17 @@ class Service:
             )
         if req.k > self.settings.max_k:
             return error(422, f"k must be at most {self.settings.max_k}", field="k")
-        if self.encoder is None or self.store is None:
+        searcher = self.searchers.get(name)
+        if searcher is None:
             return error(503, "warming up", headers={"Retry-After": "1"})
         try:
-            vector = self.encoder.encode_query(req.query)
+            version, hits = await searcher.search(req.query, req.k, req.filter)
         except InvalidInputError as e:
             return error(422, e.reason, field="query")
-        try:
-            version = self.store.serving()
-            hits = self.store.search(vector, req.k, req.filter, version=version)
         except VersionNotFoundError:
-            return error(
-                503, "no version of the corpus embeddings is published yet", headers={"Retry-After": "5"}
-            )
+            return error(503, f"no version of {name} is published yet", headers={"Retry-After": "5"})
         except StoreUnavailableError as e:
-            self.metrics.store_errors.labels("embeddings").inc()
+            self.metrics.store_errors.labels(name).inc()
             return error(
                 503, f"vector store unavailable: {e}", headers={"Retry-After": str(int(e.retry_after) or 1)}
             )
@@ -128,27 +133,26 @@ class Service:
         reads answer 503): outputs are published independently, and a service that serves
         only some of them is still ready to serve those.
         """
-        if self.encoder is None or self.store is None:
+        if not self.searchers and self.pipeline.of_kind("embeddings"):
             return error(503, "warming up")
+        versions: dict[str, str | None] = {}
+        engines: dict[str, str] = {}
         try:
-            embeddings = self.store.current()
+            for name, searcher in self.searchers.items():
+                versions[name] = searcher.store.current()
+                if versions[name] is not None:
+                    report = searcher.encoder_for(versions[name]).report
+                    engines[name] = f"{report.backend}/{report.device}/{report.precision}"
         except StoreUnavailableError as e:
             return error(503, f"vector store unavailable: {e}")
         try:
-            versions = {"embeddings": embeddings, **await self.keys.versions()}
+            versions.update(await self.keys.versions())
         except StoreUnavailableError as e:
             return error(503, str(e))
         for output, version in versions.items():
             if version is not None:
                 self.metrics.version_age.labels(output).set(version_age(version))
-        report = self.encoder.report
-        return JSONResponse(
-            {
-                "status": "ready",
-                "versions": versions,
-                "engine": f"{report.backend}/{report.device}/{report.precision}",
-            }
-        )
+        return JSONResponse({"status": "ready", "versions": versions, "engines": engines})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -182,23 +186,37 @@ def create_app(
     engine: EngineSettings | None = None,
     stores: VectorStoreSettings | None = None,
     redis: RedisSettings | None = None,
+    pipeline: Pipeline | None = None,
 ) -> Starlette:
-    """Settings left out are read from their PRECOMPUTE_* variables."""
+    """Settings left out are read from their PRECOMPUTE_* variables; the pipeline from its file."""
+    pipeline = pipeline or load_pipeline()
     service = Service(
         settings or ServiceSettings(),
         engine or EngineSettings(),
         stores or VectorStoreSettings(),
         redis or RedisSettings(),
+        pipeline,
     )
     keys = service.keys
-    routes = [Route("/v1/search", service.timed("/v1/search", service.search), methods=["POST"])]
-    for output in (LABELS, RECS):
-        single, batch = f"/v1/{output.name}/{{id}}", f"/v1/{output.name}:batchGet"
-        routes += [
-            # `:path`: an id may hold a '/' (sent as %2F); metrics label the route by its template.
-            Route(f"/v1/{output.name}/{{id:path}}", service.timed(single, keys.get(output)), methods=["GET"]),
-            Route(batch, service.timed(batch, keys.batch_get(output)), methods=["POST"]),
-        ]
+    routes = []
+    for name in pipeline.of_kind("embeddings"):
+        named = f"/v1/search/{name}"
+        routes.append(Route(named, service.timed(named, service.search(name)), methods=["POST"]))
+    if (name := pipeline.default("embeddings")) is not None:
+        routes.append(
+            Route("/v1/search", service.timed("/v1/search", service.search(name)), methods=["POST"])
+        )
+    for kind in (LABELS, RECS):
+        named = [(name, f"/v1/{kind.name}/{name}") for name in pipeline.of_kind(kind.name)]
+        default = pipeline.default(kind.name)
+        # Named routes first: a literal output name before the unnamed route's {id:path}.
+        for name, base in [*named, *([(default, f"/v1/{kind.name}")] if default else [])]:
+            single, batch = f"{base}/{{id}}", f"{base}:batchGet"
+            routes += [
+                # `:path`: an id may hold a '/' (sent as %2F); metrics label the route by its template.
+                Route(f"{base}/{{id:path}}", service.timed(single, keys.get(name)), methods=["GET"]),
+                Route(batch, service.timed(batch, keys.batch_get(name)), methods=["POST"]),
+            ]
     routes += [
         Route("/healthz", service.timed("/healthz", service.healthz)),
         Route("/readyz", service.timed("/readyz", service.readyz)),

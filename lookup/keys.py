@@ -8,6 +8,7 @@ decoded with numpy. GETs take no pydantic: their two inputs are checked by hand.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -20,13 +21,14 @@ from starlette.responses import Response
 from lookup.errors import Refused, error
 from lookup.metrics import Metrics
 from lookup.settings import ServiceSettings
+from precompute.pipeline import Pipeline
 from stores.errors import StoreUnavailableError, VersionNotFoundError
 from stores.key_value_reader import KeyValueReader
 from stores.records import RANKED
 
 Handler = Callable[[Request], Awaitable[Response]]
-CACHED_VOCABULARIES = 4
-"""Two outputs, each with its published version and the one before a switch."""
+VOCABULARIES_PER_OUTPUT = 2
+"""The published version's vocabulary and the one before a switch."""
 NOTHING_PUBLISHED_RETRY_S = "5"
 
 
@@ -46,7 +48,7 @@ class Output:
     """A key-value output as the API shows it."""
 
     name: str
-    """The output in Redis."""
+    """The output's key part in Redis (its kind's name in LABELS and RECS)."""
     list_key: str
     """Key of the ranked list in an answer."""
     entry: str
@@ -60,7 +62,7 @@ class Output:
 
 LABELS = Output("labels", "labels", '{"label":%s,"score":%s}', LabelsBatchGet)
 RECS = Output("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet)
-OUTPUTS = (LABELS, RECS)
+KINDS = {"labels": LABELS, "recs": RECS}
 
 
 class Vocabulary:
@@ -99,14 +101,20 @@ def parse_k(raw: str, max_k: int) -> int:
 class KeyLookups:
     """The key-lookup handlers. The service's lifespan sets `reader`: it binds to the event loop."""
 
-    def __init__(self, settings: ServiceSettings, metrics: Metrics) -> None:
+    def __init__(self, settings: ServiceSettings, metrics: Metrics, pipeline: Pipeline) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.outputs = {
+            name: dataclasses.replace(KINDS[output.kind], name=pipeline.store(name))
+            for name, output in pipeline.outputs.items()
+            if output.kind in KINDS
+        }
+        """The labels and recs outputs of the pipeline file, by name."""
         self.reader: KeyValueReader | None = None
         self._vocabularies: dict[tuple[str, str], Vocabulary] = {}
 
-    def get(self, output: Output) -> Handler:
-        settings = self.settings
+    def get(self, name: str) -> Handler:
+        settings, output = self.settings, self.outputs[name]
         params = {"k"} if output.takes_k else set()
 
         async def get(request: Request) -> Response:
@@ -137,8 +145,8 @@ class KeyLookups:
         get.__doc__ = f"The {output.name} of one id, best first, from the published version."
         return get
 
-    def batch_get(self, output: Output) -> Handler:
-        settings = self.settings
+    def batch_get(self, name: str) -> Handler:
+        settings, output = self.settings, self.outputs[name]
 
         async def batch_get(request: Request) -> Response:
             try:
@@ -205,7 +213,7 @@ class KeyLookups:
             meta = await reader.meta(output.name, version)
             vocabulary = Vocabulary(meta["vocabulary"], output.entry)
             self._vocabularies[output.name, version] = vocabulary
-            if len(self._vocabularies) > CACHED_VOCABULARIES:
+            if len(self._vocabularies) > VOCABULARIES_PER_OUTPUT * len(self.outputs):
                 del self._vocabularies[next(iter(self._vocabularies))]
         return vocabulary
 
@@ -216,12 +224,12 @@ class KeyLookups:
         """
         reader = self.open_reader()
         versions: dict[str, str | None] = {}
-        for output in OUTPUTS:
+        for name, output in self.outputs.items():
             try:
                 version, _ = await reader.get_many(output.name, [])
             except VersionNotFoundError:
-                versions[output.name] = None
+                versions[name] = None
                 continue
             await self.vocabulary(reader, output, version)
-            versions[output.name] = version
+            versions[name] = version
         return versions

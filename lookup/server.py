@@ -19,12 +19,14 @@ from pydantic_settings import BaseSettings
 
 from lookup.app import create_app
 from lookup.settings import ServiceSettings
+from precompute.pipeline import Pipeline
 
 READY_TIMEOUT_S = 300
 
 
-def serve(settings: ServiceSettings) -> None:
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+def serve(settings: ServiceSettings, pipeline: Pipeline | None = None) -> None:
+    app = create_app(settings, pipeline=pipeline)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
 
 
 def as_environment(*settings: BaseSettings) -> dict[str, str]:
@@ -39,9 +41,14 @@ def as_environment(*settings: BaseSettings) -> dict[str, str]:
 
 
 @contextmanager
-def running(settings: ServiceSettings, *others: BaseSettings) -> Iterator[str]:
-    """Start `precompute serve` with these settings, wait until /readyz is 200, yield its base URL."""
+def running(
+    settings: ServiceSettings, *others: BaseSettings, pipeline: Pipeline | None = None
+) -> Iterator[str]:
+    """Start `precompute serve` with these settings (and pipeline file), wait until /readyz is 200,
+    yield its base URL."""
     env = {**os.environ, **as_environment(settings, *others)}
+    if pipeline is not None:
+        env["PRECOMPUTE_PIPELINE"] = str(pipeline.path)
     child = subprocess.Popen([sys.executable, "-m", "precompute", "serve"], env=env)
     base = f"http://{settings.host}:{settings.port}"
     deadline = time.monotonic() + READY_TIMEOUT_S

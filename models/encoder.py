@@ -11,7 +11,6 @@ import numpy as np
 
 from models.backends.base import Runner
 from models.gate import GateResult
-from models.source import EMBEDDING_DIM
 from models.tokenize import Batch, TextTokenizer
 
 
@@ -24,6 +23,8 @@ class EngineReport:
     precision: str
     engine_dir: str
     cache_hit: bool
+    model: str = ""
+    """The model's folder and content hash."""
     gates: list[GateResult] = field(default_factory=list)
     """Every gate evaluated, failed precisions first: the record of each fallback."""
 
@@ -36,7 +37,7 @@ def encode_texts(
     pool: Executor | None = None,
 ) -> np.ndarray:
     """float32 [len(texts), dim] in input order; batches run on `pool` when one is given."""
-    out = np.empty((len(texts), EMBEDDING_DIM), dtype=np.float32)
+    out = np.empty((len(texts), runner.source.dim), dtype=np.float32)
 
     def run(batch: Batch) -> None:
         out[batch.rows] = runner.infer(batch.input_ids, batch.attention_mask)
@@ -52,13 +53,11 @@ def encode_texts(
 
 
 class Encoder:
-    """L2-normalised sentence embeddings in input order.
+    """A model's outputs in input order: sentence embeddings, or label probabilities of a classifier.
 
     On CPU, `streams` single-threaded batches run at once on one ONNX Runtime session:
     two cores measured 1.1x faster this way than one session with two threads.
     """
-
-    dim = EMBEDDING_DIM
 
     def __init__(
         self,
@@ -69,6 +68,8 @@ class Encoder:
         report: EngineReport,
     ) -> None:
         self.runner = runner
+        self.source = runner.source
+        self.dim = runner.source.dim
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.report = report

@@ -1,4 +1,4 @@
-"""Pick, build, gate and open the encoder engine: the one entry point jobs and the service call.
+"""Pick, build, gate and open a model's engine: the one entry point jobs and the service call.
 
 For each precision on the ladder (fastest first), the precision's ONNX graph and the
 backend's engine come from the cache (built on a miss), and the engine is gated against
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 from pathlib import Path
 
@@ -21,11 +20,10 @@ from models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
 from models.encoder import Encoder, EngineReport, encode_texts
 from models.engine_cache import EngineCache
 from models.errors import GateFailedError, ModelError
-from models.gate import GateResult, cosine_gate, row_cosine
+from models.gate import GateResult, agreement_gate, cosine_gate, row_cosine
 from models.hardware import detect_device, device_fingerprint
 from models.reference_texts import reference_texts
 from models.settings import EngineSettings
-from models.source import model_hash
 from models.tokenize import TextTokenizer
 
 LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
@@ -40,9 +38,10 @@ ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
     ("cpu", "fp32"): "fp32",
     ("cuda", "fp32"): "fp32",
 }
-# The single-query graph of a variant, where one exists (EngineSettings.graph).
+# The single-query graph of a variant, where one exists (EngineSettings.graph): ONNX Runtime's
+# BERT fusions, for BERT encoders.
 FUSED = {"int8-dynamic": "int8-dynamic-fused"}
-GATE_FILE = "gate.json"
+FUSABLE = ("bert",)
 
 
 def resolve_device(settings: EngineSettings) -> ConcreteDevice:
@@ -71,7 +70,7 @@ def precision_ladder(settings: EngineSettings, device: ConcreteDevice, backend: 
 
 
 def load_encoder(settings: EngineSettings | None = None) -> Encoder:
-    """The fastest engine for this machine that passes the accuracy gate, ready to encode."""
+    """The fastest engine of `settings.model` for this machine that passes the accuracy gate."""
     settings = settings or EngineSettings()
     device = resolve_device(settings)
     runner_cls = resolve_backend(settings, device)
@@ -80,19 +79,21 @@ def load_encoder(settings: EngineSettings | None = None) -> Encoder:
     streams = settings.streams or (cpus if device == "cpu" else 1)
     batch_size = settings.batch_size or (16 if device == "cpu" else 256)
     threads = settings.threads or max(1, cpus // streams)
-    build = _Builder(settings, device, runner_cls, BuildSpec(batch_size, settings.max_seq_length))
-    tokenizer = TextTokenizer(settings.max_seq_length)
+    source = settings.model
+    build = _Builder(settings, device, runner_cls, BuildSpec(batch_size, source.max_seq_length))
+    tokenizer = TextTokenizer(source)
 
     gates: list[GateResult] = []
     for precision in precision_ladder(settings, device, runner_cls.name):
         engine_dir, hit = build.engine(precision)
-        runner = runner_cls(engine_dir / runner_cls.engine_file, device, threads)
+        runner = runner_cls(source, engine_dir / runner_cls.engine_file, device, threads)
         if runner_cls.name != "torch":  # the reference needs no gate against itself
             gates.append(build.gate(engine_dir, precision, runner, tokenizer))
             if not gates[-1].passed:
                 runner.close()
                 continue
-        report = EngineReport(runner_cls.name, device, precision, str(engine_dir), hit, gates)
+        model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
+        report = EngineReport(runner_cls.name, device, precision, str(engine_dir), hit, model, gates)
         return Encoder(runner, tokenizer, batch_size, streams, report)
     failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
     raise GateFailedError(f"no precision passed the accuracy gate ({failures})")
@@ -109,7 +110,7 @@ class _Builder:
         self.runner_cls = runner_cls
         self.spec = spec
         self.cache = EngineCache(settings.cache_dir)
-        self.model = model_hash(settings.max_seq_length)
+        self.model = settings.model.hash
         self._gate_texts: list[str] | None = None
 
     def onnx(self, variant: str) -> Path:
@@ -118,8 +119,9 @@ class _Builder:
             from models.export import export_onnx  # torch is imported only to export
 
             key = {"model": self.model}
+            source = self.settings.model
             return (
-                self.cache.get_or_build("export", key, lambda d: export_onnx(d / "model.onnx")).path
+                self.cache.get_or_build("export", key, lambda d: export_onnx(source, d / "model.onnx")).path
                 / "model.onnx"
             )
         fp32 = self.onnx("fp32")
@@ -129,16 +131,17 @@ class _Builder:
             from models.quantize import QUANTIZERS  # onnxruntime's quantization tools: 0.35 s to import
 
             calibration = reference_texts(
-                self.settings.reference_corpus, "calibration", self.settings.calibration_texts
+                self.settings.reference, "calibration", self.settings.calibration_texts
             )
-            QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.settings.max_seq_length)
+            QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.settings.model)
 
         return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
 
     def engine(self, precision: str) -> tuple[Path, bool]:
         """The backend's engine for this precision: (its cache entry, whether it was a hit)."""
         variant = ONNX_VARIANTS[(self.device, precision)]
-        if self.settings.graph == "query" and variant in FUSED:
+        fusable = self.settings.model.task == "embed" and self.settings.model.architecture in FUSABLE
+        if self.settings.graph == "query" and variant in FUSED and fusable:
             variant = FUSED[variant]
         key = {
             "model": self.model,
@@ -158,20 +161,20 @@ class _Builder:
         return entry.path, entry.hit
 
     def gate(self, engine_dir: Path, precision: str, runner: Runner, tokenizer: TextTokenizer) -> GateResult:
-        """Score the engine on held-out texts; the cosines are cached beside the engine."""
+        """Score the engine on held-out texts; its outputs are cached beside the engine."""
         texts = self.gate_texts()
         digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
-        scored = engine_dir / GATE_FILE
-        cached = json.loads(scored.read_text()) if scored.exists() else {}
-        if cached.get("texts") != digest:
-            embeddings = encode_texts(runner, tokenizer, texts, self.spec.max_batch)
-            cosine = row_cosine(embeddings, reference_embeddings(self.settings, texts))
-            cached = {"texts": digest, "cosine": cosine.tolist()}
-            tmp = scored.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cached))
+        scored = engine_dir / f"gate-{digest}.npy"
+        if not scored.exists():
+            tmp = scored.with_suffix(".tmp.npy")
+            np.save(tmp, encode_texts(runner, tokenizer, texts, self.spec.max_batch))
             os.replace(tmp, scored)
+        outputs, reference = np.load(scored), reference_embeddings(self.settings, texts)
         s = self.settings
-        return cosine_gate(precision, np.asarray(cached["cosine"]), s.gate_mean_cosine, s.gate_min_cosine)
+        if s.model.task == "classify":
+            return agreement_gate(precision, outputs, reference, s.gate_agreement, s.reference.path)
+        cosine = row_cosine(outputs, reference)
+        return cosine_gate(precision, cosine, s.gate_mean_cosine, s.gate_min_cosine, s.reference.path)
 
     def gate_texts(self) -> list[str]:
         if self._gate_texts is None:
@@ -180,21 +183,21 @@ class _Builder:
 
 
 def gate_texts(settings: EngineSettings) -> list[str]:
-    return reference_texts(settings.reference_corpus, "gate", settings.gate_texts)
+    return reference_texts(settings.reference, "gate", settings.gate_texts)
 
 
 def reference_embeddings(settings: EngineSettings, texts: list[str]) -> np.ndarray:
-    """FP32 PyTorch embeddings of `texts`, computed once per model and text set: every
-    gate (cosine here, label agreement in labels.py) scores against the same reference."""
+    """FP32 PyTorch outputs of `texts`, computed once per model and text set: every
+    gate (cosine or agreement here, label agreement in labels.py) scores against the same reference."""
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
 
     def compute(directory: Path) -> None:
         from models.backends.torch import TorchRunner
 
-        tokenizer = TextTokenizer(settings.max_seq_length)
-        with TorchRunner(Path(), "cpu", 1) as reference:
+        tokenizer = TextTokenizer(settings.model)
+        with TorchRunner(settings.model, Path(), "cpu", 1) as reference:
             np.save(directory / "embeddings.npy", encode_texts(reference, tokenizer, texts, 32))
 
-    key = {"model": model_hash(settings.max_seq_length), "texts": digest}
+    key = {"model": settings.model.hash, "texts": digest}
     entry = EngineCache(settings.cache_dir).get_or_build("reference", key, compute)
     return np.load(entry.path / "embeddings.npy")

@@ -34,6 +34,10 @@ class EngineCache:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def keys(self) -> list[dict[str, str]]:
+        """The key of every entry: what `precompute check` reports as built."""
+        return [json.loads(path.read_text()) for path in sorted(self.root.glob(f"*/{KEY_FILE}"))]
+
     def get_or_build(self, kind: str, key: Mapping[str, str], build: Callable[[Path], None]) -> CacheEntry:
         """Return the entry for `key`, calling `build(directory)` only if it does not exist yet."""
         final = self.root / f"{kind}-{key_digest(key)}"

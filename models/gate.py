@@ -1,4 +1,9 @@
-"""The accuracy gate: a quantized engine is used only if it agrees with FP32 on held-out texts."""
+"""The accuracy gate: a quantized engine is used only if it agrees with FP32 on held-out texts.
+
+Encoders are gated on the cosine of each text's vector to FP32's; classifiers on the share
+of texts whose top label is FP32's (a probability vector can be close in cosine and still
+name another label).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,14 @@ class GateResult:
     """One precision's agreement with the FP32 reference; `reason` says why it failed."""
 
     precision: str
-    mean_cosine: float
-    min_cosine: float
     passed: bool
     reason: str
+    mean_cosine: float | None = None
+    min_cosine: float | None = None
+    agreement: float | None = None
+    """Classifiers: share of texts whose top label is FP32's."""
+    texts_from: str = ""
+    """The input the held-out texts were drawn from."""
 
 
 def row_cosine(embeddings: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -26,7 +35,7 @@ def row_cosine(embeddings: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 
 def cosine_gate(
-    precision: str, cosine: np.ndarray, mean_threshold: float, min_threshold: float
+    precision: str, cosine: np.ndarray, mean_threshold: float, min_threshold: float, texts_from: str = ""
 ) -> GateResult:
     """Both the mean and the worst text's cosine to FP32 must reach their thresholds."""
     mean, worst = float(cosine.mean()), float(cosine.min())
@@ -35,4 +44,21 @@ def cosine_gate(
         failures.append(f"mean cosine {mean:.4f} < {mean_threshold}")
     if not worst >= min_threshold:
         failures.append(f"min cosine {worst:.4f} < {min_threshold}")
-    return GateResult(precision, mean, worst, not failures, "; ".join(failures))
+    return GateResult(
+        precision,
+        not failures,
+        "; ".join(failures),
+        mean_cosine=mean,
+        min_cosine=worst,
+        texts_from=texts_from,
+    )
+
+
+def agreement_gate(
+    precision: str, outputs: np.ndarray, reference: np.ndarray, threshold: float, texts_from: str = ""
+) -> GateResult:
+    """The top label of at least `threshold` of the texts must be FP32's."""
+    agreement = float(np.mean(np.argmax(outputs, axis=1) == np.argmax(reference, axis=1)))
+    passed = agreement >= threshold
+    reason = "" if passed else f"top-label agreement {agreement:.4f} < {threshold}"
+    return GateResult(precision, passed, reason, agreement=agreement, texts_from=texts_from)

@@ -1,4 +1,9 @@
-"""The content-label model: a softmax head over the sentence encoder, trained on the corpus's labels.
+"""The content-label model: a user's sequence classifier, or a softmax head trained over an encoder.
+
+A classifier folder (`AutoModelForSequenceClassification`) runs on the engine path like an
+encoder: exported with its softmax (or sigmoid) in the graph, quantized, and gated on
+top-label agreement with its own FP32 self (models/engine.py). The rest of this module is
+the other option, a head trained on the corpus's own label column:
 
     python -m models.labels    # train (or find cached) and print held-out accuracy
 
@@ -30,7 +35,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,14 +52,14 @@ from models.engine import (
 )
 from models.engine_cache import EngineCache
 from models.errors import GateFailedError, ModelError
-from models.reference_texts import SPLIT_SLOT, reference_texts, split_slot
+from models.reference_texts import SPLIT_SLOT, TextSample, reference_texts, split_slot
 from models.settings import DEMO_CORPUS, EngineSettings
-from models.source import EMBEDDING_DIM, OUTPUT_NAME, model_hash
 
 RECIPE = "softmax-regression/lbfgs/l2-1e-4/v1"
 HEAD_FILE = "head.onnx"
 LABELS_FILE = "labels.json"
 PROBABILITIES = "probabilities"
+HEAD_INPUT = "embedding"
 
 
 class LabelSettings(BaseSettings):
@@ -61,11 +67,11 @@ class LabelSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_LABELS_", frozen=True)
 
-    corpus: Path = DEMO_CORPUS
-    """Parquet with `id`, `text` and the label column: the training data."""
+    corpus: TextSample = TextSample(path=str(DEMO_CORPUS))
+    """Parquet with the id, text and label columns: the training data of a trained head."""
 
     column: str = "section"
-    """The label column (the Debian archive Section in the demo corpus)."""
+    """The label column (the Debian archive Section in the demo corpus); unused by a classifier."""
 
     max_train_texts: int | None = Field(None, ge=10)
     """Cap on training texts (None: all but the gate's held-out ones)."""
@@ -97,7 +103,9 @@ class LabelGate:
 class LabelerReport:
     engine: EngineReport
     head_dir: str
-    held_out_accuracy: float
+    """The trained head's cache entry; empty for a classifier."""
+    held_out_accuracy: float | None
+    """The trained head's top-1 accuracy on held-out labelled texts; None for a classifier."""
     gates: list[LabelGate] = field(default_factory=list)
 
 
@@ -124,11 +132,11 @@ def export_head(weight: np.ndarray, bias: np.ndarray, path: Path) -> None:
     """embedding [B, dim] -> probabilities [B, classes]: Gemm then Softmax."""
     graph = helper.make_graph(
         [
-            helper.make_node("Gemm", [OUTPUT_NAME, "weight", "bias"], ["logits"], transB=1),
+            helper.make_node("Gemm", [HEAD_INPUT, "weight", "bias"], ["logits"], transB=1),
             helper.make_node("Softmax", ["logits"], [PROBABILITIES], axis=-1),
         ],
         "label_head",
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", EMBEDDING_DIM])],
+        [helper.make_tensor_value_info(HEAD_INPUT, TensorProto.FLOAT, ["batch", weight.shape[1]])],
         [helper.make_tensor_value_info(PROBABILITIES, TensorProto.FLOAT, ["batch", len(bias)])],
         [
             numpy_helper.from_array(weight.astype(np.float32), "weight"),
@@ -154,22 +162,21 @@ class LabelHead:
         self.held_out_accuracy: float = meta["held_out_accuracy"]
 
     def probabilities(self, embeddings: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {OUTPUT_NAME: embeddings})[0]
+        return self.session.run(None, {HEAD_INPUT: embeddings})[0]
 
-    @staticmethod
-    def top_of(probabilities: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(label indices, probabilities), [rows, k] each, best first."""
-        order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
-        return order, np.take_along_axis(probabilities, order, axis=1)
+
+def top_of(probabilities: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(label indices, probabilities), [rows, k] each, best first."""
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(probabilities, order, axis=1)
 
 
 def load_head(labels: LabelSettings, engine: EngineSettings) -> LabelHead:
     """The trained head for this model and training data, trained now on a cache miss."""
-    with open(labels.corpus, "rb") as f:
-        data = hashlib.file_digest(f, "sha256").hexdigest()[:16]
     key = {
-        "model": model_hash(engine.max_seq_length),
-        "corpus": data,
+        "model": engine.model.hash,
+        "corpus": file_digest(labels.corpus.path),
+        "columns": f"{labels.corpus.id},{labels.corpus.text}",
         "column": labels.column,
         "max_train_texts": str(labels.max_train_texts),
         "recipe": RECIPE,
@@ -180,15 +187,26 @@ def load_head(labels: LabelSettings, engine: EngineSettings) -> LabelHead:
     return LabelHead(entry.path)
 
 
+def file_digest(uri: str) -> str:
+    """Content hash of a local file or an object-store object (pyarrow filesystems)."""
+    fs, path = pafs.FileSystem.from_uri(uri) if "://" in uri else (pafs.LocalFileSystem(), uri)
+    with fs.open_input_stream(path) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()[:16]
+
+
 def _train(labels: LabelSettings, engine: EngineSettings, directory: Path) -> None:
+    sample, column = labels.corpus, labels.column
     try:
-        table = pq.read_table(labels.corpus, columns=["id", "text", labels.column])
+        table = pads.dataset(sample.path, format="parquet").to_table(columns=[sample.id, sample.text, column])
     except (OSError, pa.ArrowException) as e:
-        raise ModelError(f"labels corpus {labels.corpus}: cannot read id, text, {labels.column} ({e})") from e
+        raise ModelError(
+            f"labels corpus {sample.path}: cannot read {sample.id}, {sample.text}, {column} ({e})"
+        ) from e
+    table = table.rename_columns(["id", "text", column])
     rows = [
         r
         for r in table.to_pylist()
-        if r["text"] and r[labels.column] and split_slot(r["id"]) != SPLIT_SLOT["gate"]
+        if r["text"] and r["text"].strip() and r[column] and split_slot(r["id"]) != SPLIT_SLOT["gate"]
     ]
     names = sorted({r[labels.column] for r in rows})
     targets = np.array([names.index(r[labels.column]) for r in rows], dtype=np.int64)
@@ -212,12 +230,13 @@ def top_two_margin(probabilities: np.ndarray) -> np.ndarray:
 
 
 class Labeler:
-    """Texts in, top labels out: the gated encoder, then the head; near ties again at FP32 if so gated."""
+    """Texts in, top labels out: a gated classifier; or a gated encoder, then the trained head,
+    near ties again at FP32 if so gated."""
 
     def __init__(
         self,
         encoder: Encoder,
-        head: LabelHead,
+        head: LabelHead | None,
         top: int,
         recheck: Encoder | None = None,
         margin: float = 0.0,
@@ -232,13 +251,14 @@ class Labeler:
 
     @property
     def labels(self) -> list[str]:
-        return self.head.labels
+        return self.head.labels if self.head else list(self.encoder.source.labels)
 
     def probabilities(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(label probabilities [rows, labels], whether each row was rechecked at FP32)."""
-        probabilities = self.head.probabilities(self.encoder.encode(texts))
+        outputs = self.encoder.encode(texts)
+        probabilities = self.head.probabilities(outputs) if self.head else outputs
         near = np.zeros(len(texts), dtype=bool)
-        if self.recheck is not None:
+        if self.recheck is not None and self.head is not None:
             near = top_two_margin(probabilities) < self.margin
             if near.any():
                 again = self.recheck.encode([t for t, n in zip(texts, near, strict=True) if n])
@@ -247,7 +267,7 @@ class Labeler:
 
     def label(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(label indices, probabilities), [len(texts), top] each, best first."""
-        return self.head.top_of(self.probabilities(texts)[0], self.top)
+        return top_of(self.probabilities(texts)[0], self.top)
 
     def close(self) -> None:
         self.encoder.close()
@@ -273,6 +293,8 @@ def load_labeler(labels: LabelSettings | None = None, engine: EngineSettings | N
     """The fastest labeler whose labels agree with FP32's: each precision alone, then with its
     near ties rechecked at FP32, before the ladder falls back to the next precision."""
     labels, engine = labels or LabelSettings(), engine or EngineSettings()
+    if engine.model.task == "classify":
+        return load_classifier(labels, engine)
     head = load_head(labels, engine)
     texts = gate_texts(engine)
     reference = np.argmax(head.probabilities(reference_embeddings(engine, texts)), axis=1)
@@ -302,7 +324,7 @@ def load_labeler(labels: LabelSettings | None = None, engine: EngineSettings | N
             return labeler
         if precision != "fp32":
             fp32 = load_encoder(engine.model_copy(update={"precision": "fp32"}))
-            calibration = reference_texts(engine.reference_corpus, "calibration", labels.recheck_texts)
+            calibration = reference_texts(engine.reference, "calibration", labels.recheck_texts)
             margin = recheck_margin(head, encoder, fp32, calibration)
             labeler = Labeler(encoder, head, labels.top, fp32, margin)
             if gate(labeler, f"{precision}+fp32-recheck"):
@@ -312,6 +334,22 @@ def load_labeler(labels: LabelSettings | None = None, engine: EngineSettings | N
     raise GateFailedError(f"no precision passed the label agreement gate ({failures})")
 
 
+def label_names(labels: LabelSettings, engine: EngineSettings) -> list[str]:
+    """The labels a labeler can give, by index: the classifier's, or the trained head's (trained now on a miss)."""
+    if engine.model.task == "classify":
+        return list(engine.model.labels)
+    return load_head(labels, engine).labels
+
+
+def load_classifier(labels: LabelSettings, engine: EngineSettings) -> Labeler:
+    """A classifier labels through its own engine, whose gate is top-label agreement with FP32."""
+    encoder = load_encoder(engine.model_copy(update={"gate_agreement": labels.gate_agreement}))
+    labeler = Labeler(encoder, None, labels.top)
+    gates = [LabelGate(g.precision, g.agreement or 0.0, g.passed, g.reason) for g in encoder.report.gates]
+    labeler.report = LabelerReport(encoder.report, "", None, gates)
+    return labeler
+
+
 def open_labeler(labels: LabelSettings, engine: EngineSettings, report: LabelerReport) -> Labeler:
     """The labeler a passed gate chose (`report`, from load_labeler), opened without gating it
     again: a job gates once, and each of its actors opens what passed. Gating costs seconds
@@ -319,7 +357,8 @@ def open_labeler(labels: LabelSettings, engine: EngineSettings, report: LabelerR
     encoder = load_encoder(engine.model_copy(update={"precision": report.engine.precision}))
     margin = report.gates[-1].recheck_margin
     recheck = None if margin is None else load_encoder(engine.model_copy(update={"precision": "fp32"}))
-    labeler = Labeler(encoder, load_head(labels, engine), labels.top, recheck, margin or 0.0)
+    head = load_head(labels, engine) if engine.model.task == "embed" else None
+    labeler = Labeler(encoder, head, labels.top, recheck, margin or 0.0)
     labeler.report = report
     return labeler
 
@@ -327,7 +366,7 @@ def open_labeler(labels: LabelSettings, engine: EngineSettings, report: LabelerR
 def main() -> None:
     labels, engine = LabelSettings(), EngineSettings()
     head = load_head(labels, engine)
-    print(f"{len(head.labels)} labels from {labels.corpus} column {labels.column!r}")
+    print(f"{len(head.labels)} labels from {labels.corpus.path} column {labels.column!r}")
     print(f"held-out top-1 accuracy {head.held_out_accuracy:.4f}")
 
 

@@ -30,23 +30,23 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from onnxruntime.transformers import optimizer
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
-from models.source import INPUT_NAMES, model_dir
+from models.source import INPUT_NAMES, ModelSource
 from models.tokenize import TextTokenizer
 
 CALIBRATION_BATCH = 8
 
 
-def int8_dynamic(fp32: Path, out: Path, calibration: Sequence[str], max_seq_length: int) -> None:
+def int8_dynamic(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
     quantize_dynamic(
         fp32, out, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
     )
 
 
-def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], max_seq_length: int) -> None:
+def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
     """For a single short text, per-node overhead outweighs arithmetic: fusing cut a query
     after an idle gap from 3.2 to 2.8 ms, while batches of 16 ran 13% slower (hence not
     for jobs). Attention becomes QAttention; accuracy to FP32 is the same as int8-dynamic's."""
-    config = json.loads((model_dir() / "config.json").read_text())
+    config = json.loads((source.folder / "config.json").read_text())
     fused = out.with_suffix(".fused.onnx")
     optimizer.optimize_model(
         str(fp32),
@@ -70,8 +70,8 @@ def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], max_se
 class _TextBatches(CalibrationDataReader):
     """Feeds calibration texts to ONNX Runtime's calibrator as length-bucketed batches."""
 
-    def __init__(self, texts: Sequence[str], max_seq_length: int) -> None:
-        batches = TextTokenizer(max_seq_length).batches(texts, CALIBRATION_BATCH)
+    def __init__(self, texts: Sequence[str], source: ModelSource) -> None:
+        batches = TextTokenizer(source).batches(texts, CALIBRATION_BATCH)
         self._feeds: Iterator[dict[str, np.ndarray]] = (
             dict(zip(INPUT_NAMES, (b.input_ids, b.attention_mask), strict=True)) for b in batches
         )
@@ -95,13 +95,13 @@ def outlier_matmuls(model: onnx.ModelProto) -> list[str]:
     ]
 
 
-def int8_qdq(fp32: Path, out: Path, calibration: Sequence[str], max_seq_length: int) -> None:
+def int8_qdq(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
     prepared = out.with_suffix(".prepared.onnx")
     quant_pre_process(fp32, prepared, skip_symbolic_shape=True)
     quantize_static(
         prepared,
         out,
-        _TextBatches(calibration, max_seq_length),
+        _TextBatches(calibration, source),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
         activation_type=QuantType.QInt8,
@@ -114,11 +114,11 @@ def int8_qdq(fp32: Path, out: Path, calibration: Sequence[str], max_seq_length: 
     prepared.unlink()
 
 
-def fp16(fp32: Path, out: Path, calibration: Sequence[str], max_seq_length: int) -> None:
+def fp16(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
     onnx.save(convert_float_to_float16(onnx.load(fp32), keep_io_types=True), out)
 
 
-Quantizer = Callable[[Path, Path, Sequence[str], int], None]
+Quantizer = Callable[[Path, Path, Sequence[str], ModelSource], None]
 
 QUANTIZERS: dict[str, Quantizer] = {
     "int8-dynamic": int8_dynamic,

@@ -7,14 +7,26 @@ independent of row order: the gate never scores an engine on texts that set its 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Literal
 
-import pyarrow.parquet as pq
+import pyarrow as pa
+import pyarrow.dataset as pads
+from pydantic import BaseModel, ConfigDict
 
 from models.errors import ModelError
 
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
+
+
+class TextSample(BaseModel):
+    """A Parquet input's texts, by the names of its id and text columns."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    """Local path or object-store URI."""
+    id: str = "id"
+    text: str = "text"
 
 
 def split_slot(id_: object) -> int:
@@ -22,21 +34,32 @@ def split_slot(id_: object) -> int:
     return hashlib.sha256(str(id_).encode()).digest()[0] % 10
 
 
-def reference_texts(path: Path, purpose: Literal["gate", "calibration"], count: int) -> list[str]:
-    """The first `count` texts of the corpus whose id hashes into the purpose's slot (1 in 10)."""
+def _decoded(data: bytes) -> str | None:
     try:
-        table = pq.read_table(path, columns=["id", "text"])
-    except (OSError, KeyError) as e:
-        raise ModelError(f"reference_corpus {path}: cannot read columns id, text ({e})") from e
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def reference_texts(sample: TextSample, purpose: Literal["gate", "calibration"], count: int) -> list[str]:
+    """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10)."""
+    try:
+        table = pads.dataset(sample.path, format="parquet").to_table(columns=[sample.id, sample.text])
+    except (OSError, pa.ArrowException) as e:
+        raise ModelError(
+            f"reference texts {sample.path}: cannot read columns {sample.id}, {sample.text} ({e})"
+        ) from e
     slot = SPLIT_SLOT[purpose]
+    # As bytes: a row of invalid UTF-8 is skipped here (the job quarantines it), not a crash.
+    raw = table[sample.text].cast(pa.binary()).to_pylist()
     texts = [
         text
-        for id_, text in zip(table["id"].to_pylist(), table["text"].to_pylist(), strict=True)
-        if text and split_slot(id_) == slot
+        for id_, data in zip(table[sample.id].to_pylist(), raw, strict=True)
+        if data and split_slot(id_) == slot and (text := _decoded(data)) and text.strip()
     ]
     if len(texts) < count:
         raise ModelError(
-            f"reference_corpus {path}: {len(texts)} {purpose} texts, {count} needed "
+            f"reference texts {sample.path}: {len(texts)} {purpose} texts, {count} needed "
             f"(set PRECOMPUTE_ENGINE_{'GATE' if purpose == 'gate' else 'CALIBRATION'}_TEXTS lower)"
         )
     return texts[:count]

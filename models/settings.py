@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from models.reference_texts import TextSample
+from models.source import ModelSource, bundled_encoder
+
 Backend = Literal["auto", "onnxruntime", "tensorrt", "torch"]
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "int8", "fp16", "fp32"]
@@ -41,9 +44,6 @@ class EngineSettings(BaseSettings):
     """Exported models, quantized models, TensorRT plans and gate results. Outside git;
     an entry is rebuilt only when its key (model hash, precision, runtime, device) changes."""
 
-    max_seq_length: int = Field(256, ge=8, le=512)
-    """Tokens per text; longer texts are truncated (the model was trained at 256)."""
-
     batch_size: int | None = Field(None, ge=1, le=4096)
     """Texts per inference call. None: 16 on CPU (best for the L2 cache of small cores),
     256 on GPU (fills the device). Batches are length-bucketed, so larger costs no padding."""
@@ -62,11 +62,19 @@ class EngineSettings(BaseSettings):
     gate_min_cosine: float = Field(0.97, gt=0, le=1)
     """... and its worst text's cosine to FP32 reaches this."""
 
+    gate_agreement: float = Field(0.99, gt=0, le=1)
+    """Classifiers: a quantized engine is used only if its top label is FP32's on this share of texts."""
+
     gate_texts: int = Field(256, ge=16)
     """Held-out texts the gate compares on."""
 
     calibration_texts: int = Field(128, ge=8)
     """Texts that set the static INT8 activation ranges (disjoint from the gate's)."""
 
-    reference_corpus: Path = DEMO_CORPUS
-    """Parquet with a `text` column: the source of held-out and calibration texts."""
+    model: ModelSource = Field(default_factory=bundled_encoder)
+    """The model the engine runs (models/source.py reads it from its folder); the pipeline
+    file sets it per output, all-MiniLM-L6-v2 by default."""
+
+    reference: TextSample = TextSample(path=str(DEMO_CORPUS))
+    """Where the gate's held-out texts and the calibration texts come from: the output's own
+    input (the pipeline file sets it), so an engine for legal text is gated on legal text."""

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from models.errors import InvalidInputError
-from models.source import model_dir
+from models.errors import InvalidInputError, ModelError
+from models.source import ModelSource
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,29 @@ def check_text(row: int, text: object) -> str:
     return text
 
 
-class TextTokenizer:
-    """The model's fast (Rust) WordPiece tokenizer, truncating at `max_seq_length` tokens."""
+def load_tokenizer(folder: Path) -> Tokenizer:
+    """tokenizer.json where the folder has one; else the fast tokenizer transformers builds
+    from the folder's vocabulary files (offline: they are all in the folder)."""
+    if (folder / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    from transformers import AutoTokenizer
 
-    def __init__(self, max_seq_length: int) -> None:
-        self._tokenizer = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
-        # The shipped tokenizer.json bakes in truncation and padding at 128: override both.
-        self._tokenizer.enable_truncation(max_seq_length)
+    try:
+        return AutoTokenizer.from_pretrained(folder, use_fast=True).backend_tokenizer
+    except (OSError, ValueError, AttributeError) as e:
+        raise ModelError(f"model folder {folder}: no usable tokenizer ({e})") from e
+
+
+class TextTokenizer:
+    """The model's fast (Rust) tokenizer, truncating at the model's `max_seq_length` tokens."""
+
+    def __init__(self, source: ModelSource) -> None:
+        self._tokenizer = load_tokenizer(source.folder)
+        # A shipped tokenizer.json may bake in truncation and padding (128 for MiniLM): override both.
+        self._tokenizer.enable_truncation(source.max_seq_length)
         self._tokenizer.no_padding()
-        self.max_seq_length = max_seq_length
+        self.max_seq_length = source.max_seq_length
+        self.pad_id = source.pad_id
 
     def ids(self, text: object) -> list[int]:
         """Token ids of one text (checked as row 0): the single-query path, no batch to form."""
@@ -71,7 +86,7 @@ class TextTokenizer:
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             width = int(lengths[rows[-1]])
-            input_ids = np.zeros((len(rows), width), dtype=np.int64)
+            input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
             attention_mask = np.zeros((len(rows), width), dtype=np.int64)
             for i, row in enumerate(rows):
                 ids = encodings[row].ids

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from precompute.pipeline import Pipeline
 
 # Prefect's temporary server otherwise tries to report telemetry, which fails offline.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -21,6 +24,27 @@ bench_app = typer.Typer(
 app.add_typer(engine_app, name="engine")
 app.add_typer(bench_app, name="bench")
 
+PipelineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pipeline",
+        help="The pipeline file; default: PRECOMPUTE_PIPELINE, else ./precompute.toml, else the demo's.",
+    ),
+]
+
+
+def checked_pipeline(path: str | None) -> Pipeline:
+    """The pipeline file, validated and checked; a bad one is one line on stderr and exit code 2."""
+    from precompute.pipeline import PipelineError, load_pipeline
+
+    try:
+        pipeline = load_pipeline(path)
+        pipeline.check()
+    except PipelineError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    return pipeline
+
 
 @app.command()
 def demo() -> None:
@@ -31,23 +55,36 @@ def demo() -> None:
 
 
 @app.command()
-def run(
-    corpus: Annotated[
-        str | None, typer.Option(help="Corpus Parquet path or URI; default: the demo corpus.")
-    ] = None,
-    interactions: Annotated[
-        str | None, typer.Option(help="Interactions Parquet path or URI; default: the demo's.")
-    ] = None,
-) -> None:
-    """Run the nightly flow now: the three outputs, each validated and published; print the run report."""
+def run(pipeline: PipelineOption = None) -> None:
+    """Run the nightly flow now: every output of the pipeline file, each validated and published."""
+    checked = checked_pipeline(pipeline)
     from flows.nightly import nightly
 
-    nightly(corpus=corpus, interactions=interactions)
+    nightly(pipeline=str(checked.path))
+
+
+@app.command()
+def check(pipeline: PipelineOption = None) -> None:
+    """Validate the pipeline file and print the plan: outputs, models, engines, stores, versions."""
+    from precompute.plan import plan
+
+    print(plan(checked_pipeline(pipeline)))
+
+
+@app.command()
+def schema() -> None:
+    """Print the pipeline file's JSON Schema (for editors: save it and point `#:schema` at it)."""
+    from precompute.pipeline import schema as json_schema
+
+    print(json_schema())
 
 
 @app.command()
 def schedule(
-    cron: Annotated[str, typer.Option(help="When to run, in cron syntax (UTC).")] = "0 3 * * *",
+    pipeline: PipelineOption = None,
+    cron: Annotated[
+        str | None, typer.Option(help="When to run, in cron syntax (UTC); default: the file's [flow] cron.")
+    ] = None,
 ) -> None:
     """Serve the nightly flow on a schedule until interrupted: needs a Prefect server (PREFECT_API_URL).
 
@@ -60,9 +97,11 @@ def schedule(
 
     from flows.nightly import nightly
 
+    checked = checked_pipeline(pipeline)
     nightly.serve(
         name="nightly",
-        cron=cron,
+        cron=cron or checked.flow.cron,
+        parameters={"pipeline": str(checked.path)},
         global_limit=1,
         pause_on_shutdown=False,
         entrypoint_type=EntrypointType.MODULE_PATH,
@@ -71,6 +110,7 @@ def schedule(
 
 @app.command()
 def status(
+    pipeline: PipelineOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Per output: the version served, its age and count, and the versions a rollback can reach."""
@@ -80,28 +120,32 @@ def status(
     from stores.redis_settings import RedisSettings
     from stores.vector_settings import VectorStoreSettings
 
-    statuses = read_status(VectorStoreSettings(), RedisSettings())
+    statuses = read_status(checked_pipeline(pipeline), VectorStoreSettings(), RedisSettings())
     print(json.dumps(to_json(statuses), indent=2) if as_json else render(statuses))
 
 
 @app.command()
 def rollback(
-    output: Annotated[str, typer.Argument(help="embeddings, labels or recs.")],
+    output: Annotated[str, typer.Argument(help="The output's name in the pipeline file.")],
     to: Annotated[
         str | None, typer.Option(help="Version to serve; default: the one before the published one.")
     ] = None,
+    pipeline: PipelineOption = None,
 ) -> None:
     """Serve an earlier version of one output, in one atomic switch; the others are untouched."""
-    from precompute.outputs import OUTPUTS
     from precompute.outputs import rollback as roll_back
     from stores.errors import StoreError
     from stores.redis_settings import RedisSettings
     from stores.vector_settings import VectorStoreSettings
 
-    if output not in OUTPUTS:
-        raise typer.BadParameter(f"{output!r} is not one of {', '.join(OUTPUTS)}", param_hint="OUTPUT")
+    checked = checked_pipeline(pipeline)
+    if output not in checked.outputs:
+        names = ", ".join(checked.outputs)
+        raise typer.BadParameter(
+            f"{output!r} is not an output of {checked.path} ({names})", param_hint="OUTPUT"
+        )
     try:
-        version = roll_back(output, to, VectorStoreSettings(), RedisSettings())  # type: ignore[arg-type]
+        version = roll_back(checked, output, to, VectorStoreSettings(), RedisSettings())
     except StoreError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from e
@@ -109,12 +153,12 @@ def rollback(
 
 
 @app.command()
-def serve() -> None:
-    """Serve lookups (PRECOMPUTE_SERVICE_* settings) until interrupted."""
+def serve(pipeline: PipelineOption = None) -> None:
+    """Serve every output of the pipeline file (PRECOMPUTE_SERVICE_* settings) until interrupted."""
     from lookup.server import serve as serve_forever
     from lookup.settings import ServiceSettings
 
-    serve_forever(ServiceSettings())
+    serve_forever(ServiceSettings(), checked_pipeline(pipeline))
 
 
 @engine_app.command("build")
@@ -135,11 +179,15 @@ def bench_embed(
     corpus: Annotated[
         str | None, typer.Option(help="Parquet with a `text` column; default: the demo corpus.")
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="A sentence-transformers folder; default: the bundled all-MiniLM-L6-v2."),
+    ] = None,
 ) -> None:
     """Our best engine against sentence-transformers FP32 (PyTorch): docs/s, ratio, cosine to FP32."""
     from bench.embed import main
 
-    main(docs, repeats, corpus)
+    main(docs, repeats, corpus, model)
 
 
 @bench_app.command("search")

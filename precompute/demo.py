@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flows.nightly import nightly
-from jobs.recs_settings import RecsJobSettings
-from jobs.settings import EmbedJobSettings
+from jobs.settings import JobSettings
 from lookup.server import running
 from lookup.settings import ServiceSettings
+from precompute.pipeline import load_pipeline
 from stores.redis_server import redis_server
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
@@ -49,6 +49,7 @@ def demo_users(interactions: str, count: int) -> dict[str, list[str]]:
 
 
 def summary(report: dict) -> str:
+    """The demo pipeline's three outputs, one line each."""
     embeddings, labels, recs = (report["outputs"][o] for o in ("embeddings", "labels", "recs"))
     return (
         f"embeddings {embeddings['version']}: {embeddings['rows']} rows, {embeddings['rejects']} rejected, "
@@ -64,10 +65,12 @@ def summary(report: dict) -> str:
 
 
 def main(top_k: int = 3) -> None:
-    with redis_for_demo(EmbedJobSettings().work_dir):
-        report = nightly()
+    pipeline = load_pipeline()
+    pipeline.check()
+    with redis_for_demo(JobSettings().work_dir):
+        report = nightly(pipeline=str(pipeline.path))
         print(f"\n{summary(report)}")
-        with running(ServiceSettings()) as base, httpx.Client(base_url=base) as http:
+        with running(ServiceSettings(), pipeline=pipeline) as base, httpx.Client(base_url=base) as http:
             print(f"\nlookup service at {base}: {http.get('/readyz').json()}")
             for query in QUERIES:
                 answer = http.post("/v1/search", json={"query": query, "k": top_k}).json()
@@ -76,7 +79,8 @@ def main(top_k: int = 3) -> None:
                     labels = http.get(f"/v1/labels/{hit['id']}").json()["labels"]
                     named = ", ".join(f"{label['label']} {label['score']:.2f}" for label in labels)
                     print(f"  {hit['score']:.3f}  {hit['id']}: {hit['payload'].get('title', '')}  [{named}]")
-            for user, items in demo_users(RecsJobSettings().interactions, USERS).items():
+            interactions = pipeline.outputs[pipeline.default("recs") or "recs"].input.path
+            for user, items in demo_users(interactions, USERS).items():
                 answer = http.get(f"/v1/recs/{user}", params={"k": 5}).json()
                 print(f"\nGET /v1/recs/{user}?k=5  (declares {', '.join(items)})")
                 print("  " + ", ".join(f"{item['id']} {item['score']:.2f}" for item in answer["items"]))

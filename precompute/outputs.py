@@ -1,22 +1,21 @@
-"""`precompute status` and `precompute rollback`: the three outputs' versions, whichever store holds them.
+"""`precompute status` and `precompute rollback`: each output's versions, whichever store holds them.
 
 Embeddings live in the vector store (PRECOMPUTE_QDRANT_*), labels and recommendations in
-Redis (PRECOMPUTE_REDIS_*); an operator asks about an output by name and need not know which.
+Redis (PRECOMPUTE_REDIS_*); an operator asks about an output by its name in the pipeline file
+and need not know which.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
+from precompute.pipeline import Pipeline
 from stores.key_value import KeyValueStore
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store, version_age
-
-Output = Literal["embeddings", "labels", "recs"]
-OUTPUTS: tuple[Output, ...] = ("embeddings", "labels", "recs")
 
 
 @dataclass(frozen=True)
@@ -31,36 +30,48 @@ class Version:
 @dataclass(frozen=True)
 class OutputStatus:
     output: str
+    kind: str
     store: str
     current: str | None
     versions: list[Version]
     """Oldest first; the published one included (current=True)."""
 
 
-def status(vectors: VectorStoreSettings, redis: RedisSettings) -> list[OutputStatus]:
-    with open_vector_store(vectors) as store:
-        current = store.current()
-        embeddings = [Version(v, store.count(v), version_age(v), v == current) for v in store.versions()]
-    statuses = [OutputStatus("embeddings", f"qdrant ({vectors.type})", current, embeddings)]
+def status(pipeline: Pipeline, vectors: VectorStoreSettings, redis: RedisSettings) -> list[OutputStatus]:
+    """Every output of the pipeline file, in its order."""
+    statuses = []
     now = datetime.now(UTC)
-    with KeyValueStore(redis) as store:
-        for output in ("labels", "recs"):
-            versions = [
-                Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
-                for v in store.versions(output)
-            ]
-            current = next((v.name for v in versions if v.current), None)
-            statuses.append(OutputStatus(output, "redis", current, versions))
+    with KeyValueStore(redis) as key_values:
+        for name, output in pipeline.outputs.items():
+            if output.kind == "embeddings":
+                settings = pipeline.vector_settings(name, vectors)
+                with open_vector_store(settings) as store:
+                    current = store.current()
+                    versions = [
+                        Version(v, store.count(v), version_age(v), v == current) for v in store.versions()
+                    ]
+                where = f"qdrant {settings.type}: {settings.name}"
+            else:
+                key = pipeline.store(name)
+                versions = [
+                    Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
+                    for v in key_values.versions(key)
+                ]
+                current = next((v.name for v in versions if v.current), None)
+                where = f"redis: {redis.prefix}:{key}"
+            statuses.append(OutputStatus(name, output.kind, where, current, versions))
     return statuses
 
 
-def rollback(output: Output, to: str | None, vectors: VectorStoreSettings, redis: RedisSettings) -> str:
+def rollback(
+    pipeline: Pipeline, output: str, to: str | None, vectors: VectorStoreSettings, redis: RedisSettings
+) -> str:
     """Publish `to`, by default the version before the published one; return the version now served."""
-    if output == "embeddings":
-        with open_vector_store(vectors) as store:
+    if pipeline.outputs[output].kind == "embeddings":
+        with open_vector_store(pipeline.vector_settings(output, vectors)) as store:
             return store.rollback(to)
     with KeyValueStore(redis) as store:
-        return store.rollback(output, to)
+        return store.rollback(pipeline.store(output), to)
 
 
 def age(seconds: float) -> str:
@@ -76,7 +87,8 @@ def render(statuses: list[OutputStatus]) -> str:
     lines = []
     for s in statuses:
         lines.append(
-            f"{s.output} ({s.store}): " + (f"serving {s.current}" if s.current else "nothing published")
+            f"{s.output} ({s.kind}, {s.store}): "
+            + (f"serving {s.current}" if s.current else "nothing published")
         )
         for v in reversed(s.versions):
             mark = "*" if v.current else " "

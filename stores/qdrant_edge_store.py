@@ -35,6 +35,7 @@ a switch; a changed pointer opens the new shard, then closes the old one.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -65,6 +66,7 @@ from stores.vectors import (
 
 POINTER = "CURRENT"
 FINALIZED = ".finalized"
+META = ".meta.json"
 INDEXING_THRESHOLD_KB = 1
 FIELD_SCHEMAS = {
     bool: qe.PayloadSchemaType.Bool,
@@ -107,7 +109,7 @@ class QdrantEdgeStore(VectorStore):
 
     # -- writer ---------------------------------------------------------------------------
 
-    def create_version(self, version: str, dim: int) -> None:
+    def create_version(self, version: str, dim: int, meta: Mapping[str, Any] | None = None) -> None:
         path = self._dir(version)
         if path.exists():
             raise StoreError(f"version {version!r} already exists at {path}")
@@ -122,6 +124,13 @@ class QdrantEdgeStore(VectorStore):
         )
         self._writers[version] = qe.EdgeShard.create(str(path), config)
         self._fields[version] = {}
+        (path / META).write_text(json.dumps({**(meta or {}), "dim": dim}))
+
+    def meta(self, version: str) -> dict[str, Any]:
+        try:
+            return json.loads((self._dir(version) / META).read_text())
+        except FileNotFoundError:
+            raise VersionNotFoundError(f"version {version!r} does not exist") from None
 
     def upsert(
         self, version: str, ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]
@@ -245,6 +254,7 @@ class QdrantEdgeStore(VectorStore):
             if not self._dir(version).exists():
                 raise VersionNotFoundError(f"cannot publish version {version!r}: it does not exist")
             raise StoreError(f"cannot publish version {version!r}: it is not finalized")
+        self.check_replaces(version)
         fd, tmp = tempfile.mkstemp(prefix=f".{POINTER}.", dir=self.root)
         try:
             with os.fdopen(fd, "w") as f:

@@ -42,6 +42,7 @@ from stores.vectors import (
 
 HNSW_M = 16
 FINALIZED_KEY = "precompute_finalized"
+META_KEY = "precompute_meta"
 RETRY_AFTER_S = 1.0
 TRANSIENT_HTTP = {429, 502, 503, 504}
 TRANSIENT_GRPC = {
@@ -121,7 +122,7 @@ class QdrantServerStore(VectorStore):
             raise VersionNotFoundError(f"version {version!r} does not exist (no collection {collection!r})")
         return collection
 
-    def create_version(self, version: str, dim: int) -> None:
+    def create_version(self, version: str, dim: int, meta: Mapping[str, Any] | None = None) -> None:
         collection = self._collection(version)
         with translated(f"creating version {version!r}"):
             if self.client.collection_exists(collection):
@@ -130,8 +131,14 @@ class QdrantServerStore(VectorStore):
                 collection,
                 vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
                 hnsw_config=models.HnswConfigDiff(m=0, full_scan_threshold=self.full_scan_threshold_kb),
-                metadata={FINALIZED_KEY: False},
+                metadata={FINALIZED_KEY: False, META_KEY: {**(meta or {}), "dim": dim}},
             )
+
+    def meta(self, version: str) -> dict[str, Any]:
+        collection = self._require(version)
+        with translated(f"reading version {version!r}"):
+            metadata = self.client.get_collection(collection).config.metadata or {}
+        return dict(metadata.get(META_KEY) or {})
 
     def upsert(
         self, version: str, ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]
@@ -218,6 +225,7 @@ class QdrantServerStore(VectorStore):
         collection = self._require(version)
         if not self._finalized(version):
             raise StoreError(f"cannot publish version {version!r}: it is not finalized")
+        self.check_replaces(version)
         operations: list[models.AliasOperations] = []
         if self.current() is not None:
             operations.append(

@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from stores.errors import VersionNotFoundError
+from stores.errors import StoreError, VersionNotFoundError
 from stores.vector_settings import VectorStoreSettings
 
 ITEM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "precompute:item")
@@ -102,8 +102,31 @@ class VectorStore(ABC):
     """Versioned corpus vectors. Versions are strings that sort by time ("20261122T031500-ab12")."""
 
     @abstractmethod
-    def create_version(self, version: str, dim: int) -> None:
-        """A new, empty version: cosine distance, HNSW indexing deferred until `finalize`."""
+    def create_version(self, version: str, dim: int, meta: Mapping[str, Any] | None = None) -> None:
+        """A new, empty version: cosine distance, HNSW indexing deferred until `finalize`.
+
+        `meta` (JSON) travels with the version: the model that made it, so a reader embeds
+        queries with the same model; `meta(version)` returns it with the `dim`.
+        """
+
+    @abstractmethod
+    def meta(self, version: str) -> dict[str, Any]:
+        """What create_version recorded: `dim`, and the writer's `meta` (e.g. `model`)."""
+
+    def check_replaces(self, version: str) -> None:
+        """Refuse to publish a version whose dimension differs from the published one's while
+        its model is the same: readers of a model expect its dimension. A new model makes a
+        new version like any other, and readers switch to it (and its dimension) atomically."""
+        current = self.current()
+        if current is None or current == version:
+            return
+        new, old = self.meta(version), self.meta(current)
+        same_model = (new.get("model") or {}).get("hash") == (old.get("model") or {}).get("hash")
+        if new.get("dim") != old.get("dim") and same_model:
+            raise StoreError(
+                f"cannot publish version {version!r}: its dimension {new.get('dim')} differs from the "
+                f"published {current!r}'s {old.get('dim')} with the same model"
+            )
 
     @abstractmethod
     def upsert(

@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from models.errors import ModelError
+from models.source import ModelSource
 
 ConcreteDevice = Literal["cpu", "cuda"]
 ConcretePrecision = Literal["int8", "fp16", "fp32"]
@@ -28,7 +29,7 @@ class BuildSpec:
 
 
 class Runner(ABC):
-    """Runs the exported encoder: (input_ids, attention_mask) int64 [B, L] -> float32 [B, D]."""
+    """Runs an exported model: (input_ids, attention_mask) int64 [B, L] -> float32 [B, source.dim]."""
 
     name: ClassVar[str]
     engine_file: ClassVar[str]
@@ -49,7 +50,8 @@ class Runner(ABC):
     def build(cls, onnx_path: Path, engine_path: Path, spec: BuildSpec) -> None:
         """Turn a precision's ONNX graph into this backend's engine file."""
 
-    def __init__(self, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
+    def __init__(self, source: ModelSource, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
+        self.source = source
         self.engine_path = engine_path
         self.device = device
         self.threads = threads

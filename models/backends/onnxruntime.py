@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from models.backends.base import BuildSpec, ConcreteDevice, Runner
 from models.errors import BackendUnavailableError
-from models.source import INPUT_NAMES
+from models.source import INPUT_NAMES, ModelSource
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
@@ -37,8 +37,8 @@ class OnnxRuntimeRunner(Runner):
     def build(cls, onnx_path: Path, engine_path: Path, spec: BuildSpec) -> None:
         shutil.copyfile(onnx_path, engine_path)
 
-    def __init__(self, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
-        super().__init__(engine_path, device, threads)
+    def __init__(self, source: ModelSource, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
+        super().__init__(source, engine_path, device, threads)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads

@@ -22,7 +22,7 @@ import torch
 
 from models.backends.base import BuildSpec, ConcreteDevice, Runner
 from models.errors import BackendUnavailableError, ModelError
-from models.source import INPUT_NAMES, OUTPUT_NAME
+from models.source import INPUT_NAMES, OUTPUT_NAME, ModelSource
 
 WORKSPACE_BYTES = 4 << 30
 
@@ -136,8 +136,8 @@ class TensorRTRunner(Runner):
             raise ModelError(f"TensorRT could not build an engine from {onnx_path}: see its log above")
         engine_path.write_bytes(serialized)
 
-    def __init__(self, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
-        super().__init__(engine_path, device, threads)
+    def __init__(self, source: ModelSource, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
+        super().__init__(source, engine_path, device, threads)
         trt = _import_tensorrt()
         # The logger and runtime must outlive every engine and context made through them.
         self._logger = trt.Logger(trt.Logger.WARNING)

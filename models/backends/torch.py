@@ -10,6 +10,7 @@ import torch
 from models.backends.base import BuildSpec, ConcreteDevice, Runner
 from models.errors import BackendUnavailableError
 from models.export import load_reference
+from models.source import ModelSource
 
 
 class TorchRunner(Runner):
@@ -31,9 +32,9 @@ class TorchRunner(Runner):
     def build(cls, onnx_path: Path, engine_path: Path, spec: BuildSpec) -> None:
         """Nothing to build: the reference runs the PyTorch module itself."""
 
-    def __init__(self, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
-        super().__init__(engine_path, device, threads)
-        self._model = load_reference().to(device)
+    def __init__(self, source: ModelSource, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
+        super().__init__(source, engine_path, device, threads)
+        self._model = load_reference(source).to(device)
 
     @torch.inference_mode()
     def _infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:

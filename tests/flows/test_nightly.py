@@ -33,6 +33,26 @@ def interactions(small_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -
     return path
 
 
+PIPELINE = """
+[outputs.embeddings]
+kind = "embeddings"
+input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
+store = "corpus"
+engine = {{ gate_texts = 16, calibration_texts = 16 }}  # of the 20 the small corpus holds
+
+[outputs.labels]
+kind = "labels"
+input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
+train_texts = 400
+engine = {{ gate_texts = 16, calibration_texts = 16 }}
+
+[outputs.recs]
+kind = "recs"
+input = {{ path = "{interactions}", max_reject_ratio = 0.05 }}
+items = "embeddings"
+"""
+
+
 @pytest.fixture
 def environment(
     settings,
@@ -42,16 +62,14 @@ def environment(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Path:
-    """The flow reads its settings from the environment, as in production."""
+    """The flow reads its pipeline file and machine settings from the environment, as in production."""
+    pipeline = tmp_path / "precompute.toml"
+    pipeline.write_text(PIPELINE.format(corpus=small_corpus, interactions=interactions))
     env = {
+        "PRECOMPUTE_PIPELINE": str(pipeline),
         "PRECOMPUTE_REDIS_URL": redis_url,
         "PRECOMPUTE_REDIS_PREFIX": f"flow{tmp_path.name}",
-        "PRECOMPUTE_RECS_INTERACTIONS": str(interactions),
-        "PRECOMPUTE_RECS_MAX_REJECT_RATIO": "0.05",
-        "PRECOMPUTE_LABELS_MAX_TRAIN_TEXTS": "400",
-        "PRECOMPUTE_JOB_INPUT": str(small_corpus),
         "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
-        "PRECOMPUTE_JOB_MAX_REJECT_RATIO": "0.05",
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
         "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.cache_dir),
         "PRECOMPUTE_ENGINE_GATE_TEXTS": str(settings.gate_texts),
@@ -91,7 +109,7 @@ def test_nightly_publishes_reuses_and_collects_garbage(prefect_api, ray_local, e
     versions = [run["outputs"]["embeddings"]["version"] for run in (first, second, third)]
     assert third["outputs"]["embeddings"]["deleted_versions"] == [versions[0]]
     runs = environment / "work" / "runs"
-    assert sorted(p.name for p in runs.iterdir() if p.name not in ("labels", "recs")) == sorted(versions[1:])
+    assert sorted(p.name for p in (runs / "embeddings").iterdir()) == sorted(versions[1:])
     with open_vector_store(VectorStoreSettings()) as store:
         assert store.current() == versions[2]
         assert store.versions() == versions[1:]
@@ -101,12 +119,15 @@ def test_nightly_publishes_reuses_and_collects_garbage(prefect_api, ray_local, e
             assert kept == [run["outputs"][output]["version"] for run in (second, third)]
 
 
-def test_a_failed_output_leaves_the_others_published(prefect_api, ray_local, environment: Path) -> None:
+def test_a_failed_output_leaves_the_others_published(
+    prefect_api, ray_local, environment: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     published = nightly()
     broken = environment / "broken.parquet"
     pq.write_table(pa.table({"user_id": ["u"] * 3, "item_id": ["no-such-item"] * 3}), broken)
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__INPUT__PATH", str(broken))  # one field, overridden
     with pytest.raises(Exception, match="outputs failed"):
-        nightly(interactions=str(broken))
+        nightly()
     report = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
     assert list(report["failed"]) == ["recs"] and "RejectRatioExceededError" in report["failed"]["recs"]
     with open_vector_store(VectorStoreSettings()) as store:

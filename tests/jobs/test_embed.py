@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.embed import run_embed_job
-from jobs.settings import EmbedJobSettings
+from jobs.settings import JobSettings
 from jobs.validate import RejectRatioExceededError
+from precompute.pipeline import CorpusInput
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import VectorStore, open_vector_store
 
@@ -23,13 +24,18 @@ def store(tmp_path: Path) -> Iterator[VectorStore]:
 
 
 @pytest.fixture
-def job(small_corpus: Path, tmp_path: Path) -> EmbedJobSettings:
+def job(tmp_path: Path) -> JobSettings:
+    return JobSettings(work_dir=tmp_path / "work")
+
+
+@pytest.fixture
+def corpus(small_corpus: Path) -> CorpusInput:
     """The small corpus has 4 bad rows in 204: within a 5% reject ratio."""
-    return EmbedJobSettings(input=str(small_corpus), work_dir=tmp_path / "work", max_reject_ratio=0.05)
+    return CorpusInput(path=str(small_corpus), max_reject_ratio=0.05)
 
 
-def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job) -> None:
-    report = run_embed_job("v1", store, job, settings)
+def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job, corpus) -> None:
+    report = run_embed_job("v1", store, corpus, job, settings)
 
     rejects = pq.read_table(report.rejects_path).to_pylist()
     reasons = sorted((str(r["id"]), r["reject_reason"]) for r in rejects)
@@ -45,10 +51,10 @@ def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job) -
 
 
 def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
-    ray_local, settings, store, job, small_corpus: Path, tmp_path: Path
+    ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path
 ) -> None:
-    first = run_embed_job("v1", store, job, settings)
-    second = run_embed_job("v2", store, job, settings)
+    first = run_embed_job("v1", store, corpus, job, settings)
+    second = run_embed_job("v2", store, corpus, job, settings)
     assert (second.computed, second.reused, second.loaded) == (0, first.loaded, first.loaded)
 
     table = pq.read_table(small_corpus).to_pylist()
@@ -56,13 +62,15 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     table[11]["text"] += " Now with a changed description."
     changed = tmp_path / "changed.parquet"
     pq.write_table(pa.Table.from_pylist(table), changed)
-    third = run_embed_job("v3", store, job.model_copy(update={"input": str(changed)}), settings)
+    third = run_embed_job("v3", store, corpus.model_copy(update={"path": str(changed)}), job, settings)
     assert (third.computed, third.reused) == (2, first.loaded - 2)
 
 
-def test_too_many_rejects_fail_before_inference(ray_local, settings, store, job, tmp_path: Path) -> None:
-    strict = job.model_copy(update={"max_reject_ratio": 0.01})
+def test_too_many_rejects_fail_before_inference(
+    ray_local, settings, store, job, corpus, tmp_path: Path
+) -> None:
+    strict = corpus.model_copy(update={"max_reject_ratio": 0.01})
     with pytest.raises(RejectRatioExceededError, match=r"4 of 204 rows rejected, over max_reject_ratio=0.01"):
-        run_embed_job("v1", store, strict, settings)
-    assert not (tmp_path / "work" / "runs" / "v1" / "embeddings").exists()
+        run_embed_job("v1", store, strict, job, settings)
+    assert not (tmp_path / "work" / "runs" / "embeddings" / "v1" / "embeddings").exists()
     assert store.versions() == []

@@ -24,6 +24,7 @@ from jobs.recs_settings import DEMO_INTERACTIONS, RecsJobSettings
 from jobs.validate import RejectRatioExceededError
 from models import Encoder
 from models.settings import DEMO_CORPUS
+from precompute.pipeline import InteractionsInput
 from stores.records import decode_ranked
 
 ITEMS = 60
@@ -114,11 +115,10 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     ray_local, items, interactions: Path, tmp_path: Path
 ) -> None:
     ids, vectors = items
-    settings = RecsJobSettings(
-        interactions=str(interactions), k=10, users_per_block=256, popularity_weight=0.4
-    )
+    settings = RecsJobSettings(k=10, users_per_block=256, popularity_weight=0.4)
     sized: list[tuple[int, bool]] = []
     report = run_recs_job(
+        InteractionsInput(path=str(interactions)),
         settings,
         ids,
         vectors,
@@ -170,11 +170,11 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
 
 
 def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: Path, tmp_path: Path) -> None:
-    strict = RecsJobSettings(interactions=str(interactions), max_reject_ratio=0.001)
+    strict = InteractionsInput(path=str(interactions), max_reject_ratio=0.001)
     with pytest.raises(
         RejectRatioExceededError, match=r"5 of \d+ interactions rejected, over max_reject_ratio=0.001"
     ):
-        run_recs_job(strict, *items, ParquetSink(tmp_path / "out"), tmp_path / "work")
+        run_recs_job(strict, RecsJobSettings(), *items, ParquetSink(tmp_path / "out"), tmp_path / "work")
     assert not (tmp_path / "out").exists()
 
 

@@ -106,7 +106,7 @@ def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()
     assert ready["versions"] == {"embeddings": V1, "labels": None, "recs": None}
-    assert ready["engine"] == "onnxruntime/cpu/int8"
+    assert ready["engines"] == {"embeddings": "onnxruntime/cpu/int8"}  # one per embeddings output
     client.post("/v1/search", json={"query": "editor"})
     metrics = client.get("/metrics").text
     assert 'precompute_request_seconds_bucket{le="0.00025",route="/v1/search",status="200"}' in metrics

@@ -10,17 +10,20 @@ from sentence_transformers import SentenceTransformer
 
 from models.backends.onnxruntime import OnnxRuntimeRunner
 from models.backends.torch import TorchRunner
-from models.settings import EngineSettings
-from models.source import model_dir
+from models.source import bundled_encoder
 from models.tokenize import TextTokenizer
 
 
-def test_fp32_onnx_runtime_matches_pytorch(encoder, settings: EngineSettings, corpus_texts) -> None:
+def test_fp32_onnx_runtime_matches_pytorch(bundled_cache: dict[str, Path], corpus_texts) -> None:
     """Max abs diff <= 1e-4 on real texts, in padded batches of mixed lengths."""
-    export = next(settings.cache_dir.glob("export-*")) / "model.onnx"
+    export = bundled_cache["export"] / "model.onnx"
     texts = [*corpus_texts[:48], "short", "x " * 400]  # one text is truncated at 256 tokens
-    with OnnxRuntimeRunner(export, "cpu", 2) as ours, TorchRunner(Path(), "cpu", 2) as reference:
-        for batch in TextTokenizer(256).batches(texts, 16):
+    source = bundled_encoder()
+    with (
+        OnnxRuntimeRunner(source, export, "cpu", 2) as ours,
+        TorchRunner(source, Path(), "cpu", 2) as reference,
+    ):
+        for batch in TextTokenizer(source).batches(texts, 16):
             got = ours.infer(batch.input_ids, batch.attention_mask)
             want = reference.infer(batch.input_ids, batch.attention_mask)
             assert np.abs(got - want).max() <= 1e-4
@@ -29,20 +32,19 @@ def test_fp32_onnx_runtime_matches_pytorch(encoder, settings: EngineSettings, co
 def test_reference_is_sentence_transformers(corpus_texts) -> None:
     """Our PyTorch reference (pooling and normalisation in the graph) is the published model."""
     texts = corpus_texts[:16]
-    published = SentenceTransformer(str(model_dir()), device="cpu")
-    published.max_seq_length = 256
+    source = bundled_encoder()
+    published = SentenceTransformer(str(source.folder), device="cpu")
+    assert published.max_seq_length == source.max_seq_length == 256
     want = published.encode(texts, normalize_embeddings=True)
-    with TorchRunner(Path(), "cpu", 2) as reference:
-        batch = next(TextTokenizer(256).batches(texts, 16))
+    with TorchRunner(source, Path(), "cpu", 2) as reference:
+        batch = next(TextTokenizer(source).batches(texts, 16))
         got = np.empty_like(want)
         got[batch.rows] = reference.infer(batch.input_ids, batch.attention_mask)
     assert np.abs(got - want).max() <= 1e-5
 
 
-def test_export_has_dynamic_batch_and_sequence_axes(encoder, settings: EngineSettings) -> None:
-    graph = onnx.load(
-        next(settings.cache_dir.glob("export-*")) / "model.onnx", load_external_data=False
-    ).graph
+def test_export_has_dynamic_batch_and_sequence_axes(bundled_cache: dict[str, Path]) -> None:
+    graph = onnx.load(bundled_cache["export"] / "model.onnx", load_external_data=False).graph
     for tensor in graph.input:
         dims = [d.dim_param or d.dim_value for d in tensor.type.tensor_type.shape.dim]
         assert dims == ["batch", "sequence"]

@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from models import EngineSettings, load_encoder
 from models.gate import cosine_gate
 from models.quantize import QUANTIZERS, int8_dynamic
+from models.source import ModelSource
 
 
 @pytest.mark.parametrize(
@@ -29,7 +30,7 @@ def test_thresholds(cosine: list[float], passed: bool, reason: str) -> None:
     assert (result.passed, result.reason) == (passed, reason)
 
 
-def degraded_int8(fp32: Path, out: Path, calibration: list[str], max_seq_length: int) -> None:
+def degraded_int8(fp32: Path, out: Path, calibration: list[str], source: ModelSource) -> None:
     """A broken quantizer: seeded noise of half a weight's spread on every MatMul weight."""
     model = onnx.load(fp32)
     rng = np.random.default_rng(0)
@@ -40,17 +41,15 @@ def degraded_int8(fp32: Path, out: Path, calibration: list[str], max_seq_length:
             init.CopyFrom(numpy_helper.from_array(noisy, init.name))
     noisy_path = out.with_suffix(".noisy.onnx")
     onnx.save(model, noisy_path)
-    int8_dynamic(noisy_path, out, calibration, max_seq_length)
+    int8_dynamic(noisy_path, out, calibration, source)
     noisy_path.unlink()
 
 
 def test_degraded_engine_fails_gate_and_falls_back(
-    encoder, settings: EngineSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: EngineSettings, bundled_cache: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for export in settings.cache_dir.glob("export-*"):  # reuse the FP32 export, not the INT8 entry
-        shutil.copytree(export, tmp_path / export.name)
-    for reference in settings.cache_dir.glob("reference-*"):
-        shutil.copytree(reference, tmp_path / reference.name)
+    for entry in bundled_cache.values():  # reuse the FP32 export and reference, not the INT8 entry
+        shutil.copytree(entry, tmp_path / entry.name)
     monkeypatch.setitem(QUANTIZERS, "int8-dynamic", degraded_int8)
 
     with load_encoder(settings.model_copy(update={"cache_dir": tmp_path})) as fallback:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from models.errors import ModelError
-from models.labels import LABELS_FILE, LabelHead, LabelSettings, export_head, load_labeler, train_head
-from models.source import EMBEDDING_DIM
+from models.labels import LABELS_FILE, LabelHead, LabelSettings, export_head, load_labeler, top_of, train_head
+
+EMBEDDING_DIM = 384
 
 TRAIN_TEXTS = 400
 """As in the flow's tests: the trained head is cached per training set, so they share it."""
@@ -27,7 +28,7 @@ def test_exported_head_is_softmax_of_the_affine_map(tmp_path: Path) -> None:
     expected /= expected.sum(axis=1, keepdims=True)
     head = LabelHead(tmp_path)
     np.testing.assert_allclose(head.probabilities(x), expected, atol=1e-5)
-    indices, scores = head.top_of(head.probabilities(x), 2)
+    indices, scores = top_of(head.probabilities(x), 2)
     np.testing.assert_array_equal(indices, np.argsort(-expected, axis=1)[:, :2])
     np.testing.assert_allclose(scores, np.sort(expected, axis=1)[:, ::-1][:, :2], atol=1e-5)
 

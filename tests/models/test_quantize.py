@@ -15,33 +15,36 @@ from models.gate import row_cosine
 from models.quantize import QUANTIZERS
 from models.reference_texts import reference_texts
 from models.settings import EngineSettings
+from models.source import bundled_encoder
 from models.tokenize import TextTokenizer
 
 
 @pytest.fixture(scope="module")
-def gate_set(encoder, settings: EngineSettings) -> tuple[list[str], np.ndarray]:
-    texts = reference_texts(settings.reference_corpus, "gate", settings.gate_texts)
-    reference = np.load(next(settings.cache_dir.glob("reference-*")) / "embeddings.npy")
+def gate_set(settings: EngineSettings, bundled_cache: dict[str, Path]) -> tuple[list[str], np.ndarray]:
+    texts = reference_texts(settings.reference, "gate", settings.gate_texts)
+    reference = np.load(bundled_cache["reference"] / "embeddings.npy")
     return texts, reference
 
 
-def quantized(settings: EngineSettings, variant: str, tmp_path: Path) -> Path:
-    export = next(settings.cache_dir.glob("export-*")) / "model.onnx"
-    calibration = reference_texts(settings.reference_corpus, "calibration", settings.calibration_texts)
+def quantized(settings: EngineSettings, export: Path, variant: str, tmp_path: Path) -> Path:
+    calibration = reference_texts(settings.reference, "calibration", settings.calibration_texts)
     out = tmp_path / f"{variant}.onnx"
-    QUANTIZERS[variant](export, out, calibration, settings.max_seq_length)
+    QUANTIZERS[variant](export / "model.onnx", out, calibration, settings.model)
     return out
 
 
 def agreement(path: Path, gate_set: tuple[list[str], np.ndarray]) -> np.ndarray:
     texts, reference = gate_set
-    with OnnxRuntimeRunner(path, "cpu", 2) as runner:
-        return row_cosine(encode_texts(runner, TextTokenizer(256), texts, 16), reference)
+    source = bundled_encoder()
+    with OnnxRuntimeRunner(source, path, "cpu", 2) as runner:
+        return row_cosine(encode_texts(runner, TextTokenizer(source), texts, 16), reference)
 
 
 @pytest.mark.slow
-def test_int8_qdq_is_explicit_symmetric_and_accurate(settings, gate_set, tmp_path: Path) -> None:
-    path = quantized(settings, "int8-qdq", tmp_path)
+def test_int8_qdq_is_explicit_symmetric_and_accurate(
+    settings, bundled_cache, gate_set, tmp_path: Path
+) -> None:
+    path = quantized(settings, bundled_cache["export"], "int8-qdq", tmp_path)
     graph = onnx.load(path).graph
     quantize_nodes = [n for n in graph.node if n.op_type == "QuantizeLinear"]
     assert len(quantize_nodes) >= 24  # 4 weight MatMuls per layer, 6 layers
@@ -54,8 +57,8 @@ def test_int8_qdq_is_explicit_symmetric_and_accurate(settings, gate_set, tmp_pat
     assert cosine.mean() >= 0.99 and cosine.min() >= 0.97
 
 
-def test_fp16_keeps_fp32_io_and_agrees(settings, gate_set, tmp_path: Path) -> None:
-    path = quantized(settings, "fp16", tmp_path)
+def test_fp16_keeps_fp32_io_and_agrees(settings, bundled_cache, gate_set, tmp_path: Path) -> None:
+    path = quantized(settings, bundled_cache["export"], "fp16", tmp_path)
     model = onnx.load(path)
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT

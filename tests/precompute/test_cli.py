@@ -70,7 +70,7 @@ def test_status_shows_each_outputs_versions_and_counts(stores) -> None:
         "recs": [(V1, 7, False), (V2, 7, True)],
     }
     table = invoke("status")
-    assert f"labels (redis): serving {V2}" in table and f"* {V2}" in table
+    assert "labels (labels, redis: " in table and f"): serving {V2}" in table and f"* {V2}" in table
 
 
 def test_rollback_moves_one_output_only(stores) -> None:
@@ -83,9 +83,7 @@ def test_rollback_moves_one_output_only(stores) -> None:
 
 def test_rollback_refuses_what_it_cannot_do(stores) -> None:
     bad_output = CliRunner().invoke(app, ["rollback", "ratings"])
-    assert (
-        bad_output.exit_code == 2 and "'ratings' is not one of embeddings, labels, recs" in bad_output.output
-    )
+    assert bad_output.exit_code == 2 and "'ratings' is not an output of" in bad_output.output
     unknown = CliRunner().invoke(app, ["rollback", "recs", "--to", "20260101T000000Z-nope00"])
     assert (
         unknown.exit_code == 1

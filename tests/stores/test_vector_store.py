@@ -108,6 +108,25 @@ def test_filters_are_an_exact_match_and(store: VectorStore) -> None:
     assert store.search(VECTORS[0], k=3, filter={"section": "nope"}) == []
 
 
+def test_the_dimension_travels_with_the_version_and_changes_only_with_the_model(store: VectorStore) -> None:
+    store.create_version(V1, DIM, {"model": {"hash": "a"}})
+    store.upsert(V1, IDS, VECTORS, payloads(V1))
+    store.finalize(V1)
+    store.publish(V1)
+    assert store.meta(V1) == {"model": {"hash": "a"}, "dim": DIM}
+
+    wider = unit_vectors(N, seed=3).repeat(2, axis=1) / np.sqrt(2)
+    for version, model in ((V2, "a"), (V3, "b")):
+        store.create_version(version, 2 * DIM, {"model": {"hash": model}})
+        store.upsert(version, IDS, wider, payloads(version))
+        store.finalize(version)
+    with pytest.raises(StoreError, match=f"dimension {2 * DIM} differs .* with the same model"):
+        store.publish(V2)
+    assert store.current() == V1
+    store.publish(V3)  # a new model: a new dimension, switched to like any version
+    assert store.current() == V3 and store.search(wider[5], k=1)[0].id == IDS[5]
+
+
 def test_rollback_and_gc_keep_the_current_and_the_newest_others(store: VectorStore) -> None:
     for version in (V1, V2, V3):
         load(store, version)

@@ -1,0 +1,101 @@
+"""`POST /v1/search[/{name}]`: embed the query with the model that made the served version, then search it.
+
+Each embeddings output has its own store and follows its own published version. A version
+records the model that made it (stores/vectors.py `meta`), so when a new model's version is
+published the service embeds queries with that model from then on: its encoder is loaded on
+the first query that needs it (cached by model hash, shared by outputs), and the dimension of
+query and index always agree.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from models import Encoder, EngineSettings, load_encoder
+from models.reference_texts import TextSample
+from models.source import ModelSource
+from stores.vectors import Filter, Hit, VectorStore
+
+WARMUP_TEXT = "warm-up query for the engine and the index"
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    query: str = Field(min_length=1)
+    k: int = Field(10, ge=1)
+    filter: dict[str, str | int | bool] | None = None
+
+
+QUERY_ENGINE = {"streams": 1, "threads": 1, "graph": "query"}
+"""One query per call, one thread: after idle gaps a woken 2-thread pool measured p99 7.3 ms
+against 3.8 ms single-threaded, for a p50 0.4 ms lower. The fused graph suits one short text."""
+
+
+class Encoders:
+    """Query encoders by model hash, loaded once each, on the single-query settings."""
+
+    def __init__(self) -> None:
+        self._encoders: dict[str, Encoder] = {}
+        self._lock = threading.Lock()
+
+    def get(self, engine: EngineSettings, warmup_queries: int = 0) -> Encoder:
+        with self._lock:
+            encoder = self._encoders.get(engine.model.hash)
+            if encoder is None:
+                encoder = load_encoder(engine.model_copy(update=QUERY_ENGINE))
+                for _ in range(warmup_queries):
+                    encoder.encode_query(WARMUP_TEXT)
+                self._encoders[engine.model.hash] = encoder
+            return encoder
+
+    def close(self) -> None:
+        for encoder in self._encoders.values():
+            encoder.close()
+        self._encoders.clear()
+
+
+class Searcher:
+    """One embeddings output: its store, and the encoder of whichever version it serves."""
+
+    def __init__(self, store: VectorStore, encoders: Encoders, engine: EngineSettings) -> None:
+        self.store = store
+        self.encoders = encoders
+        self.engine = engine
+        """The output's engine as the pipeline file states it: a version's own model replaces its model."""
+        self._engines: dict[str, EngineSettings] = {}
+
+    def engine_of(self, version: str) -> EngineSettings:
+        engine = self._engines.get(version)
+        if engine is None:
+            meta = self.store.meta(version)
+            engine = self.engine
+            if "model" in meta:  # else written without one (by hand): the file's model
+                model = ModelSource.model_validate(meta["model"])
+                engine = engine.model_copy(
+                    update={"model": model, "reference": TextSample.model_validate(meta["reference"])}
+                )
+            self._engines = {version: engine}  # one version is served at a time
+        return engine
+
+    def warm(self, queries: int) -> None:
+        """Load and warm the encoders of the file's model and of the served version's, if any."""
+        self.encoders.get(self.engine, warmup_queries=queries)
+        if (version := self.store.current()) is not None:
+            self.encoders.get(self.engine_of(version), warmup_queries=queries)
+
+    def encoder_for(self, version: str) -> Encoder:
+        """Blocking on a model's first query: the engine loads (from the cache, or built)."""
+        return self.encoders.get(self.engine_of(version))
+
+    async def search(self, query: str, k: int, filter: Filter | None) -> tuple[str, list[Hit]]:
+        """(version searched, hits). Raises VersionNotFoundError, StoreUnavailableError, InvalidInputError."""
+        version = self.store.serving()
+        encoder = self.encoder_for(version) if version in self._engines else None
+        if encoder is None:
+            encoder = await anyio.to_thread.run_sync(self.encoder_for, version)
+        vector = encoder.encode_query(query)
+        return version, self.store.search(vector, k, filter, version=version)

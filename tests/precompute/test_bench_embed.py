@@ -1,0 +1,40 @@
+"""`precompute bench embed --model PATH` takes any sentence-transformers folder, however small or odd."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.embed import main
+from tests.models.tiny import HIDDEN, tiny_encoder
+
+KEYS = {
+    "bench",
+    "docs",
+    "mean_tokens",
+    "repeats",
+    "batch_size",
+    "engine",
+    "model",
+    "machine",
+    "streams",
+    "torch_threads",
+    "ours_docs_per_s",
+    "baseline",
+    "baseline_docs_per_s",
+    "ratio",
+    "cosine_mean",
+    "cosine_min",
+}
+
+
+def test_a_random_two_layer_bert_with_cls_pooling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tiny_encoder(tmp_path / "cls", "bert", pooling="cls", normalize=False)
+    monkeypatch.setenv("PRECOMPUTE_ENGINE_CACHE_DIR", str(tmp_path / "engines"))
+    monkeypatch.setenv("PRECOMPUTE_ENGINE_GATE_TEXTS", "64")
+    monkeypatch.setenv("PRECOMPUTE_ENGINE_CALIBRATION_TEXTS", "32")
+    result = main(docs=32, repeats=3, model=str(folder))
+    assert set(result) == KEYS
+    assert result["model"].endswith(f"(bert, {HIDDEN}-d)")
+    assert result["ratio"] > 0 and result["cosine_min"] > 0.97  # against sentence-transformers itself

@@ -1,0 +1,114 @@
+"""The pipeline file: the shipped one is the demo; each mistake is one line naming file, output and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from models.settings import DEMO_CORPUS
+from precompute.cli import app
+from precompute.pipeline import PipelineError, load_pipeline, schema
+from tests.models.tiny import tiny_encoder
+
+CORPUS = f'input = {{ path = "{DEMO_CORPUS}" }}'
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "precompute.toml"
+    path.write_text(body)
+    return path
+
+
+def test_the_shipped_file_is_the_demo() -> None:
+    pipeline = load_pipeline()
+    pipeline.check()
+    assert list(pipeline.outputs) == ["embeddings", "labels", "recs"]
+    assert [pipeline.default(kind) for kind in ("embeddings", "labels", "recs")] == list(pipeline.outputs)
+    assert pipeline.vector_settings("embeddings").name == "corpus"
+    assert pipeline.sources["embeddings"].dim == 384
+    assert pipeline.engine_settings("labels").reference.path == str(DEMO_CORPUS)
+    assert "outputs" in json.loads(schema())["properties"]
+
+
+def test_an_environment_variable_overrides_one_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__EMBEDDINGS__KEEP_VERSIONS", "7")
+    pipeline = load_pipeline()
+    assert pipeline.outputs["embeddings"].keep_versions == 7
+    assert pipeline.outputs["embeddings"].input.path == str(DEMO_CORPUS)  # the rest as in the file
+
+
+@pytest.mark.parametrize(
+    ("body", "where", "message"),
+    [
+        (f'[outputs.docs]\nkind = "embeddings"\n{CORPUS}\nkeep = 3', "outputs.docs.keep", "unknown key"),
+        (
+            f'[outputs.docs]\nkind = "embeddings"\n{CORPUS}\nmodel = {{ path = "no/such/folder" }}',
+            "outputs.docs.model",
+            "does not exist",
+        ),
+        (
+            f'[outputs.docs]\nkind = "embeddings"\ninput = {{ path = "{DEMO_CORPUS}", text = "body" }}',
+            "outputs.docs.input.text",
+            "column 'body' is not in",
+        ),
+        (
+            f'[outputs.a]\nkind = "embeddings"\n{CORPUS}\n[outputs.b]\nkind = "embeddings"\n{CORPUS}\nstore = "a"',
+            "outputs.b.store",
+            "qdrant store 'a' is written by output 'a' too",
+        ),
+        (
+            '[outputs.docs]\nkind = "embeddings"\ninput = { path = "missing.parquet" }',
+            "outputs.docs.input.path",
+            "cannot read Parquet",
+        ),
+        (
+            f'[outputs.tags]\nkind = "labels"\n{CORPUS}',
+            "outputs.tags",
+            "a trained head needs input.label",
+        ),
+        (
+            '[outputs.recs]\nkind = "recs"\ninput = { path = "x.parquet" }\nitems = "docs"',
+            "outputs.recs.items",
+            "",
+        ),
+    ],
+)
+def test_each_mistake_is_one_line_naming_file_output_and_field(
+    body: str, where: str, message: str, tmp_path: Path
+) -> None:
+    path = write(tmp_path, body)
+    with pytest.raises(PipelineError) as raised:
+        load_pipeline(path).check()
+    line = str(raised.value)
+    assert line.startswith(f"{path}: {where}") and message in line and "\n" not in line
+
+
+def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    folder = tiny_encoder(tmp_path / "model", "bert", pooling="mean")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    path = write(tmp_path, f'[outputs.docs]\nkind = "embeddings"\n{CORPUS}\nmodel = {{ path = "model" }}')
+    with pytest.raises(PipelineError, match=r"outputs\.docs\.model: .*architecture 'gpt2' is not supported"):
+        load_pipeline(path).check()
+
+
+def test_check_prints_the_plan_and_refuses_a_bad_file_with_exit_code_2(tmp_path: Path) -> None:
+    runner = CliRunner()
+    tiny_encoder(tmp_path / "model", "distilbert", pooling="cls")
+    good = write(
+        tmp_path,
+        f'[outputs.docs]\nkind = "embeddings"\n{CORPUS}\nmodel = {{ path = "model" }}\nstore = "docs_v1"',
+    )
+    result = runner.invoke(app, ["check", "--pipeline", str(good)])
+    assert result.exit_code == 0, result.output
+    assert "docs (embeddings, default route)" in result.output
+    assert "(distilbert, 32-d, cls pooling, normalised" in result.output
+    assert "collection 'docs_v1'" in result.output
+
+    bad = write(tmp_path, f'[outputs.docs]\nkind = "embeddings"\n{CORPUS}\nkeep = 1')
+    result = runner.invoke(app, ["check", "--pipeline", str(bad)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {bad}: outputs.docs.keep: unknown key"
