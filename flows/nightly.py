@@ -16,10 +16,12 @@ an output that fails leaves the others published: the flow fails after the repor
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +41,8 @@ from jobs.recs_settings import RecsJobSettings
 from jobs.settings import JobSettings
 from models import EngineSettings
 from models.labels import LabelSettings, label_names
-from precompute.pipeline import CorpusInput, InteractionsInput, load_pipeline
+from precompute.pipeline import CorpusInput, InteractionsInput, Pipeline, load_pipeline
+from precompute.run_log import failure_line, root_cause
 from stores.errors import StoreUnavailableError
 from stores.key_value import KeyValueStore
 from stores.redis_settings import RedisSettings
@@ -48,16 +51,17 @@ from stores.vectors import new_version, open_vector_store
 
 Job = TypeVar("Job", LabelsJobReport, RecsJobReport)
 
+log = logging.getLogger(__name__)
+
 TRANSIENT = (StoreUnavailableError, ConnectionError, TimeoutError)
 
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry what a store's outage raised, also from inside a Ray task; never bad data."""
     try:
         state.result()
-    except TRANSIENT:
-        return True
-    except Exception:
-        return False
+    except Exception as e:
+        return isinstance(root_cause(e), TRANSIENT)
     return False
 
 
@@ -95,7 +99,7 @@ def collect_garbage(output: str, stores: VectorStoreSettings, job: JobSettings) 
     """Delete old versions whole, with their staged runs (the cache is the newest run)."""
     with open_vector_store(stores) as store:
         deleted = store.gc(stores.keep_versions)
-    remove_runs(job.work_dir / "runs" / output, deleted)
+        collect_runs(job.work_dir / "runs" / output, store.current(), set(store.versions()))
     return deleted
 
 
@@ -127,7 +131,7 @@ def into_redis(
         except BaseException:
             drop_unpublished(store, store_key, version)
             raise
-    remove_runs(runs, deleted)
+        collect_runs(runs, version, {v.name for v in store.versions(store_key)})
     return report, version, deleted
 
 
@@ -153,6 +157,23 @@ def label(
             corpus, job, labels, engine, sink, run_dir, before_write=size
         ),
     )
+
+
+class SkippedError(Exception):
+    """An output that could not start because one it depends on failed."""
+
+
+class RunFailedError(Exception):
+    """Some outputs failed (the others are published): one line each, and the report's path."""
+
+    def __init__(self, failed: dict[str, str], report: Path) -> None:
+        self.failed, self.report = failed, report
+        lines = "; ".join(f"{output} failed at {why}" for output, why in failed.items())
+        super().__init__(f"{lines}; report: {report}")
+
+
+def report_path(work_dir: Path, run: str) -> Path:
+    return work_dir / "reports" / f"{run}.json"
 
 
 class QualityError(Exception):
@@ -198,10 +219,14 @@ def drop_unpublished(store: KeyValueStore, output: str, version: str) -> None:
             store.drop_version(output, version)
 
 
-def remove_runs(runs: Path, versions: list[str]) -> None:
-    """A deleted version's run folder (its rejects) goes with it."""
-    for version in versions:
-        shutil.rmtree(runs / version, ignore_errors=True)
+def collect_runs(runs: Path, current: str | None, kept: set[str]) -> None:
+    """Delete the run folders (staged parts, rejects) of versions the store no longer holds,
+    and of runs killed before they made one; newer folders are runs in progress."""
+    if current is None or not runs.is_dir():
+        return
+    for run in runs.iterdir():
+        if run.is_dir() and run.name < current and run.name not in kept:
+            shutil.rmtree(run, ignore_errors=True)
 
 
 ROW_STAGES = ("validate", "embed", "load")
@@ -288,7 +313,32 @@ def nightly(pipeline: str | None = None, keep_versions: int | None = None) -> di
     """
     spec = load_pipeline(pipeline)
     spec.check()  # a bad file fails here, in one line, before any job starts
-    job, engine, labels = JobSettings(), EngineSettings(), LabelSettings()
+    job = JobSettings()
+    with one_run_at_a_time(job.work_dir):
+        return run_outputs(spec, job, keep_versions)
+
+
+class RunInProgressError(Exception):
+    """Another run holds the work directory's lock."""
+
+
+@contextlib.contextmanager
+def one_run_at_a_time(work_dir: Path) -> Iterator[None]:
+    """Refuse a second run on the same work directory while one is running: each run's garbage
+    collection would take the other's unpublished versions for a killed run's. The lock goes with
+    the process, so a killed run never leaves it held. (Scheduled runs are one at a time anyway:
+    `precompute schedule` sets the deployment's concurrency limit to 1.)"""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "run.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunInProgressError(f"another run is in progress (it holds {lock.name})") from None
+        yield
+
+
+def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> dict[str, Any]:
+    engine, labels = EngineSettings(), LabelSettings()
     run = new_version()
     outputs: dict[str, Any] = {}
     failed: dict[str, str] = {}
@@ -300,28 +350,39 @@ def nightly(pipeline: str | None = None, keep_versions: int | None = None) -> di
             else settings.model_copy(update={"keep_versions": keep_versions})
         )
 
-    def attempt(output: str, step: Callable[[], dict[str, Any]]) -> None:
+    at = {"step": ""}  # the step each output is in, for its failure line
+
+    def attempt(output: str, run_output: Callable[[], dict[str, Any]]) -> None:
         try:
-            outputs[output] = step()
+            outputs[output] = run_output()
         except Exception as e:  # reported, and the flow fails after the other outputs ran
-            failed[output] = f"{type(e).__name__}: {e}"
+            log.error("output %s failed at %s", output, at["step"], exc_info=e)
+            failed[output] = f"{at['step']}: {failure_line(e)}"
             outputs[output] = {"kind": spec.outputs[output].kind, "published": False, "error": failed[output]}
+
+    def now_at(step: str) -> None:
+        at["step"] = step
 
     def embeddings(name: str) -> dict[str, Any]:
         stores = keep(spec.vector_settings(name))
+        now_at("embed")
         embedded = embed(name, spec.outputs[name].input, stores, job, spec.engine_settings(name, engine))
         version = embedded.version
         seconds: dict[str, float] = {}
         start = time.perf_counter()
         staged = job.work_dir / "runs" / name / version / "embeddings"
+        now_at("validate")
         validation = validate(version, stores, staged, spec.outputs[name].min_recall)
         seconds["validate_version"] = round(time.perf_counter() - start, 2)
         start = time.perf_counter()
+        now_at("publish")
         publish(version, stores)
         seconds["publish"] = round(time.perf_counter() - start, 2)
+        now_at("collect garbage")
         return embeddings_report(embedded, validation, collect_garbage(name, stores, job), seconds)
 
     def labelled(name: str) -> dict[str, Any]:
+        now_at("label")
         return labels_report(
             *label(
                 name,
@@ -336,8 +397,9 @@ def nightly(pipeline: str | None = None, keep_versions: int | None = None) -> di
 
     def recommended(name: str) -> dict[str, Any]:
         items = spec.outputs[name].items
+        now_at("recommend")
         if not outputs[items]["published"]:
-            raise RuntimeError(f"skipped: the embeddings it recommends from ({items}) were not published")
+            raise SkippedError(f"the embeddings it recommends from ({items}) were not published")
         staged = job.work_dir / "runs" / items / outputs[items]["version"] / "embeddings"
         output = spec.outputs[name]
         return recs_report(
@@ -358,14 +420,11 @@ def nightly(pipeline: str | None = None, keep_versions: int | None = None) -> di
             attempt(name, lambda step=step, name=name: step(name))
 
     report = {"run": run, "pipeline": str(spec.path), "outputs": outputs, "failed": failed}
-    path = job.work_dir / "reports" / f"{run}.json"
+    path = report_path(job.work_dir, run)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {run}")
     print(json.dumps(report))
     if failed:
-        published = [output for output, fields in outputs.items() if fields["published"]]
-        raise RuntimeError(
-            f"outputs failed: {failed}; published: {', '.join(published) or 'none'}; report in {path}"
-        )
+        raise RunFailedError(failed, path)
     return report

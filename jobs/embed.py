@@ -112,11 +112,21 @@ def version_meta(engine: EngineSettings) -> dict[str, Any]:
     return {"model": engine.model.model_dump(mode="json"), "reference": engine.reference.model_dump()}
 
 
+def payload_kind(kind: pa.DataType) -> str:
+    """A payload field's type as a search filter sees it: str, int and bool are matched exactly."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "str"
+    if pa.types.is_integer(kind):
+        return "int"
+    return "bool" if pa.types.is_boolean(kind) else str(kind)
+
+
 def load_version(store: VectorStore, version: str, run_dir: Path, meta: dict[str, Any]) -> int:
     """Bulk-load staged parts into a new, unpublished version; index it; return its count."""
     parts = pads.dataset(run_dir, format="parquet")
-    store.create_version(version, parts.schema.field(EMBEDDING).type.list_size, meta)
     payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
+    payload = {c: payload_kind(parts.schema.field(c).type) for c in payload_columns}
+    store.create_version(version, parts.schema.field(EMBEDDING).type.list_size, {**meta, "payload": payload})
     for batch in parts.to_batches(batch_size=LOAD_BATCH):
         table = pa.Table.from_batches([batch])
         ids = [str(i) for i in table["id"].to_pylist()]

@@ -3,13 +3,53 @@ resources every inference actor pool asks for."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psutil
 import ray
 from ray.data import ActorPoolStrategy
+
+LOCAL_START_ATTEMPTS = 3
+"""Ray waits a fixed 30 s for a local node's raylet to register, too little on a loaded machine."""
+
+log = logging.getLogger(__name__)
+
+
+def start_local(num_cpus: int, **options: Any) -> None:
+    """Start a local Ray, retrying a start that timed out; what a failed start left running is
+    stopped first, so no attempt leaks processes."""
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+            return
+        except Exception as e:
+            stop_local()
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise
+            log.warning("local Ray start %d of %d failed (%s); retrying", attempt, LOCAL_START_ATTEMPTS, e)
+
+
+def stop_local() -> None:
+    """Shut Ray down, then stop any of its processes this one started that are still running
+    (a failed start has no node to shut down)."""
+    ray.shutdown()
+    leftovers = [p for p in psutil.Process().children(recursive=True) if _is_ray(p)]
+    for process in leftovers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(leftovers, timeout=10)
+
+
+def _is_ray(process: psutil.Process) -> bool:
+    try:
+        return any("/ray/" in part or part.startswith("ray::") for part in process.cmdline())
+    except psutil.Error:
+        return False
 
 
 @contextmanager
@@ -21,11 +61,14 @@ def ray_session(address: str | None) -> Iterator[None]:
     if address:
         ray.init(address=address)
     else:
-        ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False)
+        start_local(len(os.sched_getaffinity(0)))
     try:
         yield
     finally:
-        ray.shutdown()
+        if address:
+            ray.shutdown()
+        else:
+            stop_local()
 
 
 def actor_pool(size: int, gpus: bool) -> dict[str, Any]:

@@ -30,7 +30,8 @@ from ray.data.expressions import col
 
 from jobs.ray_session import actor_pool, ray_session
 from jobs.recs_settings import RecsJobSettings
-from jobs.validate import REASON, quarantine
+from jobs.validate import REASON, id_key, quarantine
+from models.text_columns import lossless, utf8_errors
 from precompute.pipeline import InteractionsInput
 from stores.records import RANKED, encode_ranked
 
@@ -68,12 +69,12 @@ def row_reason(user_id: object, item_id: object, weight: float | None, index: di
         return "user_id is null"
     if item_id is None:
         return "item_id is null"
-    if weight is not None and math.isnan(weight):
-        return "weight is NaN"
+    if weight is not None and not math.isfinite(weight):
+        return f"weight is {weight}"
     if weight is not None and weight < 0:
         return f"weight {weight} is negative"
-    if str(item_id) not in index:
-        return f"item_id {item_id!r} is not in the item table"
+    if id_key(item_id) not in index:
+        return f"item_id {id_key(item_id)!r} is not in the item table"
     return None
 
 
@@ -90,11 +91,16 @@ def read_interactions(interactions: InteractionsInput) -> ray.data.Dataset:
 
 
 def tag_rejects(batch: pa.Table, index: dict[str, int]) -> pa.Table:
-    """Add `reject_reason` (null for good rows) and the item's position in the item table."""
+    """Add `reject_reason` (null for good rows) and the item's position in the item table; string
+    columns are read as their bytes."""
+    undecodable = utf8_errors(batch, [USER, ITEM])
+    batch = lossless(batch)
     weights = batch[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * batch.num_rows
     users, items = batch[USER].to_pylist(), batch[ITEM].to_pylist()
-    reasons = [row_reason(*row, index) for row in zip(users, items, weights, strict=True)]
-    positions = [None if r else index[str(i)] for r, i in zip(reasons, items, strict=True)]
+    reasons = [
+        bad or row_reason(*row, index) for bad, *row in zip(undecodable, users, items, weights, strict=True)
+    ]
+    positions = [None if r else index[id_key(i)] for r, i in zip(reasons, items, strict=True)]
     return batch.append_column(REASON, pa.array(reasons, pa.string())).append_column(
         INDEX, pa.array(positions, pa.int64())
     )

@@ -13,6 +13,7 @@ import ray
 from ray.data.expressions import col
 
 from models.errors import InvalidInputError, ModelError
+from models.text_columns import as_text, lossless, readable, utf8_errors
 from models.tokenize import check_text
 from precompute.pipeline import CorpusInput
 
@@ -23,19 +24,28 @@ class RejectRatioExceededError(ModelError):
     """Too many bad rows: the input is more likely broken than the rows."""
 
 
+def id_key(value: object) -> str:
+    """An id as the jobs key it; the bytes of a binary or unchecked id never raise here."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
 def duplicate_ids(uri: str, column: str = "id") -> set[str]:
     """Ids that occur more than once. All their rows are rejected: which copy is right is unknowable."""
-    ids = pads.dataset(uri, format="parquet").to_table(columns=[column]).rename_columns(["id"])
+    ids = lossless(pads.dataset(uri, format="parquet").to_table(columns=[column]).rename_columns(["id"]))
     counts = ids.group_by("id").aggregate([("id", "count")])
     repeated = counts.filter(pc.greater(counts["id_count"], 1))["id"]
-    return {str(i) for i in repeated.to_pylist()}
+    return {id_key(i) for i in repeated.to_pylist()}
 
 
-def row_reason(id_: object, text: object, duplicates: Set[str]) -> str | None:
+def row_reason(id_: object, text: object, duplicates: Set[str], max_text_bytes: int) -> str | None:
     if id_ is None:
         return "id is null"
-    if str(id_) in duplicates:
-        return f"id {id_!r} is duplicated"
+    if id_key(id_) in duplicates:
+        return f"id {id_key(id_)!r} is duplicated"
+    if text is None:
+        return "text is null"
+    if isinstance(text, bytes) and len(text) > max_text_bytes:
+        return f"text is {len(text)} bytes, over max_text_bytes={max_text_bytes}"
     try:
         check_text(0, text)
     except InvalidInputError as e:
@@ -43,11 +53,13 @@ def row_reason(id_: object, text: object, duplicates: Set[str]) -> str | None:
     return None
 
 
-def tag_rejects(batch: pa.Table, duplicates: Set[str]) -> pa.Table:
-    """Add a `reject_reason` column: null for good rows."""
+def tag_rejects(batch: pa.Table, duplicates: Set[str], max_text_bytes: int) -> pa.Table:
+    """Add a `reject_reason` column (null for good rows), string columns read as their bytes."""
+    undecodable = utf8_errors(batch)
+    batch = lossless(batch)
     reasons = [
-        row_reason(i, t, duplicates)
-        for i, t in zip(batch["id"].to_pylist(), batch["text"].to_pylist(), strict=True)
+        bad or row_reason(i, t, duplicates, max_text_bytes)
+        for bad, i, t in zip(undecodable, batch["id"].to_pylist(), batch["text"].to_pylist(), strict=True)
     ]
     return batch.append_column(REASON, pa.array(reasons, type=pa.string()))
 
@@ -58,7 +70,7 @@ def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: Path
     tables = [t for t in ray.get(rejects.to_arrow_refs()) if t.num_rows]
     path.parent.mkdir(parents=True, exist_ok=True)
     if tables:
-        pq.write_table(pa.concat_tables(tables), path)
+        pq.write_table(readable(pa.concat_tables(tables)), path)
     count = sum(t.num_rows for t in tables)
     if rows and count / rows > max_ratio:
         raise RejectRatioExceededError(
@@ -74,12 +86,28 @@ def canonical_columns(corpus: CorpusInput) -> dict[str, str]:
 
 def validated_corpus(corpus: CorpusInput, rejects_path: Path) -> tuple[ray.data.Dataset, int, int]:
     """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first."""
-    rows = pads.dataset(corpus.path, format="parquet").count_rows()
+    source = pads.dataset(corpus.path, format="parquet")
+    rows = source.count_rows()
+    renames = canonical_columns(corpus)
+    schema = pa.schema(
+        [f.with_name(renames.get(f.name, f.name)) for f in source.schema], source.schema.metadata
+    )
     dataset = ray.data.read_parquet(corpus.path)
-    if renames := canonical_columns(corpus):
+    if renames:
         dataset = dataset.rename_columns(renames)
     tagged = dataset.map_batches(
-        tag_rejects, batch_format="pyarrow", fn_kwargs={"duplicates": duplicate_ids(corpus.path, corpus.id)}
+        tag_rejects,
+        batch_format="pyarrow",
+        fn_kwargs={
+            "duplicates": duplicate_ids(corpus.path, corpus.id),
+            "max_text_bytes": corpus.max_text_bytes,
+        },
     )
     rejects = quarantine(tagged, rows, corpus.max_reject_ratio, rejects_path)
-    return tagged.filter(expr=col(REASON).is_null()).drop_columns([REASON]), rows, rejects
+    good = tagged.filter(expr=col(REASON).is_null()).drop_columns([REASON])
+    # Good rows' bytes are UTF-8: back to strings, the id and text columns whatever their type was.
+    return good.map_batches(restore, batch_format="pyarrow", fn_kwargs={"schema": schema}), rows, rejects
+
+
+def restore(batch: pa.Table, schema: pa.Schema) -> pa.Table:
+    return batch.cast(as_text(schema, ["id", "text"]))

@@ -12,23 +12,24 @@ reaches that output: such ids are read through the named route.
 
 from __future__ import annotations
 
+import hmac
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from lookup.errors import Refused, error
+from lookup.errors import Refused, error, unavailable, validated_body
 from lookup.keys import LABELS, RECS, Handler, KeyLookups
 from lookup.metrics import Metrics
 from lookup.openapi import openapi_document
-from lookup.search import Encoders, Searcher, SearchRequest
+from lookup.search import Encoders, FilterError, Searcher, SearchRequest
 from lookup.settings import ServiceSettings
 from models import EngineSettings, InvalidInputError
 from precompute.pipeline import Pipeline, load_pipeline
@@ -37,6 +38,8 @@ from stores.key_value_reader import KeyValueReader
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store, version_age
+
+log = logging.getLogger("lookup")
 
 
 class Service:
@@ -67,11 +70,12 @@ class Service:
         for name in self.pipeline.of_kind("embeddings"):
             store = open_vector_store(self.pipeline.vector_settings(name, self.store_settings))
             engine = self.pipeline.engine_settings(name, self.engine_settings)
-            searcher = Searcher(store, self.encoders, engine)
+            searcher = Searcher(name, store, self.encoders, engine)
             await anyio.to_thread.run_sync(searcher.warm, self.settings.warmup_queries)
             searchers[name] = searcher
         self.searchers = searchers
         self.keys.reader = KeyValueReader(self.redis_settings)
+        log.info("serving on http://%s:%d: %s", self.settings.host, self.settings.port, await self.served())
         yield
         await self.keys.reader.aclose()
         self.keys.reader = None
@@ -79,6 +83,24 @@ class Service:
             searcher.store.close()
         self.searchers = {}
         self.encoders.close()
+
+    async def served(self) -> str:
+        """Each output and the version it serves, for the start-up line of the log."""
+        versions: dict[str, str | None] = {}
+        for name, searcher in self.searchers.items():
+            try:
+                versions[name] = searcher.store.current()
+            except StoreUnavailableError as e:
+                searcher.health.failed(e)
+                versions[name] = "(store unavailable)"
+        try:
+            versions.update(await self.keys.versions())
+        except StoreUnavailableError as e:
+            self.keys.health.failed(e)
+            versions.update(dict.fromkeys(self.keys.outputs, "(store unavailable)"))
+        return ", ".join(
+            f"{name} {versions.get(name) or '(nothing published)'}" for name in self.pipeline.outputs
+        )
 
     def search(self, name: str) -> Handler:
         async def search(request: Request) -> Response:
@@ -89,15 +111,7 @@ class Service:
 
     async def search_output(self, name: str, request: Request) -> Response:
         """Embed `query`, return the `k` nearest documents of the published version (with `filter`)."""
-        try:
-            body = await request.json()
-        except ValueError:
-            return error(400, "body must be JSON")
-        try:
-            req = SearchRequest.model_validate(body)
-        except ValidationError as e:
-            first = e.errors()[0]
-            return error(422, first["msg"], field=".".join(map(str, first["loc"])))
+        req = await validated_body(request, SearchRequest, self.settings)
         if len(req.query) > self.settings.max_query_chars:
             return error(
                 422, f"query is longer than {self.settings.max_query_chars} characters", field="query"
@@ -111,13 +125,15 @@ class Service:
             version, hits = await searcher.search(req.query, req.k, req.filter)
         except InvalidInputError as e:
             return error(422, e.reason, field="query")
+        except FilterError as e:
+            return error(422, str(e), field=f"filter.{e.key}")
         except VersionNotFoundError:
             return error(503, f"no version of {name} is published yet", headers={"Retry-After": "5"})
         except StoreUnavailableError as e:
             self.metrics.store_errors.labels(name).inc()
-            return error(
-                503, f"vector store unavailable: {e}", headers={"Retry-After": str(int(e.retry_after) or 1)}
-            )
+            searcher.health.failed(e)
+            return unavailable("vector store", e)
+        searcher.health.ok()
         return JSONResponse(
             {"version": version, "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits]}
         )
@@ -134,21 +150,25 @@ class Service:
         only some of them is still ready to serve those.
         """
         if not self.searchers and self.pipeline.of_kind("embeddings"):
-            return error(503, "warming up")
+            return error(503, "warming up", headers={"Retry-After": "1"})
         versions: dict[str, str | None] = {}
         engines: dict[str, str] = {}
-        try:
-            for name, searcher in self.searchers.items():
+        for name, searcher in self.searchers.items():
+            try:
                 versions[name] = searcher.store.current()
-                if versions[name] is not None:
-                    report = searcher.encoder_for(versions[name]).report
-                    engines[name] = f"{report.backend}/{report.device}/{report.precision}"
-        except StoreUnavailableError as e:
-            return error(503, f"vector store unavailable: {e}")
+            except StoreUnavailableError as e:
+                searcher.health.failed(e)
+                return unavailable("vector store", e)
+            searcher.health.ok()
+            if versions[name] is not None:
+                report = searcher.encoder_for(versions[name]).report
+                engines[name] = f"{report.backend}/{report.device}/{report.precision}"
         try:
             versions.update(await self.keys.versions())
         except StoreUnavailableError as e:
-            return error(503, str(e))
+            self.keys.health.failed(e)
+            return unavailable("key-value store", e)
+        self.keys.health.ok()
         for output, version in versions.items():
             if version is not None:
                 self.metrics.version_age.labels(output).set(version_age(version))
@@ -160,13 +180,14 @@ class Service:
     def timed(self, route: str, handler: Handler) -> Handler:
         """Latency histogram per route, and optional bearer-token auth on /v1/*."""
         token = self.settings.auth_token
+        expected = None if token is None else f"Bearer {token}".encode()
 
         async def wrapped(request: Request) -> Response:
             start = time.perf_counter()
             if (
-                token
+                expected is not None
                 and route.startswith("/v1/")
-                and request.headers.get("authorization") != f"Bearer {token}"
+                and not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
             ):
                 response: Response = error(401, "missing or wrong bearer token")
             else:

@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from lookup.errors import Refused, error
+from lookup.errors import Refused, error, unavailable, validated_body
 from lookup.metrics import Metrics
+from lookup.outages import StoreHealth
 from lookup.settings import ServiceSettings
 from precompute.pipeline import Pipeline
 from stores.errors import StoreUnavailableError, VersionNotFoundError
@@ -54,6 +55,8 @@ class Output:
     entry: str
     """%-template of one entry of the list: the vocabulary entry (JSON) and the score."""
     batch_model: type[LabelsBatchGet]
+    max_k: int = 0
+    """The most entries a record holds (the pipeline file's `k` of a recs output): a larger `k` is refused."""
 
     @property
     def takes_k(self) -> bool:
@@ -105,12 +108,17 @@ class KeyLookups:
         self.settings = settings
         self.metrics = metrics
         self.outputs = {
-            name: dataclasses.replace(KINDS[output.kind], name=pipeline.store(name))
+            name: dataclasses.replace(
+                KINDS[output.kind],
+                name=pipeline.store(name),
+                max_k=min(settings.max_k, getattr(output, "k", 0)),
+            )
             for name, output in pipeline.outputs.items()
             if output.kind in KINDS
         }
         """The labels and recs outputs of the pipeline file, by name."""
         self.reader: KeyValueReader | None = None
+        self.health = StoreHealth("redis")
         self._vocabularies: dict[tuple[str, str], Vocabulary] = {}
 
     def get(self, name: str) -> Handler:
@@ -127,7 +135,7 @@ class KeyLookups:
                     if name not in params:
                         raise Refused(error(422, f"unknown query parameter {name!r}", field=name))
                 if "k" in query:
-                    k = parse_k(query["k"], settings.max_k)
+                    k = parse_k(query["k"], output.max_k)
             version, vocabulary, (value,) = await self.read(output, [item_id])
             if value is None:
                 return error(
@@ -149,22 +157,14 @@ class KeyLookups:
         settings, output = self.settings, self.outputs[name]
 
         async def batch_get(request: Request) -> Response:
-            try:
-                body = await request.json()
-            except ValueError:
-                return error(400, "body must be JSON")
-            try:
-                req = output.batch_model.model_validate(body)
-            except ValidationError as e:
-                first = e.errors()[0]
-                return error(422, first["msg"], field=".".join(map(str, first["loc"])))
+            req = await validated_body(request, output.batch_model, settings)
             if len(req.ids) > settings.max_batch_ids:
                 return error(422, f"at most {settings.max_batch_ids} ids per call", field="ids")
             for i, item_id in enumerate(req.ids):
                 check_id(item_id, f"ids.{i}", settings.max_id_chars)
             k = getattr(req, "k", None)
-            if k is not None and k > settings.max_k:
-                return error(422, f"k must be at most {settings.max_k}", field="k")
+            if k is not None and k > output.max_k:
+                return error(422, f"k must be at most {output.max_k}: the most a record holds", field="k")
             version, vocabulary, values = await self.read(output, req.ids)
             results, missing = [], []
             for item_id, value in zip(req.ids, values, strict=True):
@@ -189,8 +189,9 @@ class KeyLookups:
         reader = self.open_reader()
         try:
             version, values = await reader.get_many(output.name, ids)
-            return version, await self.vocabulary(reader, output, version), values
+            vocabulary = await self.vocabulary(reader, output, version)
         except VersionNotFoundError:
+            self.health.ok()
             raise Refused(
                 error(
                     503,
@@ -200,7 +201,10 @@ class KeyLookups:
             ) from None
         except StoreUnavailableError as e:
             self.metrics.store_errors.labels(output.name).inc()
-            raise Refused(error(503, str(e), headers={"Retry-After": str(int(e.retry_after) or 1)})) from None
+            self.health.failed(e)
+            raise Refused(unavailable("key-value store", e)) from None
+        self.health.ok()
+        return version, vocabulary, values
 
     def open_reader(self) -> KeyValueReader:
         if self.reader is None:

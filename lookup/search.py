@@ -10,10 +10,12 @@ query and index always agree.
 from __future__ import annotations
 
 import threading
+from typing import Annotated
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from lookup.outages import StoreHealth
 from models import Encoder, EngineSettings, load_encoder
 from models.reference_texts import TextSample
 from models.source import ModelSource
@@ -22,12 +24,33 @@ from stores.vectors import Filter, Hit, VectorStore
 WARMUP_TEXT = "warm-up query for the engine and the index"
 
 
+FilterKey = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""A payload field's name: no control characters (Qdrant refuses a NUL)."""
+INT64 = range(-(2**63), 2**63)
+"""Payload integers are int64."""
+
+
+class FilterError(ValueError):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     query: str = Field(min_length=1)
     k: int = Field(10, ge=1)
-    filter: dict[str, str | int | bool] | None = None
+    filter: Annotated[dict[FilterKey, str | int | bool], Field(max_length=16)] | None = None
+    """Exact matches, all of them, on fields of the version's payload."""
+
+    @field_validator("filter")
+    @classmethod
+    def _int64(cls, value: dict[str, str | int | bool] | None) -> dict[str, str | int | bool] | None:
+        for key, v in (value or {}).items():
+            if isinstance(v, int) and v not in INT64:
+                raise ValueError(f"the value of {key!r} is outside int64")
+        return value
 
 
 QUERY_ENGINE = {"streams": 1, "threads": 1, "graph": "query"}
@@ -61,12 +84,14 @@ class Encoders:
 class Searcher:
     """One embeddings output: its store, and the encoder of whichever version it serves."""
 
-    def __init__(self, store: VectorStore, encoders: Encoders, engine: EngineSettings) -> None:
+    def __init__(self, name: str, store: VectorStore, encoders: Encoders, engine: EngineSettings) -> None:
+        self.health = StoreHealth(f"vector store of {name}")
         self.store = store
         self.encoders = encoders
         self.engine = engine
         """The output's engine as the pipeline file states it: a version's own model replaces its model."""
         self._engines: dict[str, EngineSettings] = {}
+        self._payloads: dict[str, dict[str, str] | None] = {}
 
     def engine_of(self, version: str) -> EngineSettings:
         engine = self._engines.get(version)
@@ -79,7 +104,25 @@ class Searcher:
                     update={"model": model, "reference": TextSample.model_validate(meta["reference"])}
                 )
             self._engines = {version: engine}  # one version is served at a time
+            self._payloads = {version: meta.get("payload")}
         return engine
+
+    def check_filter(self, version: str, filter: Filter) -> None:
+        """Raise FilterError unless each key is a field of the version's payload, with a value of
+        its type: a filter on a field that does not exist would match nothing, silently."""
+        self.engine_of(version)
+        fields = self._payloads[version]
+        if fields is None:  # a version written without its payload's schema
+            return
+        for key, value in filter.items():
+            if key not in fields:
+                raise FilterError(
+                    key, f"no payload field {key!r} (the fields are {', '.join(sorted(fields))})"
+                )
+            if type(value).__name__ != fields[key]:
+                raise FilterError(
+                    key, f"payload field {key!r} holds {fields[key]}, not {type(value).__name__}"
+                )
 
     def warm(self, queries: int) -> None:
         """Load and warm the encoders of the file's model and of the served version's, if any."""
@@ -92,10 +135,13 @@ class Searcher:
         return self.encoders.get(self.engine_of(version))
 
     async def search(self, query: str, k: int, filter: Filter | None) -> tuple[str, list[Hit]]:
-        """(version searched, hits). Raises VersionNotFoundError, StoreUnavailableError, InvalidInputError."""
+        """(version searched, hits). Raises VersionNotFoundError, StoreUnavailableError,
+        InvalidInputError (the query), FilterError."""
         version = self.store.serving()
         encoder = self.encoder_for(version) if version in self._engines else None
         if encoder is None:
             encoder = await anyio.to_thread.run_sync(self.encoder_for, version)
+        if filter:
+            self.check_filter(version, filter)
         vector = encoder.encode_query(query)
         return version, self.store.search(vector, k, filter, version=version)

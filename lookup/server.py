@@ -6,16 +6,20 @@ caller's interpreter, and it reads the published version from the store like any
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import uvicorn
 from pydantic_settings import BaseSettings
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lookup.app import create_app
 from lookup.settings import ServiceSettings
@@ -24,9 +28,58 @@ from precompute.pipeline import Pipeline
 READY_TIMEOUT_S = 300
 
 
+class DeadlineH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's head (request line and headers).
+
+    uvicorn closes an idle keep-alive connection only between requests, and every byte received
+    restarts that timer: a client that connects and sends nothing, or sends its headers a byte at
+    a time, would hold a socket (and a file descriptor) for as long as it likes.
+    """
+
+    head_timeout_s = 10.0
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._deadline is not None and self.cycle is not None and not self.cycle.response_complete:
+            self._deadline.cancel()  # the head is in: the app reads the body, under its own deadline
+            self._deadline = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is None or self.cycle.response_complete:  # no pipelined request started
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if not self.transport.is_closing():
+            self._deadline = self.loop.call_later(self.head_timeout_s, self.transport.close)
+
+
 def serve(settings: ServiceSettings, pipeline: Pipeline | None = None) -> None:
-    app = create_app(settings, pipeline=pipeline)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    """Serve in the foreground; its log (address, versions, store outages) goes to stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    protocol = type(
+        "DeadlineH11Protocol", (DeadlineH11Protocol,), {"head_timeout_s": settings.request_timeout_s}
+    )
+    uvicorn.run(
+        create_app(settings, pipeline=pipeline),
+        host=settings.host,
+        port=settings.port,
+        http=protocol,
+        limit_concurrency=settings.max_connections,
+        log_level="warning",
+    )
 
 
 def as_environment(*settings: BaseSettings) -> dict[str, str]:
@@ -42,14 +95,20 @@ def as_environment(*settings: BaseSettings) -> dict[str, str]:
 
 @contextmanager
 def running(
-    settings: ServiceSettings, *others: BaseSettings, pipeline: Pipeline | None = None
+    settings: ServiceSettings,
+    *others: BaseSettings,
+    pipeline: Pipeline | None = None,
+    log: Path | None = None,
 ) -> Iterator[str]:
     """Start `precompute serve` with these settings (and pipeline file), wait until /readyz is 200,
-    yield its base URL."""
+    yield its base URL. `log`: a file for its output (default: this process's stderr)."""
     env = {**os.environ, **as_environment(settings, *others)}
     if pipeline is not None:
         env["PRECOMPUTE_PIPELINE"] = str(pipeline.path)
-    child = subprocess.Popen([sys.executable, "-m", "precompute", "serve"], env=env)
+    output = open(log, "ab") if log is not None else None
+    child = subprocess.Popen(
+        [sys.executable, "-m", "precompute", "serve"], env=env, stdout=output, stderr=output
+    )
     base = f"http://{settings.host}:{settings.port}"
     deadline = time.monotonic() + READY_TIMEOUT_S
     try:
@@ -66,3 +125,5 @@ def running(
     finally:
         child.terminate()
         child.wait(timeout=30)
+        if output is not None:
+            output.close()

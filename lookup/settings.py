@@ -23,6 +23,17 @@ class ServiceSettings(BaseSettings):
     max_id_chars: int = Field(256, ge=1)
     """Longer ids in key lookups are refused (422) before they reach Redis."""
 
+    max_body_bytes: int = Field(262_144, ge=1024)
+    """Larger request bodies are refused (413) unread: a full batchGet of long ids fits."""
+
+    request_timeout_s: float = Field(10.0, gt=0)
+    """A request's head (line and headers) must arrive within this after its connection opened or
+    its previous answer left, else the connection is closed; its body then within this again, else
+    408. Idle, half-open and byte-at-a-time clients hold no socket for longer."""
+
+    max_connections: int = Field(1000, ge=1)
+    """Connections (and requests in flight) beyond this get 503 at once, before any work."""
+
     max_batch_ids: int = Field(500, ge=1)
     """Ids per batchGet: one pipeline of that many reads, and an answer about that many times
     a single one; larger batches hold the event loop (and Redis) longer for everyone else."""

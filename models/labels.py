@@ -54,6 +54,7 @@ from models.engine_cache import EngineCache
 from models.errors import GateFailedError, ModelError
 from models.reference_texts import SPLIT_SLOT, TextSample, reference_texts, split_slot
 from models.settings import DEMO_CORPUS, EngineSettings
+from models.text_columns import decodable_rows
 
 RECIPE = "softmax-regression/lbfgs/l2-1e-4/v1"
 HEAD_FILE = "head.onnx"
@@ -205,7 +206,7 @@ def _train(labels: LabelSettings, engine: EngineSettings, directory: Path) -> No
     table = table.rename_columns(["id", "text", column])
     rows = [
         r
-        for r in table.to_pylist()
+        for r in decodable_rows(table)  # a row of invalid UTF-8 is the job's to quarantine
         if r["text"] and r["text"].strip() and r[column] and split_slot(r["id"]) != SPLIT_SLOT["gate"]
     ]
     names = sorted({r[labels.column] for r in rows})

@@ -14,6 +14,7 @@ import pyarrow.dataset as pads
 from pydantic import BaseModel, ConfigDict
 
 from models.errors import ModelError
+from models.text_columns import decodable_rows
 
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
 
@@ -34,13 +35,6 @@ def split_slot(id_: object) -> int:
     return hashlib.sha256(str(id_).encode()).digest()[0] % 10
 
 
-def _decoded(data: bytes) -> str | None:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 def reference_texts(sample: TextSample, purpose: Literal["gate", "calibration"], count: int) -> list[str]:
     """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10)."""
     try:
@@ -50,12 +44,10 @@ def reference_texts(sample: TextSample, purpose: Literal["gate", "calibration"],
             f"reference texts {sample.path}: cannot read columns {sample.id}, {sample.text} ({e})"
         ) from e
     slot = SPLIT_SLOT[purpose]
-    # As bytes: a row of invalid UTF-8 is skipped here (the job quarantines it), not a crash.
-    raw = table[sample.text].cast(pa.binary()).to_pylist()
     texts = [
         text
-        for id_, data in zip(table[sample.id].to_pylist(), raw, strict=True)
-        if data and split_slot(id_) == slot and (text := _decoded(data)) and text.strip()
+        for row in decodable_rows(table)  # a row of invalid UTF-8 is the job's to quarantine
+        if isinstance(text := row[sample.text], str) and text.strip() and split_slot(row[sample.id]) == slot
     ]
     if len(texts) < count:
         raise ModelError(

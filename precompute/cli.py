@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
 
 # Prefect's temporary server otherwise tries to report telemetry, which fails offline.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# ... and is given 20 s to start, too few on a loaded machine: the run failed before any work.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 app = typer.Typer(no_args_is_help=True, help=__doc__)
 engine_app = typer.Typer(no_args_is_help=True, help="Build and inspect inference engines.")
@@ -56,11 +59,35 @@ def demo() -> None:
 
 @app.command()
 def run(pipeline: PipelineOption = None) -> None:
-    """Run the nightly flow now: every output of the pipeline file, each validated and published."""
-    checked = checked_pipeline(pipeline)
-    from flows.nightly import nightly
+    """Run the nightly flow now: every output of the pipeline file, each validated and published.
 
-    nightly(pipeline=str(checked.path))
+    One line per output; logs and tracebacks go to a file under the work directory. Exit code 2:
+    the pipeline file or an input is refused before any job; 1: an output failed (the others
+    are published)."""
+    checked = checked_pipeline(pipeline)
+    from flows.nightly import RunFailedError, nightly, report_path
+    from jobs.settings import JobSettings
+    from precompute.run_log import failure_line, output_to_file
+
+    work_dir = JobSettings().work_dir
+    with output_to_file(work_dir / "logs") as (log, out, err):
+        try:
+            report = nightly(pipeline=str(checked.path))
+        except RunFailedError as e:
+            for output, why in e.failed.items():
+                typer.echo(f"error: {output} failed at {why}", file=err)
+            typer.echo(f"report: {e.report}, log: {log}", file=err)
+            raise typer.Exit(1) from None
+        except Exception as e:  # the flow itself failed: another run in progress, Prefect's API, a bug
+            logging.getLogger(__name__).exception("the run failed")
+            typer.echo(f"error: the run failed: {failure_line(e)} (log: {log})", file=err)
+            raise typer.Exit(1) from None
+        for output, fields in report["outputs"].items():
+            typer.echo(
+                f"{output}: published {fields['version']} ({fields['rows']} rows, {fields['rejects']} rejected)",
+                file=out,
+            )
+        typer.echo(f"report: {report_path(work_dir, report['run'])}, log: {log}", file=out)
 
 
 @app.command()

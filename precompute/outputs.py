@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from precompute.pipeline import Pipeline
+from stores.errors import StoreUnavailableError
 from stores.key_value import KeyValueStore
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
@@ -35,31 +36,38 @@ class OutputStatus:
     current: str | None
     versions: list[Version]
     """Oldest first; the published one included (current=True)."""
+    unavailable: str | None = None
+    """Why the store could not be read, when it could not."""
 
 
 def status(pipeline: Pipeline, vectors: VectorStoreSettings, redis: RedisSettings) -> list[OutputStatus]:
-    """Every output of the pipeline file, in its order."""
+    """Every output of the pipeline file, in its order; an output whose store does not answer
+    says so (`unavailable`) instead of failing the others."""
     statuses = []
     now = datetime.now(UTC)
     with KeyValueStore(redis) as key_values:
         for name, output in pipeline.outputs.items():
-            if output.kind == "embeddings":
-                settings = pipeline.vector_settings(name, vectors)
-                with open_vector_store(settings) as store:
-                    current = store.current()
+            current, versions, unavailable = None, [], None
+            try:
+                if output.kind == "embeddings":
+                    settings = pipeline.vector_settings(name, vectors)
+                    where = f"qdrant {settings.type}: {settings.name}"
+                    with open_vector_store(settings) as store:
+                        current = store.current()
+                        versions = [
+                            Version(v, store.count(v), version_age(v), v == current) for v in store.versions()
+                        ]
+                else:
+                    key = pipeline.store(name)
+                    where = f"redis: {redis.prefix}:{key}"
                     versions = [
-                        Version(v, store.count(v), version_age(v), v == current) for v in store.versions()
+                        Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
+                        for v in key_values.versions(key)
                     ]
-                where = f"qdrant {settings.type}: {settings.name}"
-            else:
-                key = pipeline.store(name)
-                versions = [
-                    Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
-                    for v in key_values.versions(key)
-                ]
-                current = next((v.name for v in versions if v.current), None)
-                where = f"redis: {redis.prefix}:{key}"
-            statuses.append(OutputStatus(name, output.kind, where, current, versions))
+                    current = next((v.name for v in versions if v.current), None)
+            except StoreUnavailableError as e:
+                unavailable = str(e)
+            statuses.append(OutputStatus(name, output.kind, where, current, versions, unavailable))
     return statuses
 
 
@@ -86,9 +94,9 @@ def render(statuses: list[OutputStatus]) -> str:
     """One block per output: the published version first, then the ones a rollback can reach."""
     lines = []
     for s in statuses:
+        served = f"serving {s.current}" if s.current else "nothing published"
         lines.append(
-            f"{s.output} ({s.kind}, {s.store}): "
-            + (f"serving {s.current}" if s.current else "nothing published")
+            f"{s.output} ({s.kind}, {s.store}): {f'unavailable: {s.unavailable}' if s.unavailable else served}"
         )
         for v in reversed(s.versions):
             mark = "*" if v.current else " "

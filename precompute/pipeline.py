@@ -44,12 +44,35 @@ from models.labels import LabelSettings
 from models.reference_texts import TextSample
 from models.settings import EngineSettings, Precision
 from models.source import BUNDLED_PACKAGE, ModelSource, Pooling, package_folder, read_classifier, read_encoder
+from models.text_columns import TEXT_TYPES
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 
 SHIPPED = Path(__file__).resolve().parents[1] / "precompute.toml"
 FILE_NAME = "precompute.toml"
 NAME = r"^[a-z][a-z0-9_]{0,47}$"
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return kind in TEXT_TYPES
+
+
+def _is_key(kind: pa.DataType) -> bool:
+    return kind in TEXT_TYPES or pa.types.is_integer(kind)
+
+
+COLUMN_TYPES = {
+    "id": (_is_key, "strings, bytes or integers"),
+    "text": (_is_text, "strings or UTF-8 bytes"),
+    "label": (
+        lambda kind: pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind),
+        "strings or integers",
+    ),
+    "user": (_is_key, "strings, bytes or integers"),
+    "item": (_is_key, "strings, bytes or integers"),
+    "weight": (lambda kind: pa.types.is_integer(kind) or pa.types.is_floating(kind), "numbers"),
+}
+"""What each input column may hold: anything else is refused before a job reads a row."""
 Kind = Literal["embeddings", "labels", "recs"]
 
 
@@ -106,6 +129,8 @@ class CorpusInput(TextSample):
 
     label: str | None = None
     """Labels with a trained head: the column it learns from."""
+    max_text_bytes: int = Field(1_000_000, ge=1)
+    """A longer text is rejected, not read: the model sees its first few hundred tokens anyway."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails, before any inference, when more than this share of rows is rejected."""
 
@@ -255,12 +280,19 @@ class Pipeline(Spec):
             wanted = {"id": spec.id, "text": spec.text}
             if spec.label is not None and getattr(output, "classifier", None) is None:
                 wanted["label"] = spec.label
+        schema = dataset.schema
         for field, column in wanted.items():
-            if column not in dataset.schema.names:
+            if column not in schema.names:
                 raise self.error(
                     name,
                     f"input.{field}",
-                    f"column {column!r} is not in {spec.path} (it has {', '.join(dataset.schema.names)})",
+                    f"column {column!r} is not in {spec.path} (it has {', '.join(schema.names)})",
+                )
+            kind = schema.field(column).type
+            accepts, expected = COLUMN_TYPES[field]
+            if not accepts(kind):
+                raise self.error(
+                    name, f"input.{field}", f"column {column!r} of {spec.path} is {kind}, not {expected}"
                 )
 
     # How each output's spec becomes the settings its job, engine and store take: the file's

@@ -53,9 +53,10 @@ WRONG_SAMPLES_SHOWN = 5
 FLIP = """
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 return 1
 """
-"""KEYS pointer, registry; ARGV version. Publish a version only while it is registered."""
+"""KEYS pointer, registry, published; ARGV version, time. Publish a version only while it is registered."""
 
 CLAIM = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
@@ -63,9 +64,10 @@ local entry = redis.call('HGET', KEYS[2], ARGV[1])
 if not entry then return -1 end
 redis.call('HSET', KEYS[3], ARGV[1], entry)
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
 return 1
 """
-"""KEYS pointer, registry, dropping; ARGV version. Move an unpublished version to `dropping`:
+"""KEYS pointer, registry, dropping, published; ARGV version. Move an unpublished version to `dropping`:
 its entry stays there until its last key is gone, so an interrupted deletion is finished later."""
 
 Client = redis.Redis | RedisCluster
@@ -222,7 +224,8 @@ class KeyValueStore:
                 raise VersionNotFoundError(
                     f"nothing of output {output!r} is published: nothing to roll back from"
                 )
-            older = [v for v in self._names(keys) if v < current]
+            published = self._published(keys)
+            older = [v for v in self._names(keys) if v < current and v in published]
             if not older:
                 raise VersionNotFoundError(
                     f"no version of output {output!r} older than {current!r} to roll back to"
@@ -268,7 +271,8 @@ class KeyValueStore:
     def _flip(self, keys: OutputKeys, version: str) -> None:
         self._buckets.pop((keys.output, version), None)  # so a later write re-checks, and is refused
         with unavailable_as_store_error(self.settings):
-            flipped = self._client.eval(FLIP, 2, keys.pointer, keys.registry, version)
+            now = datetime.now(UTC).isoformat(timespec="seconds")
+            flipped = self._client.eval(FLIP, 3, keys.pointer, keys.registry, keys.published, version, now)
         if not flipped:
             raise VersionNotFoundError(f"version {version!r} of output {keys.output!r} was deleted meanwhile")
 
@@ -300,6 +304,10 @@ class KeyValueStore:
         with unavailable_as_store_error(self.settings):
             return sorted(name.decode() for name in self._client.hkeys(keys.registry))
 
+    def _published(self, keys: OutputKeys) -> set[str]:
+        with unavailable_as_store_error(self.settings):
+            return {name.decode() for name in self._client.hkeys(keys.published)}
+
     def _entry(self, keys: OutputKeys, version: str) -> dict[str, Any]:
         with unavailable_as_store_error(self.settings):
             raw = self._client.hget(keys.registry, version)
@@ -310,15 +318,21 @@ class KeyValueStore:
     # -- deleting ---------------------------------------------------------------------------
 
     def collect_garbage(self, output: str) -> list[str]:
-        """Delete all versions but the published one and the `keep_versions` newest others.
+        """Delete all versions but the published one and the `keep_versions` newest others that
+        were published once (rollback targets).
 
-        Also finishes deletions that an interrupted run left behind. Returns the deleted
-        versions, oldest first.
+        A version older than the published one that never was published is a failed or
+        interrupted run's: it is deleted whatever `keep_versions` says. Newer unpublished ones
+        are runs in progress and stay. Also finishes deletions that an interrupted run left
+        behind. Returns the deleted versions, oldest first.
         """
         keys = output_keys(self.settings, output)
         current = self.current(output)
-        others = [v for v in self._names(keys) if v != current]
-        for version in others[: max(len(others) - self.settings.keep_versions, 0)]:
+        published = self._published(keys)
+        names = [v for v in self._names(keys) if v != current]
+        abandoned = [v for v in names if v not in published and current is not None and v < current]
+        targets = [v for v in names if v in published]
+        for version in abandoned + targets[: max(len(targets) - self.settings.keep_versions, 0)]:
             self._claim(keys, version)  # refused (and kept) if a rollback published it meanwhile
         with unavailable_as_store_error(self.settings):
             dropping = sorted(name.decode() for name in self._client.hkeys(keys.dropping))
@@ -342,7 +356,9 @@ class KeyValueStore:
         """1: moved to `dropping`; 0: published, kept; -1: not registered."""
         self._buckets.pop((keys.output, version), None)
         with unavailable_as_store_error(self.settings):
-            return self._client.eval(CLAIM, 3, keys.pointer, keys.registry, keys.dropping, version)
+            return self._client.eval(
+                CLAIM, 4, keys.pointer, keys.registry, keys.dropping, keys.published, version
+            )
 
     def _purge(self, keys: OutputKeys, version: str) -> None:
         """UNLINK every bucket of a claimed version, then forget it."""

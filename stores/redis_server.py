@@ -28,12 +28,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def redis_server(directory: Path, port: int | None = None, cluster: bool = False) -> Iterator[str]:
+def redis_server(
+    directory: Path, port: int | None = None, cluster: bool = False, persistent: bool = False
+) -> Iterator[str]:
     """Start redis-server, yield its URL once it answers PING, terminate it on exit.
 
-    `port` reuses a known port (a test restarting "the same" server); `cluster` starts a
-    one-node Redis Cluster owning every slot, which enforces the same cross-slot rules
-    as a real cluster.
+    `port` reuses a known port (a test restarting "the same" server, `persistent` with its
+    data); `cluster` starts a one-node Redis Cluster owning every slot, which enforces the same
+    cross-slot rules as a real cluster.
     """
     executable = shutil.which("redis-server")
     if executable is None:
@@ -42,7 +44,10 @@ def redis_server(directory: Path, port: int | None = None, cluster: bool = False
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / f"redis-{port}.log"
     args = [executable, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory)]
-    args += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(log)]
+    # persistent: every write reaches the append-only file before its reply, as a Redis that
+    # must survive a restart is configured; a restart on the same directory reads it back.
+    durability = ["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]
+    args += ["--save", "", *durability, "--daemonize", "no", "--logfile", str(log)]
     if cluster:
         # The bus port defaults to port + 10000, which may be taken or past 65535.
         args += ["--cluster-enabled", "yes", "--cluster-port", str(free_port())]

@@ -113,6 +113,11 @@ class OutputKeys:
         return f"{{{self.prefix}:{self.output}}}:versions"
 
     @property
+    def published(self) -> str:
+        """Versions that were ever published (a rollback's targets), and when they last were."""
+        return f"{{{self.prefix}:{self.output}}}:published"
+
+    @property
     def dropping(self) -> str:
         return f"{{{self.prefix}:{self.output}}}:dropping"
 

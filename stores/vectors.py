@@ -202,12 +202,19 @@ class VectorStore(ABC):
         return to
 
     def gc(self, keep: int) -> list[str]:
-        """Delete all versions but the published one and the `keep` newest others; return them, oldest first."""
+        """Delete all versions but the published one and the `keep` newest finalized others
+        (rollback targets); return them, oldest first.
+
+        An unfinalized version older than the published one is a failed or killed run's: it is
+        deleted whatever `keep` says. Newer unfinalized ones are runs in progress and stay.
+        """
         if keep < 0:
             raise ValueError(f"keep must be >= 0, got {keep}")
         current = self.current()
         others = [v for v in self.versions() if v != current]
-        doomed = others[: max(len(others) - keep, 0)]
+        finalized = [v for v in others if self._finalized(v)]
+        abandoned = [v for v in others if current is not None and v < current and v not in finalized]
+        doomed = sorted(abandoned + finalized[: max(len(finalized) - keep, 0)])
         for version in doomed:
             self._drop(version)
         return doomed

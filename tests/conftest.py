@@ -53,11 +53,11 @@ def corpus_texts() -> list[str]:
 @pytest.fixture(scope="session")
 def ray_local() -> None:
     """One local Ray for the run, on 2 CPUs like the development machines (STACK.md's hang)."""
-    import ray
+    from jobs.ray_session import start_local, stop_local
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local(2, log_to_driver=False)
     yield
-    ray.shutdown()
+    stop_local()
 
 
 @pytest.fixture(scope="session")

@@ -78,7 +78,7 @@ def pipeline_file(
 def test_two_models_per_kind_are_published_and_served_by_name(
     ray_local, settings, small_corpus: Path, pipeline_file: Path
 ) -> None:
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=180):
         report = nightly()
     assert report["failed"] == {}
     outputs = report["outputs"]

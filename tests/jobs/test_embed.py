@@ -74,3 +74,53 @@ def test_too_many_rejects_fail_before_inference(
         run_embed_job("v1", store, strict, job, settings)
     assert not (tmp_path / "work" / "runs" / "embeddings" / "v1" / "embeddings").exists()
     assert store.versions() == []
+
+
+def test_every_way_a_row_can_be_bad_is_a_reject_with_its_bytes_kept(
+    ray_local, settings, store, job, small_corpus: Path, tmp_path: Path
+) -> None:
+    """Undecodable bytes in the text, the id or a payload column, a null, an oversize or blank
+    text: each row is quarantined with its reason and its exact bytes; the rest is embedded. The
+    text column is binary, as some writers produce it: valid UTF-8 there is a text like any other."""
+    good = pq.read_table(small_corpus).to_pylist()[:60]
+    columns = {name: [r[name] for r in good] for name in ("id", "title")}
+    texts = [r["text"].encode() for r in good]
+    bad = [
+        ("bad-text", b"caf\xe9 au lait", "t"),
+        ("bad-title", b"a fine text", "caf\xe9"),
+        ("null-text", None, "t"),
+        ("oversize", b"x" * 3000, "t"),
+        ("blank", b" \n ", "t"),
+    ]
+    ids = [*(i.encode() for i in columns["id"]), *(b[0].encode() for b in bad), b"\xff\xfeid"]
+    titles = [*(t.encode() for t in columns["title"]), *(b[2].encode("latin-1") for b in bad), b"t"]
+    table = pa.table(
+        {
+            "id": pa.array(ids, pa.binary()).view(pa.string()),
+            "text": pa.array([*texts, *(b[1] for b in bad), b"a text with a bad id"], pa.binary()),
+            "title": pa.array(titles, pa.binary()).view(pa.string()),
+        }
+    )
+    path = tmp_path / "bad.parquet"
+    pq.write_table(table, path)
+    corpus = CorpusInput(path=str(path), max_reject_ratio=0.1, max_text_bytes=2000)
+
+    report = run_embed_job("v1", store, corpus, job, settings)
+
+    assert (report.rows, report.rejects, report.loaded) == (66, 6, 60)
+    rejects = pq.read_table(report.rejects_path)
+    assert rejects.schema.field("id").type == pa.binary()  # it holds a row of invalid UTF-8
+    assert (
+        rejects.schema.field("text").type == pa.binary() and rejects.schema.field("title").type == pa.binary()
+    )
+    rejects = {r["id"]: r for r in rejects.to_pylist()}
+    assert {i: r["reject_reason"] for i, r in rejects.items()} == {
+        b"bad-text": "text is not valid UTF-8 (byte 3)",
+        b"bad-title": "title is not valid UTF-8 (byte 3)",
+        b"null-text": "text is null",
+        b"oversize": "text is 3000 bytes, over max_text_bytes=2000",
+        b"blank": "text is empty",
+        b"\xff\xfeid": "id is not valid UTF-8 (byte 0)",
+    }
+    assert rejects[b"bad-text"]["text"] == b"caf\xe9 au lait" and rejects[b"bad-title"]["title"] == b"caf\xe9"
+    assert store.count("v1") == 60

@@ -23,7 +23,7 @@ V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 def write_version(stores: VectorStoreSettings, version: str, rows: list[dict], encoder) -> None:
     vectors = encoder.encode([r["text"] for r in rows])
     with open_vector_store(stores) as store:
-        store.create_version(version, encoder.dim)
+        store.create_version(version, encoder.dim, {"payload": {"title": "str", "section": "str"}})
         store.upsert(
             version,
             [r["id"] for r in rows],
@@ -87,6 +87,11 @@ def test_filter_restricts_by_payload(client: TestClient) -> None:
         ({"query": "ok", "k": 101}, "k"),
         ({"query": "ok", "k": "10"}, "k"),
         ({"query": "ok", "filter": {"section": ["a"]}}, "filter.section"),
+        ({"query": "ok", "filter": {"sectoin": "python"}}, "filter.sectoin"),  # not in the payload
+        ({"query": "ok", "filter": {"section": 3}}, "filter.section"),  # the field holds strings
+        ({"query": "ok", "filter": {"section": 2**70}}, "filter"),  # beyond int64
+        ({"query": "ok", "filter": {"sec\x00tion": "python"}}, "filter"),
+        ({"query": "ok", "filter": {f"f{i}": "x" for i in range(17)}}, "filter"),
         ({"query": "ok", "limit": 3}, "limit"),
         ({}, "query"),
     ],
@@ -97,9 +102,19 @@ def test_bad_requests_are_4xx_naming_the_field(client: TestClient, body: dict, f
     assert answer.json()["field"].startswith(field)
 
 
-def test_malformed_json_is_400(client: TestClient) -> None:
-    answer = client.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"})
-    assert answer.status_code == 400
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 400),
+        (b"\xff\xfe{}", 400),
+        (b"[" * 2000 + b"]" * 2000, 400),  # deeper than Python's parser recurses
+        (b'{"query": ' + b"[" * 2000 + b"]" * 2000 + b"}", 400),
+        (b'{"query": "' + b"x" * 300_000 + b'"}', 413),
+    ],
+)
+def test_bodies_no_parser_could_take_are_4xx(client: TestClient, body: bytes, status: int) -> None:
+    answer = client.post("/v1/search", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == status and "error" in answer.json()
 
 
 def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
@@ -136,6 +151,16 @@ def test_bearer_token_guards_v1_only(encoder, settings, stores, redis, rows) -> 
         create_app(ServiceSettings(auth_token="s3cret", warmup_queries=1), settings, stores, redis)
     ) as client:
         assert client.post("/v1/search", json={"query": "editor"}).status_code == 401
+        for wrong in (
+            "Bearer s3cre",
+            "Bearer s3cret x",
+            "bearer s3cret",
+            "Bearer  s3cret",
+            "s3cret",
+            b"Bearer \xfc",  # not ASCII: compared as bytes, never a 500
+        ):
+            answer = client.post("/v1/search", json={"query": "editor"}, headers={"Authorization": wrong})
+            assert answer.status_code == 401, wrong
         ok = client.post("/v1/search", json={"query": "editor"}, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert client.get("/healthz").status_code == 200

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -84,6 +86,39 @@ def test_each_mistake_is_one_line_naming_file_output_and_field(
         load_pipeline(path).check()
     line = str(raised.value)
     assert line.startswith(f"{path}: {where}") and message in line and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "message"),
+    [
+        ("not a Parquet file", "input.path", "cannot read Parquet at"),
+        (
+            pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}),
+            "input.path",
+            "holds no rows",
+        ),
+        (
+            pa.table({"id": ["a"], "text": [1]}),
+            "input.text",
+            "column 'text' of {path} is int64, not strings or UTF-8 bytes",
+        ),
+        (pa.table({"id": [1.5], "text": ["a"]}), "input.id", "column 'id' of {path} is double, not strings"),
+    ],
+)
+def test_an_input_no_job_could_read_is_refused_before_any_job(
+    data: str | pa.Table, field: str, message: str, tmp_path: Path
+) -> None:
+    data_path = tmp_path / "corpus.parquet"
+    if isinstance(data, str):
+        data_path.write_text(data)
+    else:
+        pq.write_table(data, data_path)
+    path = write(tmp_path, '[outputs.docs]\nkind = "embeddings"\ninput = { path = "corpus.parquet" }')
+    with pytest.raises(PipelineError) as raised:
+        load_pipeline(path).check()
+    line = str(raised.value)
+    assert line.startswith(f"{path}: outputs.docs.{field}: ") and message.format(path=data_path) in line
+    assert "\n" not in line
 
 
 def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:

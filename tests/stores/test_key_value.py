@@ -163,13 +163,25 @@ def test_garbage_collection_keeps_current_and_newest(store: KeyValueStore, setti
     with pytest.raises(StoreError, match="is published"):
         store.drop_version(OUTPUT, V4)
     buckets = {f"{settings.prefix}:{OUTPUT}:{v}:{{{b}}}".encode() for v in (V3, V4) for b in range(3)}
-    bookkeeping = {f"{{{settings.prefix}:{OUTPUT}}}:{k}".encode() for k in ("current", "versions")}
+    bookkeeping = {
+        f"{{{settings.prefix}:{OUTPUT}}}:{k}".encode() for k in ("current", "versions", "published")
+    }
     assert keys_of(settings) == buckets | bookkeeping  # no orphan key of a deleted version
 
     store.drop_version(OUTPUT, V3)
     assert [v.name for v in store.versions(OUTPUT)] == [V4]
     with pytest.raises(VersionNotFoundError):
         store.drop_version(OUTPUT, V3)
+
+
+def test_a_failed_runs_version_is_collected_and_never_a_rollback_target(settings: RedisSettings) -> None:
+    with KeyValueStore(settings.model_copy(update={"keep_versions": 5})) as store:
+        publish(store, V1)
+        load(store, V2, rows=N - 1)  # a run that died before its publish
+        load(store, V4)  # a run still in progress, newer than what is published next
+        publish(store, V3)
+        assert [v.name for v in store.versions(OUTPUT)] == [V1, V3, V4]
+        assert store.rollback(OUTPUT) == V1
 
 
 def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, settings: RedisSettings) -> None:

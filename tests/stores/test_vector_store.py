@@ -147,6 +147,18 @@ def test_rollback_and_gc_keep_the_current_and_the_newest_others(store: VectorSto
         store.rollback()
 
 
+def test_gc_deletes_a_killed_runs_version_and_keeps_one_in_progress(store: VectorStore) -> None:
+    load(store, V1)
+    store.publish(V1)
+    store.create_version(V2, DIM)  # a run that died before its finalize
+    store.upsert(V2, IDS[:3], VECTORS[:3], [{}] * 3)
+    store.create_version("20261231T031500-zz99", DIM)  # a run in progress, newer than the next publish
+    load(store, V3)
+    store.publish(V3)
+    assert store.gc(keep=5) == [V2]
+    assert store.versions() == [V1, V3, "20261231T031500-zz99"]
+
+
 def test_unknown_versions_are_refused_and_the_current_stays(store: VectorStore) -> None:
     with pytest.raises(VersionNotFoundError):
         store.rollback()

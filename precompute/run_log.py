@@ -1,0 +1,65 @@
+"""A run's log file, and the one line a user reads about each failure.
+
+Prefect, Ray and the jobs log to the terminal by default, and a failure arrives there as pages
+of framed tracebacks with the cause inside a Ray or Prefect wrapper. `precompute run` sends all
+of that, tracebacks included, to one file per run and prints its own lines instead: one per
+output, one per failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from ray.exceptions import RayTaskError, UserCodeException
+
+MAX_LINE = 400
+
+
+@contextmanager
+def output_to_file(directory: Path) -> Iterator[tuple[Path, TextIO, TextIO]]:
+    """Send everything this process and its children write to stdout and stderr (Python logging,
+    Ray's C++ core, ONNX Runtime, progress bars) to a new log file under `directory`, at the file
+    descriptor level; yield (its path, the terminal's stdout and stderr for the command's own lines)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    out, err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in (1, 2))
+    with open(path, "ab", buffering=0) as log:
+        for fd in saved:
+            os.dup2(log.fileno(), fd)
+        try:
+            yield path, out, err
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, original in saved.items():
+                os.dup2(original, fd)
+                os.close(original)
+            out.close()
+            err.close()
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The exception user code raised, out of Ray's wrappers (a task's, a Ray Data UDF's)."""
+    while True:
+        if isinstance(error, RayTaskError) and error.cause is not None:
+            error = error.cause
+        elif isinstance(error, UserCodeException) and error.__cause__ is not None:
+            error = error.__cause__
+        else:
+            return error
+
+
+def failure_line(error: BaseException) -> str:
+    """`Type: message` of the root cause, on one line and bounded."""
+    cause = root_cause(error)
+    line = " ".join(f"{type(cause).__name__}: {cause}".split())
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."

@@ -1,0 +1,49 @@
+"""A real `precompute serve` process over published outputs, for the fault tests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from lookup.server import running
+from lookup.settings import ServiceSettings
+from models import Encoder, EngineSettings
+from models.settings import DEMO_CORPUS
+from stores.redis_server import free_port
+from stores.redis_settings import RedisSettings
+from stores.vector_settings import VectorStoreSettings
+from tests.lookup.test_keys import publish_both
+from tests.lookup.test_search import write_version
+
+V1 = "20261121T010000Z-aaaaaa"
+
+
+@contextmanager
+def published_service(
+    encoder: Encoder,
+    engine: EngineSettings,
+    redis_url: str,
+    directory: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    log: Path | None = None,
+    **service: object,
+) -> Iterator[tuple[str, RedisSettings]]:
+    """V1 of the shipped pipeline's three outputs, served by a child process: (base URL, its Redis)."""
+    stores = VectorStoreSettings(type="edge", path=directory / "qdrant")
+    redis = RedisSettings(url=redis_url, prefix=f"f{uuid.uuid4().hex[:8]}")
+    write_version(stores, V1, pq.read_table(DEMO_CORPUS).slice(0, 100).to_pylist(), encoder)
+    publish_both(redis, V1, 1)
+    for name, value in {
+        "PRECOMPUTE_ENGINE_CACHE_DIR": engine.cache_dir,
+        "PRECOMPUTE_ENGINE_GATE_TEXTS": engine.gate_texts,
+        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": engine.calibration_texts,
+    }.items():
+        monkeypatch.setenv(name, str(value))
+    settings = ServiceSettings(port=free_port(), warmup_queries=1, **service)
+    with running(settings, stores, redis, log=log) as base:
+        yield base, redis

@@ -1,0 +1,119 @@
+"""Hostile HTTP against a real `precompute serve`: every answer is a 4xx (or 200), never a 500,
+and clients that send slowly or not at all hold no socket past the request deadline."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from tests.faults.service import V1, published_service
+
+DEADLINE_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def base(encoder, settings, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with (
+        pytest.MonkeyPatch.context() as monkeypatch,
+        published_service(
+            encoder,
+            settings,
+            redis_url,
+            tmp_path_factory.mktemp("hostile"),
+            monkeypatch,
+            request_timeout_s=DEADLINE_S,
+            max_body_bytes=65_536,
+        ) as (url, _),
+    ):
+        yield url
+
+
+def connect(base: str) -> socket.socket:
+    where = urlparse(base)
+    return socket.create_connection((where.hostname, where.port), timeout=10)
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """True once the server closes the connection (EOF or reset), False if it is still open after `within_s`."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(4096):
+            pass  # an answer (408 or 400) before the close is fine
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/search", b'{"query": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+        ("/v1/labels:batchGet", b"[" * 100_000, 413),
+        ("/v1/recs:batchGet", b'{"ids": ' + b"[" * 2000 + b"]" * 2000 + b"}", 400),
+        ("/v1/search", b'{"query": "x", "filter": {"section\\u0000": "python"}}', 422),
+        ("/v1/search", b'{"query": "x", "filter": {"section": 99999999999999999999999}}', 422),
+        ("/v1/search", b"\xff\xfe\x00", 400),
+    ],
+)
+def test_hostile_bodies_are_4xx(base: str, path: str, body: bytes, status: int) -> None:
+    answer = httpx.post(base + path, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == status, answer.text
+
+
+def test_an_oversize_body_is_refused_unread(base: str) -> None:
+    with connect(base) as sock:
+        sock.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n{")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize(
+    "item", ["*", "%2A%7B%7D", "a%0D%0ASET%20x%201", "%00", "pkg-1%0D%0A", "..%2F..%2Fetc%2Fpasswd"]
+)
+def test_hostile_ids_are_answered_not_interpreted(base: str, item: str) -> None:
+    answer = httpx.get(f"{base}/v1/labels/{item}")
+    assert answer.status_code == 404, answer.text
+    batch = httpx.post(f"{base}/v1/recs:batchGet", json={"ids": ["*", "{x}", "a\r\nSET x 1", "user-1"]})
+    assert batch.status_code == 200 and batch.json()["missing"] == ["*", "{x}", "a\r\nSET x 1"]
+
+
+def test_idle_half_open_and_byte_by_byte_clients_are_cut_off(base: str) -> None:
+    idle = [connect(base) for _ in range(300)]  # connect, send nothing
+    half = [connect(base) for _ in range(20)]
+    for sock in half:
+        sock.sendall(b"GET /v1/labels/pkg-1 HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+    slow = connect(base)
+    started = time.monotonic()
+    request = b"GET /v1/labels/pkg-1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        for byte in request:  # one byte every 0.1 s: the head would take 4 s
+            slow.sendall(bytes([byte]))
+            time.sleep(0.1)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert time.monotonic() - started < 3 * DEADLINE_S + 1
+    assert closed_by_server(slow, DEADLINE_S)
+    for sock in [*idle, *half]:
+        assert closed_by_server(sock, 5 * DEADLINE_S)
+        sock.close()
+    slow.close()
+    answer = httpx.get(f"{base}/v1/labels/pkg-1")  # and the service serves on
+    assert answer.status_code == 200 and answer.json()["version"] == V1
+
+
+def test_a_body_that_never_ends_is_408(base: str) -> None:
+    with connect(base) as sock:
+        sock.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        sock.settimeout(5 * DEADLINE_S)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+
+
+def test_the_service_never_answered_500(base: str) -> None:
+    metrics = httpx.get(f"{base}/metrics").text
+    assert 'status="500"' not in metrics

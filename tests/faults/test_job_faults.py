@@ -1,0 +1,227 @@
+"""Faults in real processes while a run publishes: its Redis killed mid-write, the flow process
+killed mid-embedding, two runs started at once. Nothing half-written is ever served, the next run
+succeeds, and garbage collection leaves no orphan keys or directories."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.nightly import nightly
+from models.settings import DEMO_CORPUS
+from stores.errors import VersionNotFoundError
+from stores.key_value import KeyValueStore
+from stores.redis_server import redis_server
+from stores.redis_settings import RedisSettings, output_keys
+from stores.vector_settings import VectorStoreSettings
+from stores.vectors import open_vector_store
+
+LABELS = """
+[outputs.labels]
+kind = "labels"
+input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
+train_texts = 400
+engine = {{ gate_texts = 16, calibration_texts = 16 }}
+"""
+
+EMBEDDINGS = """
+[outputs.docs]
+kind = "embeddings"
+input = {{ path = "{corpus}" }}
+engine = {{ gate_texts = 64, calibration_texts = 32 }}
+"""
+
+
+@pytest.fixture(scope="module")
+def prefect_api() -> None:
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings, pipeline: str, **env: str) -> None:
+    path = tmp_path / "precompute.toml"
+    path.write_text(pipeline)
+    for name, value in {
+        "PRECOMPUTE_PIPELINE": str(path),
+        "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
+        "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
+        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.cache_dir),
+        "PRECOMPUTE_ENGINE_GATE_TEXTS": str(settings.gate_texts),
+        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": str(settings.calibration_texts),
+        **env,
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+def orphan_keys(client: redis.Redis, settings: RedisSettings, output: str) -> list[str]:
+    """Keys of the output that belong to no registered version (nor its bookkeeping)."""
+    keys = output_keys(settings, output)
+    registered = {v.decode() for v in client.hkeys(keys.registry)}
+    bookkeeping = {keys.pointer, keys.registry, keys.published, keys.dropping}
+    orphans = []
+    for key in client.scan_iter(match=f"*{settings.prefix}:{output}*", count=1000):
+        name = key.decode()
+        if name not in bookkeeping and name.split(":")[2] not in registered:
+            orphans.append(name)
+    return orphans
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "not-persistent"])
+def test_redis_killed_mid_publish_then_back(
+    prefect_api,
+    ray_local,
+    settings,
+    small_corpus: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    persistent: bool,
+) -> None:
+    with contextlib.ExitStack() as servers:
+        url = servers.enter_context(redis_server(tmp_path / "redis", persistent=persistent))
+        environment(
+            monkeypatch,
+            tmp_path,
+            settings,
+            LABELS.format(corpus=small_corpus),
+            PRECOMPUTE_REDIS_URL=url,
+            PRECOMPUTE_REDIS_PREFIX="fault",
+        )
+        store_settings = RedisSettings()
+        keys = output_keys(store_settings, "labels")
+        old = nightly()["outputs"]["labels"]["version"]
+        client = redis.Redis.from_url(url)
+        seen: list[str | None] = []
+        killed = threading.Event()
+        stop = threading.Event()
+
+        def kill_mid_write_and_restart() -> None:
+            """SIGKILL redis-server once the new version has records, bring it back a second later."""
+            while not stop.is_set():
+                with contextlib.suppress(redis.RedisError):
+                    new = [v.decode() for v in client.hkeys(keys.registry) if v.decode() != old]
+                    if new and next(client.scan_iter(match=f"fault:labels:{new[0]}:*", count=1000), None):
+                        os.kill(client.info()["process_id"], signal.SIGKILL)
+                        killed.set()
+                        time.sleep(1)
+                        servers.enter_context(
+                            redis_server(tmp_path / "redis", port=urlparse(url).port, persistent=persistent)
+                        )
+                        return
+                time.sleep(0.005)
+
+        def watch_pointer() -> None:
+            reader = redis.Redis.from_url(url, socket_timeout=1)
+            while not stop.is_set():
+                with contextlib.suppress(redis.RedisError):
+                    pointer = reader.get(keys.pointer)
+                    seen.append(pointer.decode() if pointer else None)
+                time.sleep(0.01)
+
+        threads = [
+            threading.Thread(target=kill_mid_write_and_restart),
+            threading.Thread(target=watch_pointer),
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            report = nightly()  # the publish task retries once Redis is back
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+        assert killed.is_set(), "the run finished before Redis could be killed mid-write"
+        labels = report["outputs"]["labels"]
+        assert labels["published"] and labels["items"] == 200
+        new = labels["version"]
+        with KeyValueStore(store_settings) as store:
+            assert store.current("labels") == new and store.versions("labels")[-1].rows == 200
+            if persistent:  # the old version was served until the flip, and is still a rollback target
+                assert set(seen) == {old, new} and seen.index(new) > 0
+                assert [v.name for v in store.versions("labels")] == [old, new]
+            else:  # Redis came back empty: nothing was served until the retry published
+                assert set(seen) <= {old, None, new} and seen[-1] == new
+                assert [v.name for v in store.versions("labels")] == [new]
+            with pytest.raises(VersionNotFoundError):
+                store.rollback("labels", to="20260101T000000Z-gone00")  # collected or never made
+            assert store.current("labels") == new
+        assert orphan_keys(redis.Redis.from_url(url), store_settings, "labels") == []
+        runs = tmp_path / "work" / "runs" / "labels"
+        assert sorted(p.name for p in runs.iterdir()) == sorted(
+            v for v in {old, new} if persistent or v == new
+        )
+
+
+def precompute_run(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "precompute", "run"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the run and every process it starts (Ray) share a group to kill
+    )
+
+
+def test_flow_killed_mid_embedding_then_rerun(
+    settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    environment(
+        monkeypatch,
+        tmp_path,
+        settings,
+        EMBEDDINGS.format(corpus=DEMO_CORPUS),
+        PRECOMPUTE_REDIS_URL=redis_url,
+    )
+    runs = tmp_path / "work" / "runs" / "docs"
+    killed = precompute_run(dict(os.environ))
+    deadline = time.monotonic() + 600
+    while not any(runs.glob("*/embeddings/part-*.parquet")):
+        assert killed.poll() is None and time.monotonic() < deadline, "the run ended before it embedded"
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    (dead,) = [p.name for p in runs.iterdir()]
+
+    rerun = precompute_run(dict(os.environ))
+    output = rerun.communicate(timeout=900)[0].decode()
+    assert rerun.returncode == 0, output
+    lines = output.strip().splitlines()
+    assert lines[0].startswith("docs: published ") and lines[0].endswith("(5000 rows, 0 rejected)"), lines
+    new = lines[0].split()[2]
+    assert new > dead
+    with open_vector_store(VectorStoreSettings(name="docs")) as store:
+        assert store.current() == new and store.versions() == [new] and store.count(new) == 5000
+    assert [p.name for p in runs.iterdir()] == [new]  # the killed run's folder is collected
+    assert pq.read_table(next((runs / new / "embeddings").glob("part-*.parquet"))).num_rows > 0
+
+
+def test_two_runs_started_at_once(
+    settings, small_corpus: Path, tmp_path: Path, monkeypatch, redis_url
+) -> None:
+    environment(
+        monkeypatch,
+        tmp_path,
+        settings,
+        EMBEDDINGS.format(corpus=small_corpus).replace("64", "16").replace("32", "16"),
+        PRECOMPUTE_REDIS_URL=redis_url,
+    )
+    first, second = precompute_run(dict(os.environ)), precompute_run(dict(os.environ))
+    outputs = [p.communicate(timeout=900)[0].decode() for p in (first, second)]
+    codes = sorted(p.returncode for p in (first, second))
+    assert codes == [0, 1], outputs
+    refused = outputs[[first.returncode, second.returncode].index(1)]
+    assert "another run is in progress" in refused and len(refused.strip().splitlines()) == 1, refused
+    with open_vector_store(VectorStoreSettings(name="docs")) as store:
+        (version,) = store.versions()
+        assert store.current() == version and store.count(version) == 200
