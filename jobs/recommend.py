@@ -69,8 +69,10 @@ def row_reason(user_id: object, item_id: object, weight: float | None, index: di
         return "user_id is null"
     if item_id is None:
         return "item_id is null"
-    if weight is not None and not math.isfinite(weight):
-        return f"weight is {weight}"
+    if weight is not None and math.isnan(weight):
+        return "weight is NaN"
+    if weight is not None and math.isinf(weight):
+        return "weight is infinite"
     if weight is not None and weight < 0:
         return f"weight {weight} is negative"
     if id_key(item_id) not in index:

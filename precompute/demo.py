@@ -19,8 +19,11 @@ from flows.nightly import nightly
 from jobs.settings import JobSettings
 from lookup.server import running
 from lookup.settings import ServiceSettings
+from precompute.outputs import render, status
 from precompute.pipeline import load_pipeline
 from stores.redis_server import redis_server
+from stores.redis_settings import RedisSettings
+from stores.vector_settings import VectorStoreSettings
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
 USERS = 2
@@ -84,3 +87,6 @@ def main(top_k: int = 3) -> None:
                 answer = http.get(f"/v1/recs/{user}", params={"k": 5}).json()
                 print(f"\nGET /v1/recs/{user}?k=5  (declares {', '.join(items)})")
                 print("  " + ", ".join(f"{item['id']} {item['score']:.2f}" for item in answer["items"]))
+        # Shown here, while the throwaway Redis is up: after the demo, `precompute status` reads
+        # PRECOMPUTE_REDIS_URL, where the demo's labels and recs never were.
+        print(f"\nprecompute status\n{render(status(pipeline, VectorStoreSettings(), RedisSettings()))}")

@@ -8,6 +8,7 @@ output, one per failure.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -40,6 +41,9 @@ def output_to_file(directory: Path) -> Iterator[tuple[Path, TextIO, TextIO]]:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            # What logs at exit (Prefect stopping its temporary server) is no line for the user.
+            for name in ("", "prefect"):
+                logging.getLogger(name).setLevel(logging.WARNING)
             for fd, original in saved.items():
                 os.dup2(original, fd)
                 os.close(original)

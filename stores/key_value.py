@@ -14,20 +14,16 @@ and the published one is never deleted.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import repeat
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-import pyarrow as pa
 import redis
-from ray.data.block import Block, BlockAccessor
-from ray.data.datasource import Datasink, WriteResult
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
@@ -43,6 +39,9 @@ from stores.redis_settings import (
     unavailable_as_store_error,
 )
 from stores.vectors import check_version
+
+if TYPE_CHECKING:
+    from stores.key_value_sink import KeyValueSink
 
 COUNT_CHUNK = 1000
 """Buckets per HLEN round trip when counting a version."""
@@ -148,7 +147,7 @@ class KeyValueStore:
             raise ValueError(f"ids and values differ in length: {len(ids)} and {len(values)}")
         check_items("ids", ids, str)
         check_items("values", values, bytes)
-        buckets = self._writable(keys, version)
+        buckets = self.check_writable(keys, version)
         fields = [item_id.encode() for item_id in ids]
         groups: dict[int, list[bytes]] = {}  # bucket -> HSET arguments: field, value, field, ...
         for bucket, field, value in zip(buckets_of(fields, buckets), fields, values, strict=True):
@@ -171,9 +170,11 @@ class KeyValueStore:
 
     def sink(self, output: str, version: str) -> KeyValueSink:
         """A Ray Datasink writing into `version`, which create_version must have registered."""
+        from stores.key_value_sink import KeyValueSink  # Ray Data: 0.5 s to import, for jobs only
+
         return KeyValueSink(self.settings, check_output(output), check_version(version))
 
-    def _writable(self, keys: OutputKeys, version: str) -> int:
+    def check_writable(self, keys: OutputKeys, version: str) -> int:
         """The version's bucket count; refuses unknown and published versions."""
         check_version(version)
         cached = self._buckets.get((keys.output, version))
@@ -384,51 +385,3 @@ class KeyValueStore:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-class KeyValueSink(Datasink[int]):
-    """Writes Ray Data blocks with columns `id` (string or integer) and `value` (binary) into a version.
-
-    Each write task opens its own connection (the sink is a pickled copy there). A failed
-    write deletes the whole version: a half-written version is never worth keeping.
-    """
-
-    def __init__(self, settings: RedisSettings, output: str, version: str) -> None:
-        self.settings = settings
-        self.output = output
-        self.version = version
-        self.rows = 0
-        """Records written, set once the write completes; publish checks the count in Redis."""
-
-    @property
-    def min_rows_per_write(self) -> int:
-        """Rows per write task: each pays a connection and a registry read, and more rows
-        per task put more records into each HSET (records per HSET = rows per task x
-        entries_per_bucket / rows of the version)."""
-        return self.settings.write_batch
-
-    def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        if schema is not None and {"id", "value"} - set(schema.names):
-            raise ValueError(f"blocks need columns 'id' and 'value', got {schema.names}")
-        with KeyValueStore(self.settings) as store:
-            store._writable(output_keys(self.settings, self.output), self.version)
-
-    def write(self, blocks: Iterable[Block], ctx: Any) -> int:
-        """All the task's blocks in one store write, for the fullest HSETs."""
-        ids: list[str] = []
-        values: list[bytes] = []
-        for block in blocks:
-            table = BlockAccessor.for_block(block).to_arrow()
-            ids += table["id"].cast(pa.string()).to_pylist()
-            values += table["value"].to_pylist()
-        with KeyValueStore(self.settings) as store:
-            return store.write(self.output, self.version, ids, values)
-
-    def on_write_complete(self, write_result: WriteResult[int]) -> None:
-        self.rows = sum(write_result.write_returns)
-
-    def on_write_failed(self, error: Exception) -> None:
-        # Best effort, like Ray's call itself: the caller must see `error`, not a cleanup
-        # failure; a version left behind stays registered, so a later collect_garbage deletes it.
-        with contextlib.suppress(StoreError), KeyValueStore(self.settings) as store:
-            store.drop_version(self.output, self.version)

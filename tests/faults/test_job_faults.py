@@ -39,7 +39,7 @@ engine = {{ gate_texts = 16, calibration_texts = 16 }}
 EMBEDDINGS = """
 [outputs.docs]
 kind = "embeddings"
-input = {{ path = "{corpus}" }}
+input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
 engine = {{ gate_texts = 64, calibration_texts = 32 }}
 """
 
@@ -190,7 +190,7 @@ def test_flow_killed_mid_embedding_then_rerun(
         assert killed.poll() is None and time.monotonic() < deadline, "the run ended before it embedded"
         time.sleep(0.05)
     os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    killed.communicate()
     (dead,) = [p.name for p in runs.iterdir()]
 
     rerun = precompute_run(dict(os.environ))

@@ -34,6 +34,8 @@ BAD_ROWS = [
     {"user_id": "u-nan", "item_id": "emacsen-common", "weight": math.nan},
     {"user_id": "u-negative", "item_id": "emacsen-common", "weight": -1.0},
     {"user_id": "u-unknown", "item_id": "no-such-package", "weight": 1.0},
+    {"user_id": "u-inf", "item_id": "emacsen-common", "weight": math.inf},
+    {"user_id": b"u-\xff", "item_id": "emacsen-common", "weight": 1.0},  # not UTF-8
 ]
 
 
@@ -106,8 +108,18 @@ def interactions(items: tuple[list[str], np.ndarray], tmp_path_factory: pytest.T
     ids = set(items[0])
     good = [row for row in pq.read_table(DEMO_INTERACTIONS).to_pylist() if row["item_id"] in ids]
     path = tmp_path_factory.mktemp("interactions") / "interactions.parquet"
-    schema = pa.schema([("user_id", pa.string()), ("item_id", pa.string()), ("weight", pa.float32())])
-    pq.write_table(pa.Table.from_pylist(good + BAD_ROWS, schema), path)
+    rows = good + BAD_ROWS
+    users = pa.array(
+        [u.encode() if isinstance(u, str) else u for u in (r["user_id"] for r in rows)], pa.binary()
+    )
+    table = pa.table(
+        {
+            "user_id": users.view(pa.string()),  # a string column holding one row of invalid UTF-8
+            "item_id": pa.array([r["item_id"] for r in rows], pa.string()),
+            "weight": pa.array([r["weight"] for r in rows], pa.float32()),
+        }
+    )
+    pq.write_table(table, path)
     return path
 
 
@@ -128,13 +140,17 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     )
 
     rejects = pq.read_table(report.rejects_path).to_pylist()
-    assert sorted((r["user_id"] or "", r["reject_reason"]) for r in rejects) == [
-        ("", "user_id is null"),
-        ("u-nan", "weight is NaN"),
-        ("u-negative", "weight -1.0 is negative"),
-        ("u-null-item", "item_id is null"),
-        ("u-unknown", "item_id 'no-such-package' is not in the item table"),
-    ]
+    assert sorted((r["user_id"] or b"", r["reject_reason"]) for r in rejects) == sorted(
+        [
+            (b"", "user_id is null"),
+            (b"u-\xff", "user_id is not valid UTF-8 (byte 2)"),
+            (b"u-inf", "weight is infinite"),
+            (b"u-nan", "weight is NaN"),
+            (b"u-negative", "weight -1.0 is negative"),
+            (b"u-null-item", "item_id is null"),
+            (b"u-unknown", "item_id 'no-such-package' is not in the item table"),
+        ]
+    )
 
     table = pq.read_table(interactions)
     good = table.slice(0, table.num_rows - len(BAD_ROWS)).to_pylist()
@@ -172,7 +188,7 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
 def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: Path, tmp_path: Path) -> None:
     strict = InteractionsInput(path=str(interactions), max_reject_ratio=0.001)
     with pytest.raises(
-        RejectRatioExceededError, match=r"5 of \d+ interactions rejected, over max_reject_ratio=0.001"
+        RejectRatioExceededError, match=r"7 of \d+ interactions rejected, over max_reject_ratio=0.001"
     ):
         run_recs_job(strict, RecsJobSettings(), *items, ParquetSink(tmp_path / "out"), tmp_path / "work")
     assert not (tmp_path / "out").exists()
