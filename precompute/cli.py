@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated
@@ -67,29 +66,14 @@ def run(pipeline: PipelineOption = None) -> None:
     the pipeline file or an input is refused before any job; 1: an output failed (the others
     are published)."""
     checked = checked_pipeline(pipeline)
-    from flows.nightly import RunFailedError, nightly, report_path
-    from jobs.settings import JobSettings
-    from precompute.run_log import failure_line, output_to_file
+    from precompute.terminal_run import run_logged
 
-    work_dir = JobSettings().work_dir
-    with output_to_file(work_dir / "logs") as (log, out, err):
-        try:
-            report = nightly(pipeline=str(checked.path))
-        except RunFailedError as e:
-            for output, why in e.failed.items():
-                typer.echo(f"error: {output} failed at {why}", file=err)
-            typer.echo(f"report: {e.report}, log: {log}", file=err)
-            raise typer.Exit(1) from None
-        except Exception as e:  # the flow itself failed: another run in progress, Prefect's API, a bug
-            logging.getLogger(__name__).exception("the run failed")
-            typer.echo(f"error: the run failed: {failure_line(e)} (log: {log})", file=err)
-            raise typer.Exit(1) from None
-        for output, fields in report["outputs"].items():
-            typer.echo(
-                f"{output}: published {fields['version']} ({fields['rows']} rows, {fields['rejects']} rejected)",
-                file=out,
-            )
-        typer.echo(f"report: {report_path(work_dir, report['run'])}, log: {log}", file=out)
+    report, log = run_logged(checked)
+    for output, fields in report["outputs"].items():
+        print(
+            f"{output}: published {fields['version']} ({fields['rows']} rows, {fields['rejects']} rejected)"
+        )
+    print(f"report: {report['path']}, log: {log}")
 
 
 @app.command()

@@ -15,12 +15,12 @@ import httpx
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flows.nightly import nightly
 from jobs.settings import JobSettings
 from lookup.server import running
 from lookup.settings import ServiceSettings
 from precompute.outputs import render, status
 from precompute.pipeline import load_pipeline
+from precompute.terminal_run import run_logged
 from stores.redis_server import redis_server
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
@@ -71,8 +71,11 @@ def main(top_k: int = 3) -> None:
     pipeline = load_pipeline()
     pipeline.check()
     with redis_for_demo(JobSettings().work_dir):
-        report = nightly(pipeline=str(pipeline.path))
-        print(f"\n{summary(report)}")
+        print("running the nightly flow on the demo data (a few minutes on 2 cores the first time)")
+        report, log = run_logged(pipeline)
+        print(
+            f"\n{summary(report)}\nrun report: {report['path']}\nPrefect's, Ray's and the jobs' output: {log}"
+        )
         with running(ServiceSettings(), pipeline=pipeline) as base, httpx.Client(base_url=base) as http:
             print(f"\nlookup service at {base}: {http.get('/readyz').json()}")
             for query in QUERIES:

@@ -97,6 +97,7 @@ def test_redis_killed_mid_publish_then_back(
             LABELS.format(corpus=small_corpus),
             PRECOMPUTE_REDIS_URL=url,
             PRECOMPUTE_REDIS_PREFIX="fault",
+            PRECOMPUTE_REDIS_WRITE_BATCH="8",  # 25 write tasks: a window wide enough to kill Redis in
         )
         store_settings = RedisSettings()
         keys = output_keys(store_settings, "labels")
