@@ -10,25 +10,40 @@ in each repeat on an emptied Redis; medians are reported.
 
 Memory is Redis's `used_memory` after the load minus before it (FLUSHALL in between): it
 counts everything the layout costs, the main dictionary's table and allocator rounding
-included, which MEMORY USAGE per key leaves out (reported too, as `memory_usage_*`).
+included, which MEMORY USAGE per key leaves out (reported too, as `memory_usage_*`, from a
+sample of KEY_SAMPLE keys scaled to the key count).
+
+Reads during garbage collection: with two versions stored, the newer one published, a
+reader in another process reads random ids of the published version through the
+service's KeyValueReader at `reader_rate` per second, open loop (bench/load.py: due-time
+latencies, CLIENT_THREADS threads), first for IDLE_S with nothing else running (the
+baseline), then while `collect_garbage` deletes the old version whole. Goal: p99 <= 2 ms.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import math
+import multiprocessing
+import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import redis
 
+from bench.load import CLIENT_THREADS, open_loop, percentiles
 from models.hardware import device_fingerprint
 from models.settings import DEMO_CORPUS
 from stores.key_value import KeyValueStore
+from stores.key_value_reader import KeyValueReader
 from stores.records import encode_ranked
 from stores.redis_server import redis_server
 from stores.redis_settings import RedisSettings
@@ -37,6 +52,15 @@ OUTPUT = "recs"
 MSET_BATCH = 1000
 SAMPLES = 100
 KEY_CHUNK = 1000
+KEY_SAMPLE = 20_000
+"""Keys whose MEMORY USAGE and encoding are read (SCAN order); the sum is scaled to the key count."""
+READ_IDS = 100_000
+"""Ids of the published version the reader draws from (a random sample of them)."""
+IDLE_S = 3.0
+ADMIN_TIMEOUT_S = 600.0
+"""The bench's own client: FLUSHALL of 10M keys takes seconds, past redis-py's default timeout."""
+CHUNK_S = 1.0
+"""The reader runs open-loop chunks of this length until told to stop."""
 
 
 def records(n: int, k: int) -> tuple[list[str], list[bytes]]:
@@ -52,7 +76,12 @@ def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def memory_usage(client: redis.Redis, keys: list[str]) -> int:
+def sampled_keys(client: redis.Redis, pattern: str) -> list[bytes]:
+    """Up to KEY_SAMPLE keys matching `pattern` (SCAN is fine on a bench's own Redis)."""
+    return list(itertools.islice(client.scan_iter(match=pattern, count=KEY_CHUNK), KEY_SAMPLE))
+
+
+def memory_usage(client: redis.Redis, keys: list[bytes]) -> int:
     """Sum of MEMORY USAGE (exact: SAMPLES 0) over `keys`."""
     total = 0
     for start in range(0, len(keys), KEY_CHUNK):
@@ -63,22 +92,131 @@ def memory_usage(client: redis.Redis, keys: list[str]) -> int:
     return total
 
 
-def measure(client: redis.Redis, load: Callable[[], str]) -> tuple[float, int, list[bytes]]:
-    """(seconds, used_memory delta, keys written) of one load into an emptied Redis.
-
-    `load` returns the SCAN pattern of its keys; SCAN is fine here, on a bench's own Redis.
-    """
+def measure(client: redis.Redis, load: Callable[[], str]) -> tuple[float, int, float]:
+    """(seconds, used_memory delta, MEMORY USAGE estimated over all keys) of one load into an emptied Redis."""
     client.flushall(asynchronous=False)
     before = used_memory(client)
     start = time.perf_counter()
     pattern = load()
     seconds = time.perf_counter() - start
     grown = used_memory(client) - before
-    return seconds, grown, list(client.scan_iter(match=pattern, count=KEY_CHUNK))
+    keys = sampled_keys(client, pattern)
+    return seconds, grown, memory_usage(client, keys) / len(keys) * client.dbsize()
+
+
+class Readers:
+    """Per client thread of open_loop a KeyValueReader on an event loop of its own, kept across
+    the reader's chunks, so that no chunk pays for new connections."""
+
+    def __init__(self, url: str, ids: Sequence[str]) -> None:
+        self.ids = ids
+        self.pairs = [
+            (asyncio.new_event_loop(), KeyValueReader(RedisSettings(url=url))) for _ in range(CLIENT_THREADS)
+        ]
+        self.free = list(self.pairs)
+
+    def connect(self) -> Callable[[int], bool]:
+        loop, reader = self.free.pop()
+
+        def call(i: int) -> bool:
+            try:
+                _, value = loop.run_until_complete(reader.get(OUTPUT, self.ids[i % len(self.ids)]))
+            except Exception:  # counted as failed, like an error answer
+                return False
+            return value is not None
+
+        return call
+
+    def chunk(self, rate: float) -> tuple[np.ndarray, int]:
+        """(latencies in ms from due time, failed reads) of CHUNK_S of reads."""
+        latencies, failed = open_loop(self.connect, int(rate * CHUNK_S), rate)
+        self.free = list(self.pairs)
+        return latencies, failed
+
+    def close(self) -> None:
+        for loop, reader in self.pairs:
+            loop.run_until_complete(reader.aclose())
+            loop.close()
+
+
+def read_until_stopped(
+    url: str, ids: list[str], rate: float, ready: Path, stop: Path
+) -> tuple[list[float], list[float], int]:
+    """In its own process: (due times, latencies in ms, failed reads) of open-loop reads until
+    `stop` exists."""
+    readers = Readers(url, ids)
+    try:
+        readers.chunk(rate)  # warm-up: connections, the version's registry entry
+        ready.touch()
+        due: list[float] = []
+        latencies: list[float] = []
+        failed = 0
+        while not stop.exists():
+            start = time.perf_counter() + 0.05  # open_loop's first due time
+            chunk, bad = readers.chunk(rate)
+            failed += bad
+            due += (start + np.arange(len(chunk)) / rate).tolist()
+            latencies += chunk.tolist()
+    finally:
+        readers.close()
+    return due, latencies, failed
+
+
+def reads_during_gc(
+    url: str, settings: RedisSettings, ids: list[str], values: list[bytes], block: int, rate: float, tmp: Path
+) -> dict[str, object]:
+    """Publish two versions, then collect the older one while a reader process reads the newer."""
+    client = redis.Redis.from_url(url, socket_timeout=ADMIN_TIMEOUT_S)
+    client.flushall(asynchronous=False)
+    versions = [f"20261122T031500Z-gc{n}" for n in range(2)]
+    with KeyValueStore(settings.model_copy(update={"keep_versions": 1})) as store:
+        for version in versions:
+            store.create_version(OUTPUT, version, len(ids))
+            for start in range(0, len(ids), block):
+                store.write(OUTPUT, version, ids[start : start + block], values[start : start + block])
+            store.publish(OUTPUT, version, {ids[0]: values[0]})
+    memory_two_versions = used_memory(client)
+    picks = np.random.default_rng(1).integers(0, len(ids), size=min(READ_IDS, len(ids)))
+    ready, stop = tmp / "reader-ready", tmp / "reader-stop"
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        reads = pool.submit(read_until_stopped, url, [ids[i] for i in picks], rate, ready, stop)
+        while not ready.exists():
+            if reads.done():
+                reads.result()  # raises the reader's error
+            time.sleep(0.05)
+        time.sleep(IDLE_S)
+        gc_start = time.perf_counter()
+        with KeyValueStore(settings.model_copy(update={"keep_versions": 0})) as store:
+            deleted = store.collect_garbage(OUTPUT)
+        gc_end = time.perf_counter()
+        time.sleep(CHUNK_S)
+        stop.touch()
+        due, latencies, failed = reads.result()
+    if deleted != versions[:1]:
+        raise RuntimeError(f"garbage collection deleted {deleted}, expected {versions[:1]}")
+    memory_after = used_memory(client)
+    client.close()
+    due_at, lat = np.array(due), np.array(latencies)
+    idle = lat[due_at < gc_start]
+    during = lat[(due_at >= gc_start) & (due_at <= gc_end)]
+    return {
+        "reader": f"KeyValueReader.get, {rate:g}/s open loop, {CLIENT_THREADS} threads, own process",
+        "gc_s": round(gc_end - gc_start, 2),
+        "gc_freed_bytes_per_record": round((memory_two_versions - memory_after) / len(ids), 1),
+        "idle": {**percentiles(idle), "max_ms": round(float(idle.max()), 3), "reads": len(idle)},
+        "during_gc": {**percentiles(during), "max_ms": round(float(during.max()), 3), "reads": len(during)}
+        if len(during)
+        else {"reads": 0},
+        "failed_reads": failed,
+    }
 
 
 def main(
-    records_n: int = 100_000, k: int = 10, repeats: int = 3, block: int | None = None
+    records_n: int = 100_000,
+    k: int = 10,
+    repeats: int = 3,
+    block: int | None = None,
+    reader_rate: float = 1000.0,
 ) -> dict[str, object]:
     """`block`: records per `write` call; by default what the Ray sink hands it (`write_batch`)."""
     ids, values = records(records_n, k)
@@ -86,11 +224,11 @@ def main(
     samples = {ids[i]: values[i] for i in range(0, records_n, max(records_n // SAMPLES, 1))}
     times: dict[str, list[float]] = {"ours": [], "baseline": []}
     grown: dict[str, list[int]] = {"ours": [], "baseline": []}
-    usage: dict[str, int] = {}
+    usage: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-publish-") as tmp, redis_server(Path(tmp)) as url:
         settings = RedisSettings(url=url)
         block = block or settings.write_batch
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(url, socket_timeout=ADMIN_TIMEOUT_S)
         with KeyValueStore(settings) as store:
 
             def ours() -> str:
@@ -110,17 +248,18 @@ def main(
 
             for _ in range(repeats):
                 for name, load in (("ours", ours), ("baseline", baseline)):
-                    seconds, delta, keys = measure(client, load)
+                    seconds, delta, usage[name] = measure(client, load)
                     times[name].append(seconds)
                     grown[name].append(delta)
-                    usage[name] = memory_usage(client, keys)
                     if name == "ours":
+                        buckets = math.ceil(records_n / settings.entries_per_bucket)
                         pipe = client.pipeline(transaction=False)
-                        for key in keys:
+                        for key in sampled_keys(client, f"{settings.prefix}:{OUTPUT}:*"):
                             pipe.object("encoding", key)
-                        not_listpack = sum(e != b"listpack" for e in pipe.execute())
-                        buckets = len(keys)
+                        encodings = pipe.execute()
+                        not_listpack = sum(e != b"listpack" for e in encodings)
         client.close()
+        gc = reads_during_gc(url, settings, ids, values, block, reader_rate, Path(tmp))
 
     result: dict[str, object] = {
         "bench": "publish",
@@ -131,7 +270,8 @@ def main(
         "block": block,
         "payload_bytes_per_record": round(payload, 1),
         "buckets": buckets,
-        "buckets_not_listpack": not_listpack,
+        "buckets_sampled": len(encodings),
+        "buckets_sampled_not_listpack": not_listpack,
         "ours": "KeyValueStore.write (hash buckets) + publish",
         "baseline": f"redis-py MSET, {MSET_BATCH} plain keys per call",
     }
@@ -141,6 +281,7 @@ def main(
         result[f"{name}_x_payload"] = round(statistics.median(grown[name]) / records_n / payload, 2)
         result[f"{name}_memory_usage_bytes_per_record"] = round(usage[name] / records_n, 1)
     result["ratio"] = round(result["ours_records_per_s"] / result["baseline_records_per_s"], 2)
+    result["reads_during_gc"] = gc
     print(
         f"{records_n:,} records (demo corpus ids, top-{k} ranked values), payload {payload:.1f} B/record "
         f"(id + value), median of {repeats} repeats"
@@ -153,11 +294,23 @@ def main(
         )
     print(f"ratio     {result['ratio']:10.2f}x  ours / baseline records/s (acceptance >= 0.7)")
     print(
-        f"memory is the used_memory delta; MEMORY USAGE summed over keys says ours "
+        f"memory is the used_memory delta; MEMORY USAGE (sampled) says ours "
         f"{result['ours_memory_usage_bytes_per_record']}, baseline {result['baseline_memory_usage_bytes_per_record']} "
-        f"B/record; {not_listpack} of {buckets} buckets past the listpack limits"
+        f"B/record; {not_listpack} of {len(encodings)} sampled buckets past the listpack limits"
     )
-    print(f"machine {result['machine']}")
+    idle, during = gc["idle"], gc["during_gc"]
+    print(f"reads of the published version while the old one is collected ({gc['reader']}):")
+    print(f"{'':9} {'reads':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, figures in (("idle", idle), ("during GC", during)):
+        print(
+            f"{name:9} {figures['reads']:7d} {figures.get('p50_ms', float('nan')):8.3f}"
+            f" {figures.get('p99_ms', float('nan')):8.3f} {figures.get('max_ms', float('nan')):8.3f}"
+        )
+    print(
+        f"GC of {records_n:,} records took {gc['gc_s']} s; {gc['failed_reads']} reads failed; goal p99 <= 2 ms"
+    )
+    result["load_average_1m"] = round(os.getloadavg()[0], 1)
+    print(f"machine {result['machine']}, load average (1 min) at the end {result['load_average_1m']}")
     print(json.dumps(result))
     return result
 

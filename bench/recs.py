@@ -21,11 +21,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from jobs import embedding_cache
+from jobs import content_cache
+from jobs.embedding_cache import EMBEDDING, embeddings_of
 from jobs.recommend import BlockedTopK, popularity_prior
 from jobs.recs_quality import leave_one_out, read_seen
 from jobs.recs_settings import RecsJobSettings
 from jobs.settings import JobSettings
+from jobs.staging import committed_dataset
 from models import EngineSettings, load_encoder
 from models.hardware import device_fingerprint
 from models.settings import DEMO_CORPUS
@@ -35,8 +37,11 @@ from precompute.pipeline import load_pipeline
 def item_embeddings(texts: list[str]) -> tuple[np.ndarray, str]:
     """(vectors, where they came from)."""
     engine = EngineSettings()
-    keys = embedding_cache.content_keys(engine.model.hash, texts)
-    cache = embedding_cache.load(JobSettings().work_dir / "cache" / "embeddings")
+    keys = content_cache.content_keys(engine.model.hash, texts)
+    cache = {}
+    if previous := content_cache.previous_run(JobSettings().work_dir / "cache" / "embeddings"):
+        table = committed_dataset(previous).to_table(columns=[content_cache.KEY, EMBEDDING])
+        cache = dict(zip(table[content_cache.KEY].to_pylist(), embeddings_of(table), strict=True))
     if all(key in cache for key in keys):
         return np.stack([cache[key] for key in keys]), "the embedding job's cache"
     with load_encoder(engine) as encoder:

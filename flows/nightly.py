@@ -32,12 +32,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from ray.data.datasource import Datasink
 
-from flows.validate import Validation, staged_vectors, validate_version
+from flows.validate import Validation, validate_version
+from jobs.content_cache import promote
 from jobs.embed import EmbedJobReport, run_embed_job
 from jobs.labels import LabelsJobReport, run_labels_job
 from jobs.recommend import RecsJobReport, run_recs_job
 from jobs.recs_quality import RecsQuality, leave_one_out, read_seen
 from jobs.recs_settings import RecsJobSettings
+from jobs.recs_state import CopyPlan, Previous, bucket_fit, staged_items
 from jobs.settings import JobSettings
 from models import EngineSettings
 from models.labels import LabelSettings, label_names
@@ -109,24 +111,34 @@ def into_redis(
     store_key: str,
     vocabulary: list[str],
     work_dir: Path,
-    job: Callable[[Datasink, Path, Callable[[int], None]], Job],
+    job: Callable[[Datasink, Path, Callable[..., None]], Job],
 ) -> tuple[Job, str, list[str]]:
     """Run `job` into a new Redis version of `output` (keys under `store_key`) and publish it
     (count and sample reads first).
 
-    `job(sink, run_dir, size)` writes through `sink`, keeps its rejects in `run_dir`, and
-    calls `size(records)` before its first write. A failed attempt's version is deleted
-    whole. Returns (job report, version, versions deleted by the publish's GC).
+    `job(sink, run_dir, create)` writes through `sink`, keeps its rejects in `run_dir`, and
+    calls `create(records)` before its first write, or `create(records, copy)` to start the
+    version as a server-side copy of `copy.version` less the records `copy.gone` (the sink
+    then overwrites the records it writes). A failed attempt's version is deleted whole.
+    Returns (job report, version, versions deleted by the publish's GC).
     """
     version = new_version()
     runs = work_dir / "runs" / output
     with KeyValueStore(redis) as store:
-        try:
-            report = job(
-                store.sink(store_key, version),
-                runs / version,
-                lambda rows: store.create_version(store_key, version, rows, {"vocabulary": vocabulary}),
+
+        def create(rows: int, copy: CopyPlan | None = None) -> None:
+            meta = {"vocabulary": vocabulary}
+            if copy is None:
+                store.create_version(store_key, version, rows, meta)
+                return
+            store.create_version(
+                store_key, version, rows, meta, buckets=store.buckets(store_key, copy.version)
             )
+            store.copy_version(store_key, copy.version, version)
+            store.delete(store_key, version, copy.gone)
+
+        try:
+            report = job(store.sink(store_key, version), runs / version, create)
             deleted = store.publish(store_key, version, report.samples)
         except BaseException:
             drop_unpublished(store, store_key, version)
@@ -145,18 +157,22 @@ def label(
     engine: EngineSettings,
     redis: RedisSettings,
 ) -> tuple[LabelsJobReport, str, list[str]]:
-    """Label the corpus into a new Redis version and publish it."""
+    """Label the corpus into a new Redis version and publish it; its staged values then become
+    the cache of the next run (never before: a failed run must not replace it)."""
     vocabulary = label_names(labels, engine)  # trains a head on a cache miss
-    return into_redis(
+    cache_dir = job.work_dir / "cache" / output
+    labelled, version, deleted = into_redis(
         redis,
         output,
         store_key,
         vocabulary,
         job.work_dir,
         lambda sink, run_dir, size: run_labels_job(
-            corpus, job, labels, engine, sink, run_dir, before_write=size
+            corpus, job, labels, engine, sink, run_dir, before_write=size, cache_dir=cache_dir
         ),
     )
+    promote(cache_dir, Path(labelled.staged))
+    return labelled, version, deleted
 
 
 class SkippedError(Exception):
@@ -180,27 +196,42 @@ class QualityError(Exception):
     """The new recommendations are worse than the most-popular baseline; the current version stays."""
 
 
+def published_recs(redis: RedisSettings, store_key: str, runs: Path) -> Previous | None:
+    """The published version of a recs output, which an incremental run copies from."""
+    with KeyValueStore(redis) as store:
+        current = store.current(store_key)
+        if current is None:
+            return None
+        fit = bucket_fit(store.buckets(store_key, current), redis.entries_per_bucket)
+    return Previous(current, runs / current, fit)
+
+
 @task(**retrying)
 def recommend(
     output: str,
     store_key: str,
     interactions: InteractionsInput,
     recs: RecsJobSettings,
+    items_model: str,
     embeddings_dir: Path,
     redis: RedisSettings,
     work_dir: Path,
 ) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
-    """Recommend from the published embeddings into a new Redis version; publish it only if it
-    beats most-popular under leave-one-out. Returns (report, version, quality, versions deleted)."""
-    item_ids, item_vectors = staged_vectors(embeddings_dir)
+    """Recommend from the published embeddings into a new Redis version, rescoring only the users
+    whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
+    ranker beats most-popular under leave-one-out. Returns (report, version, quality, versions deleted)."""
+    items = staged_items(embeddings_dir)
+    previous = published_recs(redis, store_key, work_dir / "runs" / output)
     quality: RecsQuality | None = None
 
-    def job(sink: Datasink, run_dir: Path, size: Callable[[int], None]) -> RecsJobReport:
+    def job(sink: Datasink, run_dir: Path, create: Callable[..., None]) -> RecsJobReport:
         """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
         nonlocal quality
-        report = run_recs_job(interactions, recs, item_ids, item_vectors, sink, run_dir, before_write=size)
-        seen = read_seen(interactions, item_ids)
-        quality = leave_one_out(seen, item_vectors, recs.popularity_weight, recs.k)
+        report = run_recs_job(
+            interactions, recs, items, sink, run_dir, create, items_model=items_model, previous=previous
+        )
+        seen = read_seen(interactions, items.ids)
+        quality = leave_one_out(seen, items.vectors, recs.popularity_weight, recs.k)
         if quality.ours < quality.most_popular:
             raise QualityError(
                 f"leave-one-out hit-rate@{recs.k} {quality.ours:.4f} is below "
@@ -208,7 +239,7 @@ def recommend(
             )
         return report
 
-    report, version, deleted = into_redis(redis, output, store_key, item_ids, work_dir, job)
+    report, version, deleted = into_redis(redis, output, store_key, items.ids, work_dir, job)
     return report, version, quality, deleted  # type: ignore[return-value]  # set by job
 
 
@@ -266,6 +297,8 @@ def labels_report(labelled: LabelsJobReport, version: str, deleted: list[str]) -
         "rejects": labelled.rejects,
         "rejects_path": labelled.rejects_path,
         "items": labelled.items,
+        "reused": labelled.reused,
+        "computed": labelled.computed,
         "labels": len(labelled.vocabulary),
         "seconds": labelled.seconds,
         "docs_per_s": round(labelled.items / labelled.seconds["label"], 1),
@@ -288,6 +321,10 @@ def recs_report(
         "rejects": recs.rejects,
         "rejects_path": recs.rejects_path,
         "users": recs.users,
+        "rescored": recs.rescored,
+        "copied": recs.copied,
+        "mode": recs.mode,
+        "mode_reason": recs.mode_reason,
         "k": recs.k,
         "seconds": recs.seconds,
         "users_per_s": recs.users_per_s,
@@ -408,6 +445,7 @@ def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> 
                 spec.store(name),
                 output.input,
                 spec.recs_settings(name),
+                spec.sources[items].hash,
                 staged,
                 keep(spec.redis_settings(name)),
                 job.work_dir,

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.dataset as pads
 
 from jobs.embedding_cache import EMBEDDING, embeddings_of
+from jobs.staging import committed_dataset
 from stores.vectors import VectorStore
 
 K = 10
@@ -33,7 +33,8 @@ class Validation:
 
 
 def staged_vectors(run_dir: Path) -> tuple[list[str], np.ndarray]:
-    table = pads.dataset(run_dir, format="parquet").to_table(columns=["id", EMBEDDING])
+    """(ids, vectors) of the committed parts only: a retried write's orphan part would count twice."""
+    table = committed_dataset(run_dir).to_table(columns=["id", EMBEDDING])
     return [str(i) for i in table["id"].to_pylist()], embeddings_of(table)
 
 

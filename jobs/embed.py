@@ -1,8 +1,10 @@
 """Corpus embeddings as a Ray Data job: read -> validate -> reuse or embed -> stage -> load a version.
 
     rejects pass:  read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
-    main pass:     read -> tag_rejects -> good rows -> EmbedActor pool -> StagingSink (Parquet parts)
-    driver:        parts -> vector store version (bulk load, index, count) -> promote as cache
+    main pass:     read -> tag_rejects -> good rows -> content keys -> left join the previous
+                   run's (id, key, embedding) -> EmbedActor pool (encodes the rows left without
+                   one) -> StagingSink (Parquet parts, committed by a manifest)
+    driver:        committed parts -> vector store version (bulk load, index, count) -> promote as cache
 
 The same code runs on a laptop's local Ray and on a cluster given its address; staged
 parts are written in parallel, the version is loaded by one process, which the in-process
@@ -12,31 +14,24 @@ Qdrant engine requires.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 import ray
-from ray.data.block import Block, BlockAccessor
-from ray.data.datasource import Datasink, WriteResult
 
-from jobs import embedding_cache
-from jobs.embedding_cache import EMBEDDING, KEY
+from jobs.content_cache import KEY, join_previous, promote, uncached, with_content_keys
+from jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from jobs.ray_session import actor_pool, ray_session
 from jobs.settings import JobSettings
+from jobs.staging import COMPUTED, StagingSink, committed_dataset
 from jobs.validate import validated_corpus
 from models import EngineSettings, load_encoder
 from precompute.pipeline import CorpusInput
 from stores.vectors import VectorStore
 
-COMPUTED = "computed"
 NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
 LOAD_BATCH = 256
 
@@ -55,56 +50,24 @@ class EmbedJobReport:
 
 
 class EmbedActor:
-    """One engine per actor; rows whose content key is cached skip inference entirely."""
+    """One engine per actor; it encodes only the rows the cache join left without a vector."""
 
-    def __init__(self, engine: EngineSettings, cache_dir: Path) -> None:
+    def __init__(self, engine: EngineSettings) -> None:
         self.encoder = load_encoder(engine)
-        self.model_hash = engine.model.hash
-        self.cache = embedding_cache.load(cache_dir)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        texts = batch["text"].to_pylist()
-        keys = embedding_cache.content_keys(self.model_hash, texts)
-        missing = [i for i, key in enumerate(keys) if key not in self.cache]
-        vectors = np.empty((len(keys), self.encoder.dim), dtype=np.float32)
-        for i, key in enumerate(keys):
-            if key in self.cache:
-                vectors[i] = self.cache[key]
-        if missing:
-            vectors[missing] = self.encoder.encode([texts[i] for i in missing])
-        computed = np.zeros(len(keys), dtype=bool)
-        computed[missing] = True
+        missing = uncached(batch, EMBEDDING)
+        vectors = np.empty((batch.num_rows, self.encoder.dim), dtype=np.float32)
+        if not missing.all():
+            vectors[~missing] = embeddings_of(batch.filter(pa.array(~missing)))
+        if missing.any():
+            texts = batch["text"].to_pylist()
+            vectors[missing] = self.encoder.encode([t for t, m in zip(texts, missing, strict=True) if m])
         return (
-            batch.drop_columns(["text"])
-            .append_column(KEY, pa.array(keys, pa.binary(16)))
-            .append_column(EMBEDDING, embedding_cache.embeddings_column(vectors))
-            .append_column(COMPUTED, pa.array(computed))
+            batch.drop_columns([c for c in ("text", EMBEDDING) if c in batch.column_names])
+            .append_column(EMBEDDING, embeddings_column(vectors))
+            .append_column(COMPUTED, pa.array(missing))
         )
-
-
-class StagingSink(Datasink[dict[str, int]]):
-    """Writes each block as a Parquet part; the parts become the version and the next cache."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.rows = self.computed = 0
-
-    def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-
-    def write(self, blocks: Iterable[Block], ctx: Any) -> dict[str, int]:
-        rows = computed = 0
-        for block in blocks:
-            table = BlockAccessor.for_block(block).to_arrow()
-            if table.num_rows:
-                pq.write_table(table, self.run_dir / f"part-{uuid.uuid4().hex}.parquet")
-                rows += table.num_rows
-                computed += int(pc.sum(table[COMPUTED]).as_py() or 0)
-        return {"rows": rows, "computed": computed}
-
-    def on_write_complete(self, write_result: WriteResult[dict[str, int]]) -> None:
-        self.rows = sum(r["rows"] for r in write_result.write_returns)
-        self.computed = sum(r["computed"] for r in write_result.write_returns)
 
 
 def version_meta(engine: EngineSettings) -> dict[str, Any]:
@@ -123,16 +86,14 @@ def payload_kind(kind: pa.DataType) -> str:
 
 def load_version(store: VectorStore, version: str, run_dir: Path, meta: dict[str, Any]) -> int:
     """Bulk-load staged parts into a new, unpublished version; index it; return its count."""
-    parts = pads.dataset(run_dir, format="parquet")
+    parts = committed_dataset(run_dir)
     payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
     payload = {c: payload_kind(parts.schema.field(c).type) for c in payload_columns}
     store.create_version(version, parts.schema.field(EMBEDDING).type.list_size, {**meta, "payload": payload})
     for batch in parts.to_batches(batch_size=LOAD_BATCH):
         table = pa.Table.from_batches([batch])
         ids = [str(i) for i in table["id"].to_pylist()]
-        store.upsert(
-            version, ids, embedding_cache.embeddings_of(table), table.select(payload_columns).to_pylist()
-        )
+        store.upsert(version, ids, embeddings_of(table), table.select(payload_columns).to_pylist())
     store.finalize(version)
     return store.count(version)
 
@@ -154,7 +115,8 @@ def run_embed_job(
 ) -> EmbedJobReport:
     """Embed the corpus into a new, unpublished store version; publishing is the caller's step.
 
-    Staged parts go to `runs/<output>/<version>`; the previous run's are the cache (`cache/<output>`).
+    Staged parts go to `runs/<output>/<version>`; the previous run's are the cache (`cache/<output>`),
+    joined to the rows inside the dataset: no process holds it whole.
     """
     run_dir = settings.work_dir / "runs" / output / version
     cache_dir = settings.work_dir / "cache" / output
@@ -175,9 +137,12 @@ def run_embed_job(
 
         start = time.perf_counter()
         sink = StagingSink(run_dir / "embeddings")
-        good.map_batches(
+        keyed = good.map_batches(
+            with_content_keys, fn_kwargs={"identity": engine.model.hash}, batch_format="pyarrow"
+        )
+        join_previous(keyed, rows - rejects, cache_dir, [EMBEDDING]).map_batches(
             EmbedActor,
-            fn_constructor_kwargs={"engine": engine, "cache_dir": cache_dir},
+            fn_constructor_kwargs={"engine": engine},
             batch_size=settings.rows_per_batch,
             batch_format="pyarrow",
             **actor_pool(settings.actors, gpus),
@@ -187,7 +152,7 @@ def run_embed_job(
     start = time.perf_counter()
     loaded = load_version(store, version, sink.run_dir, version_meta(engine))
     seconds["load"] = time.perf_counter() - start
-    embedding_cache.promote(cache_dir, sink.run_dir)
+    promote(cache_dir, sink.run_dir)
     return EmbedJobReport(
         version=version,
         rows=rows,

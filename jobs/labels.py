@@ -1,27 +1,35 @@
-"""Content labels as a Ray Data job: read -> validate -> LabelActor pool -> the caller's sink.
+"""Content labels as a Ray Data job: read -> validate -> reuse or label -> stage -> the caller's sink.
 
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
-    main pass:    good rows -> LabelActor pool (gated encoder + head, top labels) -> values -> sink
+    main pass:    good rows -> content keys -> left join the previous run's (id, key, value)
+                  -> LabelActor pool (labels the rows left without one) -> values
+                  -> StagingSink (the next run's cache) and the caller's sink
 
 The labeler is trained, built and gated once in a Ray task before the actors fan out, as
 in jobs/embed.py. A value is the item's top labels as `stores.records` pairs; the label
-names are the version's vocabulary.
+names are the version's vocabulary. A row's content key hashes (labeler identity, text),
+so a new encoder, head, classifier or vocabulary computes every row again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import ray
 from ray.data.datasource import Datasink
 
+from jobs.content_cache import KEY, join_previous, uncached, with_content_keys
 from jobs.ray_session import actor_pool, ray_session
 from jobs.settings import JobSettings
+from jobs.staging import COMPUTED, StagingSink
 from jobs.validate import validated_corpus
 from models import EngineSettings
 from models.labels import LabelerReport, LabelSettings, load_labeler, open_labeler
@@ -29,6 +37,9 @@ from precompute.pipeline import CorpusInput
 from stores.records import encode_ranked
 
 SAMPLES = 5
+VALUE = "value"
+STAGED = "labels"
+"""The folder of a run's committed (content_key, id, value) parts."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,9 @@ class LabelsJobReport:
     rejects: int
     rejects_path: str
     items: int
+    reused: int
+    """Items whose value came from the previous run's cache: no inference."""
+    computed: int
     seconds: dict[str, float]
     labeler: dict[str, Any]
     """Engine, label gates (each precision tried, with its agreement) and head accuracy."""
@@ -44,18 +58,51 @@ class LabelsJobReport:
     """Label names by index: a value's indices point here, so a publish stores it with the version."""
     samples: dict[str, bytes]
     """A few item_id -> value as written, for the read-back checks of a publish."""
+    staged: str
+    """The committed parts: the next run's cache once this version is published (content_cache.promote)."""
+
+
+def labeler_identity(
+    labels: LabelSettings, engine: EngineSettings, report: LabelerReport, vocabulary: list[str]
+) -> str:
+    """Everything a value depends on besides the text. The encoder's (or classifier's) hash;
+    the trained head's cache entry, named by its key (model, training data, column, recipe);
+    the vocabulary the indices point into; how many labels a value holds; and the precision
+    and near-tie recheck the gate chose, since those can flip a label."""
+    identity = {
+        "model": engine.model.hash,
+        "head": Path(report.head_dir).name if report.head_dir else "",
+        "vocabulary": vocabulary,
+        "top": labels.top,
+        "precision": report.engine.precision,
+        "recheck_margin": report.gates[-1].recheck_margin if report.gates else None,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 class LabelActor:
-    """One labeler per actor, the one prepare_labeler gated: (id, text) rows in, (id, value) rows out."""
+    """One labeler per actor, the one prepare_labeler gated; it labels only the rows the cache
+    join left without a value: (id, text, key[, value]) rows in, (id, key, value, computed) out."""
 
     def __init__(self, labels: LabelSettings, engine: EngineSettings, report: LabelerReport) -> None:
         self.labeler = open_labeler(labels, engine, report)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        indices, scores = self.labeler.label(batch["text"].to_pylist())
-        ids = pa.array([str(i) for i in batch["id"].to_pylist()], pa.string())
-        return pa.table({"id": ids, "value": pa.array(encode_ranked(indices, scores), pa.binary())})
+        missing = uncached(batch, VALUE)
+        values = batch[VALUE].to_pylist() if VALUE in batch.column_names else [None] * batch.num_rows
+        if missing.any():
+            texts = batch["text"].to_pylist()
+            indices, scores = self.labeler.label([t for t, m in zip(texts, missing, strict=True) if m])
+            fresh = iter(encode_ranked(indices, scores))
+            values = [next(fresh) if m else v for v, m in zip(values, missing, strict=True)]
+        return pa.table(
+            {
+                "id": pa.array([str(i) for i in batch["id"].to_pylist()], pa.string()),
+                KEY: batch[KEY],
+                VALUE: pa.array(values, pa.binary()),
+                COMPUTED: pa.array(np.asarray(missing)),
+            }
+        )
 
 
 @ray.remote
@@ -73,11 +120,15 @@ def run_labels_job(
     sink: Datasink,
     work_dir: Path,
     before_write: Callable[[int], None] | None = None,
+    cache_dir: Path | None = None,
 ) -> LabelsJobReport:
     """Top labels of every valid corpus row, written through `sink`.
 
+    work_dir: this run's folder: rejects, and the staged parts (under `labels/`) that the
+    caller promotes as the next run's cache once it published the version.
     before_write: called with the number of records once validation counted them, for a
     store that sizes a version up front (create_version(rows=)).
+    cache_dir: the cache whose unchanged rows are reused; None labels every row.
     """
     rejects_path = work_dir / "rejects.parquet"
     seconds: dict[str, float] = {}
@@ -93,32 +144,40 @@ def run_labels_job(
         seconds["engine"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        values = (
-            good.select_columns(["id", "text"])
-            .map_batches(
-                LabelActor,
-                fn_constructor_kwargs={"labels": labels, "engine": engine, "report": report},
-                batch_size=settings.rows_per_batch,
-                batch_format="pyarrow",
-                **actor_pool(settings.actors, gpus),
-            )
-            .materialize()
+        keyed = good.select_columns(["id", "text"]).map_batches(
+            with_content_keys,
+            fn_kwargs={"identity": labeler_identity(labels, engine, report, vocabulary)},
+            batch_format="pyarrow",
         )
+        if cache_dir is not None:
+            keyed = join_previous(keyed, rows - rejects, cache_dir, [VALUE])
+        values = keyed.map_batches(
+            LabelActor,
+            fn_constructor_kwargs={"labels": labels, "engine": engine, "report": report},
+            batch_size=settings.rows_per_batch,
+            batch_format="pyarrow",
+            **actor_pool(settings.actors, gpus),
+        ).materialize()
         seconds["label"] = time.perf_counter() - start
-        samples = {row["id"]: row["value"] for row in values.take(SAMPLES)}
+        samples = {row["id"]: row[VALUE] for row in values.take(SAMPLES)}
 
         start = time.perf_counter()
+        staging = StagingSink(work_dir / STAGED)
+        values.write_datasink(staging)
         if before_write:
             before_write(rows - rejects)
-        values.write_datasink(sink)
+        values.select_columns(["id", VALUE]).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     return LabelsJobReport(
         rows=rows,
         rejects=rejects,
         rejects_path=str(rejects_path),
         items=rows - rejects,
+        reused=staging.rows - staging.computed,
+        computed=staging.computed,
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
         labeler=asdict(report),
         vocabulary=vocabulary,
         samples=samples,
+        staged=str(staging.run_dir),
     )

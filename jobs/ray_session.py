@@ -25,7 +25,9 @@ def start_local(num_cpus: int, **options: Any) -> None:
     stopped first, so no attempt leaks processes."""
     for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+            # "local": never join the cluster `ray start` or a test cluster recorded in
+            # /tmp/ray/ray_current_cluster, which a plain ray.init() would.
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
             return
         except Exception as e:
             stop_local()
@@ -36,8 +38,9 @@ def start_local(num_cpus: int, **options: Any) -> None:
 
 def stop_local() -> None:
     """Shut Ray down, then stop any of its processes this one started that are still running
-    (a failed start has no node to shut down)."""
-    ray.shutdown()
+    (a failed start has no node to shut down). Waiting for the node's processes to exit means
+    none is still running when its handle is dropped (a ResourceWarning, an error in the tests)."""
+    ray.shutdown(wait_for_processes=True)
     leftovers = [p for p in psutil.Process().children(recursive=True) if _is_ray(p)]
     for process in leftovers:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -75,7 +78,14 @@ def actor_pool(size: int, gpus: bool) -> dict[str, Any]:
     """`map_batches` options of an inference actor pool: one GPU per actor where there are
     GPUs. On CPU the engine's threads use every core anyway; half a CPU in Ray's books leaves
     room for the read tasks, while an actor taking all CPUs of a node hangs the dataset
-    silently (STACK.md)."""
+    silently (STACK.md).
+
+    A lost node or a killed actor process: Ray Data gives pool actors max_restarts=-1 and
+    max_task_retries=-1, so the actor is started again on a node with room and the batches it
+    had in flight are retried (tests/flows/test_multinode.py kills a node mid-embedding). They
+    are left at those defaults: Ray 2.60 takes them only through `ray_remote_args`, which it
+    deprecates. The cost: a batch that kills its actor every time (out of memory, a crash in
+    the engine) restarts it for ever rather than failing the job."""
     return {
         "compute": ActorPoolStrategy(size=size),
         "num_gpus": 1 if gpus else 0,

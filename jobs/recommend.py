@@ -2,11 +2,15 @@
 
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     popularity:   good rows -> a bincount per block -> item counts (the ranker's prior)
-    main pass:    good rows -> group by user -> TopKActor pool (blocked matmul, mask, topk) -> values -> sink
+    main pass:    good rows -> group by user (+ fingerprint) -> users to rescore -> TopKActor pool
+                  (blocked matmul, mask, topk) -> values -> sink
 
 Two towers: the item tower is the corpus encoder (the caller passes its embeddings), the user
 tower the normalised weighted mean of the user's items. Scoring is exact, not approximate:
 one matrix multiply per block of users against every item, so no recall is lost to an index.
+
+Incremental: given the published version's staged state, only users whose inputs moved are
+rescored and the store copies the others (jobs/recs_state.py says which, and what a copy misses).
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ from ray.data.expressions import col
 
 from jobs.ray_session import actor_pool, ray_session
 from jobs.recs_settings import RecsJobSettings
+from jobs.recs_state import (
+    FINGERPRINT,
+    CopyPlan,
+    Items,
+    Previous,
+    interactions_fingerprint,
+    model_fingerprint,
+    plan,
+    rescore,
+    stage,
+)
 from jobs.validate import REASON, id_key, quarantine
 from models.text_columns import lossless, utf8_errors
 from precompute.pipeline import InteractionsInput
@@ -37,7 +52,10 @@ from stores.records import RANKED, encode_ranked
 
 USER, ITEM, WEIGHT = "user_id", "item_id", "weight"
 INDEX, ITEMS, WEIGHTS = "item_index", "items", "weights"
+HOLDS = "holds_changed"
 SAMPLES = 5
+RECIPE = "weighted-mean-user/cosine+log1p-prior/exact-topk/v1"
+"""The scoring code's identity in the model fingerprint: change it when a change to the code changes values."""
 
 
 class Seen(NamedTuple):
@@ -54,9 +72,15 @@ class RecsJobReport:
     rejects: int
     rejects_path: str
     users: int
+    rescored: int
+    copied: int
+    """Users whose record the store copies from the published version instead."""
+    mode: str
+    """"full" (every user scored) or "incremental" (only users whose inputs moved)."""
+    mode_reason: str
     k: int
     users_per_s: float
-    """Users over the whole recommend stage (shuffle by user, actor start, top-k), not the kernel alone."""
+    """Rescored users over the recommend stage (actor start, top-k), not the kernel alone."""
     seconds: dict[str, float]
     vocabulary: list[str]
     """Item ids by position: a value's indices point here, so a publish stores it with the version."""
@@ -130,18 +154,34 @@ def popularity_prior(counts: np.ndarray, weight: float) -> np.ndarray:
     return (weight * logs / max(float(logs.max()), 1e-12)).astype(np.float32)
 
 
-def gather_user(rows: pa.Table) -> pa.Table:
-    """One user's rows -> one row with the user's item positions and weights as lists."""
-    items = rows[INDEX].combine_chunks()
+def gather_user(rows: pa.Table, changed: np.ndarray) -> pa.Table:
+    """One user's rows -> one row with the user's item positions and weights as lists, their
+    fingerprint, and whether they hold one of the `changed` item positions."""
+    items, weights = rows[INDEX].combine_chunks(), rows[WEIGHT].combine_chunks()
+    positions = items.to_numpy()
     return pa.table(
         {
             "id": rows[USER].slice(0, 1),
             ITEMS: pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), items),
-            WEIGHTS: pa.ListArray.from_arrays(
-                pa.array([0, len(items)], pa.int32()), rows[WEIGHT].combine_chunks()
-            ),
+            WEIGHTS: pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), weights),
+            FINGERPRINT: pa.array([interactions_fingerprint(positions, weights.to_numpy())], pa.binary()),
+            HOLDS: pa.array([bool(np.isin(positions, changed).any())]),
         }
     )
+
+
+def only_users(batch: pa.Table, ids: ray.ObjectRef) -> pa.Table:
+    return batch.filter(pc.is_in(batch["id"], value_set=ray.get(ids)))
+
+
+USERS_SCHEMA = pa.schema([("id", pa.string()), (FINGERPRINT, pa.binary()), (HOLDS, pa.bool_())])
+
+
+def users_of(grouped: ray.data.Dataset) -> pa.Table:
+    """Every user's id, fingerprint and whether they hold a changed item, on the driver (about
+    40 bytes a user): what decides who is rescored, and what the next run compares with."""
+    tables = ray.get(grouped.select_columns(USERS_SCHEMA.names).to_arrow_refs())
+    return pa.concat_tables([t.cast(USERS_SCHEMA) for t in tables]) if tables else USERS_SCHEMA.empty_table()
 
 
 def seen_of(batch: pa.Table) -> Seen:
@@ -247,25 +287,31 @@ def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
 def run_recs_job(
     interactions: InteractionsInput,
     settings: RecsJobSettings,
-    item_ids: list[str],
-    item_vectors: np.ndarray,
+    items: Items,
     sink: Datasink,
     work_dir: Path,
-    before_write: Callable[[int], None] | None = None,
+    before_write: Callable[[int, CopyPlan | None], None] | None = None,
+    items_model: str = "",
+    previous: Previous | None = None,
 ) -> RecsJobReport:
-    """Top-k items for every user with a valid interaction, written through `sink`.
+    """Top-k items for every user with a valid interaction: all of them, or with `previous` (the
+    published version) only those whose inputs moved since, written through `sink`.
 
-    item_vectors: [items, dim], L2-normalised, row i the embedding of item_ids[i].
-    before_write: called with the number of records (users) once they are computed and
-    before the first write, for a store that sizes a version up front (create_version(rows=)).
-    The values are materialised before the write (about 70 bytes a user) so that the samples
-    are exactly what was written.
+    items_model: the identity of the model that embedded the items (part of the model fingerprint).
+    before_write: called with the number of records (users) and, in an incremental run, the
+    copy plan (the version to copy, the users gone since), once the users to rescore are scored
+    and before the first write: a store creates the version there, and copies it (the sink then
+    overwrites the rescored users). The values are materialised before the write (about 70
+    bytes a user) so that the samples are exactly what was written. Stages in `work_dir` what
+    the next run compares with (jobs/recs_state.py).
     """
-    if len(item_ids) != len(item_vectors):
-        raise ValueError(f"{len(item_ids)} item_ids but {len(item_vectors)} item_vectors")
-    index = {item: i for i, item in enumerate(item_ids)}
-    if len(index) != len(item_ids):
-        raise ValueError(f"item_ids must be unique: {len(item_ids) - len(index)} duplicates")
+    if len(items.ids) != len(items.vectors) or len(items.ids) != len(items.keys):
+        raise ValueError(f"{len(items.ids)} item ids, {len(items.vectors)} vectors, {len(items.keys)} keys")
+    index = {item: i for i, item in enumerate(items.ids)}
+    if len(index) != len(items.ids):
+        raise ValueError(f"item ids must be unique: {len(items.ids) - len(index)} duplicates")
+    fingerprint = model_fingerprint(items_model, settings.k, settings.popularity_weight, items.ids, RECIPE)
+    planned = plan(fingerprint, items, previous)
     rejects_path = work_dir / "rejects.parquet"
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
@@ -285,18 +331,41 @@ def run_recs_job(
         good = (
             tagged.filter(expr=col(REASON).is_null()).map_batches(clean, batch_format="pyarrow").materialize()
         )
-        counts = item_counts(good, len(item_ids))
+        counts = item_counts(good, len(items.ids))
         prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
         seconds["popularity"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        values = (
+        grouped = (
             good.groupby(USER, num_partitions=max(1, int(resources.get("CPU", 1))))
-            .map_groups(gather_user, batch_format="pyarrow")
-            .map_batches(
+            .map_groups(gather_user, batch_format="pyarrow", fn_kwargs={"changed": planned.changed_items})
+            .materialize()
+        )
+        users = users_of(grouped)
+        mode, reason, copy, to_score, rescored = "full", planned.reason, None, grouped, users.num_rows
+        if planned.previous is not None and users.num_rows not in planned.previous.users:
+            reason = f"{users.num_rows} users outgrow the buckets of {planned.previous.version}"
+        elif planned.previous is not None:
+            rescoring, gone = rescore(users, planned.users)
+            mode, copy, rescored = (
+                "incremental",
+                CopyPlan(planned.previous.version, gone),
+                int(rescoring.sum()),
+            )
+            keep = ray.put(users["id"].filter(rescoring))
+            to_score = grouped.map_batches(
+                only_users, batch_format="pyarrow", batch_size=None, fn_kwargs={"ids": keep}
+            )
+        stage(work_dir, fingerprint, items, users)
+        seconds["group"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        values = None
+        if rescored:
+            values = to_score.map_batches(
                 TopKActor,
                 fn_constructor_kwargs={
-                    "item_vectors": ray.put(np.asarray(item_vectors, np.float32)),
+                    "item_vectors": ray.put(np.asarray(items.vectors, np.float32)),
                     "prior": prior,
                     "k": settings.k,
                     "block": settings.users_per_block,
@@ -304,26 +373,28 @@ def run_recs_job(
                 batch_size=settings.users_per_block,
                 batch_format="pyarrow",
                 **actor_pool(settings.actors, gpus),
-            )
-            .materialize()
-        )
-        users = values.count()
+            ).materialize()
         seconds["recommend"] = time.perf_counter() - start
-        samples = {row["id"]: row["value"] for row in values.take(SAMPLES)}
+        samples = {row["id"]: row["value"] for row in values.take(SAMPLES)} if values else {}
 
         start = time.perf_counter()
         if before_write:
-            before_write(users)
-        values.write_datasink(sink)
+            before_write(users.num_rows, copy)
+        if values:
+            values.write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     return RecsJobReport(
         rows=rows,
         rejects=rejects,
         rejects_path=str(rejects_path),
-        users=users,
+        users=users.num_rows,
+        rescored=rescored,
+        copied=users.num_rows - rescored,
+        mode=mode,
+        mode_reason=reason,
         k=settings.k,
-        users_per_s=round(users / seconds["recommend"], 1),
+        users_per_s=round(rescored / seconds["recommend"], 1) if rescored else 0.0,
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
-        vocabulary=list(item_ids),
+        vocabulary=list(items.ids),
         samples=samples,
     )

@@ -4,7 +4,8 @@ For every user with two or more items, one item (picked by a seeded generator) i
 and the rest are the user's history; a hit is the held-out item in the user's top-k, seen
 items excluded. Three rankers on the same split: ours (content + popularity prior), content
 only, and most-popular (interaction counts of the training part). It runs on the driver, in
-memory: an offline check on a sample-sized input, not a job.
+memory, over a seeded sample of at most MAX_USERS users: scoring is O(users x items), and a
+sample of a few thousand measures a hit-rate to about +-0.01 whatever the user count.
 """
 
 from __future__ import annotations
@@ -30,10 +31,15 @@ from jobs.recommend import (
 from jobs.validate import REASON
 from precompute.pipeline import InteractionsInput
 
+MAX_USERS = 5000
+
 
 @dataclass(frozen=True)
 class RecsQuality:
     users: int
+    """Users evaluated: those of the sample with two or more valid interactions."""
+    sampled_from: int
+    """Users with a valid interaction; the sample is at most MAX_USERS of them."""
     k: int
     popularity_weight: float
     ours: float
@@ -76,6 +82,18 @@ def hold_out(seen: Seen, seed: int) -> tuple[Seen, np.ndarray]:
     return Seen(offsets, seen.items[keep], seen.weights[keep]), targets
 
 
+def sample_users(seen: Seen, most: int, seed: int) -> Seen:
+    """At most `most` users drawn by a seeded generator, in their order; all when there are no more."""
+    lengths = np.diff(seen.offsets)
+    if len(lengths) <= most:
+        return seen
+    chosen = np.sort(np.random.default_rng(seed).choice(len(lengths), size=most, replace=False))
+    offsets = np.zeros(most + 1, np.int64)
+    np.cumsum(lengths[chosen], out=offsets[1:])
+    rows = np.repeat(seen.offsets[chosen] - offsets[:-1], lengths[chosen]) + np.arange(offsets[-1])
+    return Seen(offsets, seen.items[rows], seen.weights[rows])
+
+
 def leave_one_out(
     seen: Seen,
     item_vectors: np.ndarray,
@@ -83,7 +101,10 @@ def leave_one_out(
     k: int = 10,
     seed: int = 0,
     block: int = 512,
+    max_users: int = MAX_USERS,
 ) -> RecsQuality:
+    population = len(seen.offsets) - 1
+    seen = sample_users(seen, max_users, seed)
     train, targets = hold_out(seen, seed)
     evaluated = targets >= 0
     if not evaluated.any():
@@ -100,6 +121,7 @@ def leave_one_out(
 
     return RecsQuality(
         users=int(evaluated.sum()),
+        sampled_from=population,
         k=k,
         popularity_weight=popularity_weight,
         ours=hit_rate(True, popularity_prior(counts, popularity_weight)),

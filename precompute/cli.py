@@ -231,22 +231,33 @@ def bench_pipeline(
 def bench_vectors(
     docs: Annotated[int, typer.Option(min=100, help="Demo documents to index.")] = 5000,
     queries: Annotated[int, typer.Option(min=10, help="Timed top-10 queries per backend.")] = 200,
+    points: Annotated[
+        int | None,
+        typer.Option(
+            min=100, help="Vectors to index, synthesized from the real ones; default: the documents."
+        ),
+    ] = None,
 ) -> None:
-    """The in-process Qdrant engine against qdrant-client's local mode: load time, p50/p99, recall@10."""
+    """Qdrant edge, FP32 and INT8, against exact numpy search: load, HNSW build, p50/p99, recall@10, memory, disk."""
     from bench.vector_store import main
 
-    main(docs, queries)
+    main(docs, queries, points=points)
 
 
 @bench_app.command("publish")
 def bench_publish(
     records: Annotated[int, typer.Option(min=1000, help="Records written per side and repeat.")] = 100_000,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats; medians are reported.")] = 3,
+    reader_rate: Annotated[
+        float,
+        typer.Option(min=1, help="Reads per second of the published version during garbage collection."),
+    ] = 1000.0,
 ) -> None:
-    """Versioned Redis publish (records/s, bytes per record) against redis-py MSET of the same values."""
+    """Versioned Redis publish (records/s, bytes per record) against redis-py MSET of the same values,
+    and the p99 of reads while the old version is collected."""
     from bench.publish import main
 
-    main(records, repeats=repeats)
+    main(records, repeats=repeats, reader_rate=reader_rate)
 
 
 @bench_app.command("lookup")
@@ -260,6 +271,40 @@ def bench_lookup(
     from bench.lookup import main
 
     main(tuple(rates or (500.0, 1000.0)), seconds)
+
+
+@bench_app.command("scale")
+def bench_scale(
+    rows: Annotated[
+        str, typer.Option(help="Corpus sizes, comma-separated; about a tenth as many users each.")
+    ] = "10000,100000,1000000",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="A sentence-transformers folder; default: a random 2-layer 64-d BERT saved under the work dir."
+        ),
+    ] = None,
+    work_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Where inputs, stores and runs go; default: ~/.local/share/precompute/bench-scale."
+        ),
+    ] = None,
+) -> None:
+    """Every nightly stage at growing sizes: seconds, rows/s, growth exponents, peak memory, a 1% rerun."""
+    from bench.scale import MIN_ROWS, main
+
+    try:
+        sizes = [int(n.replace("_", "")) for n in rows.split(",") if n.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{rows!r} is not a comma-separated list of row counts", param_hint="--rows"
+        ) from None
+    if not sizes or min(sizes) < MIN_ROWS:
+        raise typer.BadParameter(
+            f"{rows!r}: give one or more sizes of at least {MIN_ROWS} rows", param_hint="--rows"
+        )
+    main(sizes, model, work_dir)
 
 
 @bench_app.command("recs")

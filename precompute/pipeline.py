@@ -156,6 +156,9 @@ class EmbeddingsOutput(Spec):
     keep_versions: int = Field(3, ge=0)
     min_recall: float = Field(0.99, gt=0, le=1)
     """A version whose recall@10 against exact search is lower is not published."""
+    quantization: Literal["none", "int8"] | None = None
+    """Scalar INT8 copy of the stored vectors, searched then rescored in FP32 (the trade-off:
+    VectorStoreSettings.quantization); gated by min_recall. Default: PRECOMPUTE_QDRANT_QUANTIZATION."""
 
 
 class LabelsOutput(Spec):
@@ -305,6 +308,8 @@ class Pipeline(Spec):
     def vector_settings(self, name: str, base: VectorStoreSettings | None = None) -> VectorStoreSettings:
         output = self.outputs[name]
         update = {"name": self.store(name), "keep_versions": output.keep_versions}
+        if output.quantization is not None:
+            update["quantization"] = output.quantization
         return (base or VectorStoreSettings()).model_copy(update=update)
 
     def redis_settings(self, name: str, base: RedisSettings | None = None) -> RedisSettings:

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 COUNT_CHUNK = 1000
 """Buckets per HLEN round trip when counting a version."""
+COPY_CHUNK = 500
+"""Buckets per COPY round trip: a bucket is a listpack of about 100 records, copied in microseconds."""
 UNLINK_CHUNK = 500
 """Keys per UNLINK round trip: freeing a few hundred small hashes keeps Redis busy well under 1 ms."""
 WRONG_SAMPLES_SHOWN = 5
@@ -115,16 +117,27 @@ class KeyValueStore:
     # -- writing ----------------------------------------------------------------------------
 
     def create_version(
-        self, output: str, version: str, rows: int, meta: Mapping[str, Any] | None = None
+        self,
+        output: str,
+        version: str,
+        rows: int,
+        meta: Mapping[str, Any] | None = None,
+        buckets: int | None = None,
     ) -> None:
-        """Register a new, empty version of `rows` records; its bucket count is fixed from here on."""
+        """Register a new, empty version of `rows` records; its bucket count is fixed from here on.
+
+        buckets: another version's count (`buckets()`), so that copy_version can fill this one
+        from it bucket by bucket; by default, sized for `rows` at `entries_per_bucket`.
+        """
         keys = output_keys(self.settings, output)
         check_version(version)
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
             raise ValueError(f"rows must be an int >= 0, got {rows!r}")
+        if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
+            raise ValueError(f"buckets must be an int >= 1, got {buckets!r}")
         entry = {
             "rows": rows,
-            "buckets": max(1, math.ceil(rows / self.settings.entries_per_bucket)),
+            "buckets": buckets or max(1, math.ceil(rows / self.settings.entries_per_bucket)),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "meta": dict(meta or {}),
         }
@@ -156,17 +169,63 @@ class KeyValueStore:
                 groups[bucket] = [field, value]
             else:
                 args += (field, value)
+        self._send(keys, version, "HSET", groups, per_record=2)
+        return len(ids)
+
+    def copy_version(self, output: str, source: str, target: str) -> None:
+        """Fill the unpublished `target` with every record of `source`, server-side: one COPY per
+        bucket, pipelined `COPY_CHUNK` at a time, no record through this process.
+
+        Bucket n of every version carries the hash tag {n}, so each COPY stays in one slot and
+        works on Redis Cluster; COPY needs Redis >= 6.2. `target` must have been created with
+        `source`'s bucket count (a record's bucket is crc32(id) % buckets) and be still empty:
+        COPY leaves an existing bucket alone. Records written to `target` afterwards overwrite
+        the copied ones; `delete` removes records.
+        """
+        keys = output_keys(self.settings, output)
+        buckets = self._entry(keys, check_version(source))["buckets"]
+        target_buckets = self.check_writable(keys, target)
+        if target_buckets != buckets:
+            raise StoreError(
+                f"version {target!r} of output {output!r} has {target_buckets} buckets and {source!r} "
+                f"{buckets}: create it with buckets={buckets} to copy into it"
+            )
+        with unavailable_as_store_error(self.settings):
+            for start in range(0, buckets, COPY_CHUNK):
+                pipe = self._client.pipeline(transaction=False)
+                for bucket in range(start, min(start + COPY_CHUNK, buckets)):
+                    pipe.execute_command("COPY", keys.bucket(source, bucket), keys.bucket(target, bucket))
+                pipe.execute()
+
+    def delete(self, output: str, version: str, ids: Sequence[str]) -> int:
+        """HDEL records from an unpublished version (records copied from a version they have
+        since left); return how many were there."""
+        keys = output_keys(self.settings, output)
+        check_items("ids", ids, str)
+        buckets = self.check_writable(keys, version)
+        fields = [item_id.encode() for item_id in ids]
+        groups: dict[int, list[bytes]] = {}
+        for bucket, field in zip(buckets_of(fields, buckets), fields, strict=True):
+            groups.setdefault(bucket, []).append(field)
+        return sum(self._send(keys, version, "HDEL", groups, per_record=1))
+
+    def _send(
+        self, keys: OutputKeys, version: str, command: str, groups: dict[int, list[bytes]], per_record: int
+    ) -> list[int]:
+        """One `command` per bucket with its arguments, pipelined about `write_batch` records a
+        round trip; the replies in order."""
+        replies: list[int] = []
         with unavailable_as_store_error(self.settings):
             pipe = self._client.pipeline(transaction=False)
             pending = 0
             for bucket, args in groups.items():
-                pipe.execute_command("HSET", keys.bucket(version, bucket), *args)
-                pending += len(args) // 2
+                pipe.execute_command(command, keys.bucket(version, bucket), *args)
+                pending += len(args) // per_record
                 if pending >= self.settings.write_batch:
-                    pipe.execute()
+                    replies += pipe.execute()
                     pending = 0
-            pipe.execute()
-        return len(ids)
+            replies += pipe.execute()
+        return replies
 
     def sink(self, output: str, version: str) -> KeyValueSink:
         """A Ray Datasink writing into `version`, which create_version must have registered."""
@@ -308,6 +367,10 @@ class KeyValueStore:
     def _published(self, keys: OutputKeys) -> set[str]:
         with unavailable_as_store_error(self.settings):
             return {name.decode() for name in self._client.hkeys(keys.published)}
+
+    def buckets(self, output: str, version: str) -> int:
+        """A registered version's bucket count (fixed at create_version)."""
+        return self._entry(output_keys(self.settings, output), check_version(version))["buckets"]
 
     def _entry(self, keys: OutputKeys, version: str) -> dict[str, Any]:
         with unavailable_as_store_error(self.settings):

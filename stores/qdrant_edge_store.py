@@ -27,6 +27,11 @@ measured here):
 - `MatchValue(True)` is sent as the integer 1 and matches nothing boolean; `np.bool_(True)`
   matches. Filters pass bools as `np.bool_`.
 - Load of a 5,000 x 384 shard takes about 20 ms, so the first query after a switch pays that.
+- Scalar INT8 quantization (`EdgeConfig.quantization_config`) is built by `optimize()` beside
+  the FP32 vectors, and a query without `QuantizationSearchParams(rescore=True)` returns the
+  quantized scores (a vector's score against itself 1.003) in the quantized order; rescoring
+  with oversampling gives exact cosines. Search always asks for it, which a shard without
+  quantization ignores, so a reader needs no setting to read either kind.
 
 Readers find the published version by re-reading CURRENT (8 us) at most every
 `pointer_check_s`, comparing its content rather than its stat, so a reused inode cannot hide
@@ -49,7 +54,7 @@ import numpy as np
 import qdrant_edge as qe
 
 from stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from stores.vector_settings import VectorStoreSettings
+from stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
 from stores.vectors import (
     ID_KEY,
     UPSERT_BATCH,
@@ -86,6 +91,12 @@ def edge_filter(filter: Filter | None) -> qe.Filter | None:
     )
 
 
+def edge_quantization(quantization: str) -> qe.ScalarQuantizationConfig | None:
+    if quantization == "none":
+        return None
+    return qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, quantile=0.99, always_ram=True)
+
+
 def to_hit(point: qe.ScoredPoint) -> Hit:
     payload = point.payload or {}
     return Hit(str(payload.pop(ID_KEY, point.id)), point.score, payload)
@@ -99,7 +110,11 @@ class QdrantEdgeStore(VectorStore):
         self.pointer_check_s = pointer_check_s
         """How stale a reader's view of the published version may be; 0 checks on every search."""
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
-        self._params = qe.SearchParams(hnsw_ef=settings.hnsw_ef)
+        self.quantization = settings.quantization
+        self._params = qe.SearchParams(
+            hnsw_ef=settings.hnsw_ef,
+            quantization=qe.QuantizationSearchParams(rescore=True, oversampling=QUANTIZED_OVERSAMPLING),
+        )
         self._writers: dict[str, qe.EdgeShard] = {}
         self._fields: dict[str, dict[str, type | None]] = {}
         self._readers: dict[str, qe.EdgeShard] = {}
@@ -120,6 +135,7 @@ class QdrantEdgeStore(VectorStore):
             hnsw_config=qe.HnswIndexConfig(
                 m=16, ef_construct=100, full_scan_threshold=self.full_scan_threshold_kb
             ),
+            quantization_config=edge_quantization(self.quantization),
             wal_enabled=False,
         )
         self._writers[version] = qe.EdgeShard.create(str(path), config)

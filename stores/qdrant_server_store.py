@@ -5,10 +5,14 @@ and readers query the alias, so a publish is one `update_collection_aliases` cal
 (delete + create, applied atomically by the server). A version is created with
 `hnsw_config.m = 0` (no graph is built while points stream in), finalized by setting
 `m = 16` and waiting for the collection to turn green, and marked finalized in the
-collection's metadata (Qdrant 1.16+ servers), which publish checks.
+collection's metadata (Qdrant 1.16+ servers), which publish checks. With
+`quantization = "int8"` the collection also keeps scalar INT8 vectors (quantile 0.99, in RAM);
+queries always ask to rescore `QUANTIZED_OVERSAMPLING` times k candidates with the original
+vectors (a server otherwise decides by itself), which collections without quantization ignore.
 
 Also runs on qdrant-client's local mode (`QdrantClient(":memory:")` or `path=`), which is
-what the tests inject: a pure-Python brute force that accepts and ignores HNSW settings.
+what the tests inject: a pure-Python brute force that accepts and ignores HNSW and
+quantization settings.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from stores.vector_settings import VectorStoreSettings
+from stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
 from stores.vectors import (
     ID_KEY,
     UPSERT_BATCH,
@@ -58,6 +62,14 @@ FIELD_SCHEMAS = {
 }
 
 T = TypeVar("T")
+
+
+def server_quantization(quantization: str) -> models.ScalarQuantization | None:
+    if quantization == "none":
+        return None
+    return models.ScalarQuantization(
+        scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, quantile=0.99, always_ram=True)
+    )
 
 
 def server_filter(filter: Filter | None) -> models.Filter | None:
@@ -104,7 +116,11 @@ class QdrantServerStore(VectorStore):
         self.client = client
         self.name = settings.name
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
-        self._params = models.SearchParams(hnsw_ef=settings.hnsw_ef)
+        self.quantization = settings.quantization
+        self._params = models.SearchParams(
+            hnsw_ef=settings.hnsw_ef,
+            quantization=models.QuantizationSearchParams(rescore=True, oversampling=QUANTIZED_OVERSAMPLING),
+        )
         self.ready_timeout_s = ready_timeout_s
         """How long finalize waits for the index to be built before giving up (retryable)."""
         self._fields: dict[str, dict[str, type | None]] = {}
@@ -131,6 +147,7 @@ class QdrantServerStore(VectorStore):
                 collection,
                 vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
                 hnsw_config=models.HnswConfigDiff(m=0, full_scan_threshold=self.full_scan_threshold_kb),
+                quantization_config=server_quantization(self.quantization),
                 metadata={FINALIZED_KEY: False, META_KEY: {**(meta or {}), "dim": dim}},
             )
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,6 +16,9 @@ import pytest
 
 from models import Encoder, EngineSettings, load_encoder
 from models.settings import DEMO_CORPUS
+
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster
 
 
 @pytest.fixture(scope="session")
@@ -50,14 +58,67 @@ def corpus_texts() -> list[str]:
     return pq.read_table(DEMO_CORPUS, columns=["text"])["text"].to_pylist()
 
 
+LOCAL_RAY = {"num_cpus": 2, "log_to_driver": False}
+
+
 @pytest.fixture(scope="session")
 def ray_local() -> None:
     """One local Ray for the run, on 2 CPUs like the development machines (STACK.md's hang)."""
     from jobs.ray_session import start_local, stop_local
 
-    start_local(2, log_to_driver=False)
+    start_local(**LOCAL_RAY)
     yield
     stop_local()
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[Cluster]:
+    """A Ray cluster of separate node processes: a head with no CPUs, so every task and actor
+    runs on a worker, and two worker nodes of 2 CPUs each (one survives the other's loss without
+    STACK.md's hang). Token authentication is on, as `ray start` has it. Jobs join it through
+    their ray_address setting; this process only watches it (`cluster.global_state`). One
+    process joins one Ray at a time, so the run's local Ray is stopped meanwhile and started again."""
+    import ray
+    from ray._private.authentication.authentication_token_setup import (
+        enable_token_auth_by_default,
+        ensure_token_if_auth_enabled,
+    )
+    from ray.cluster_utils import Cluster
+
+    from jobs.ray_session import start_local, stop_local
+
+    had_local = ray.is_initialized()
+    stop_local()
+    # Short, because Ray's socket paths must fit in 107 bytes; and ours, because the cluster
+    # records its address in <RAY_TMPDIR>/ray/ray_current_cluster, where a plain ray.init() of
+    # anyone else on this machine would find it in /tmp/ray.
+    temp_dir = tempfile.mkdtemp(prefix="ray")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_TMPDIR", temp_dir)
+        # What ray.init does for a new cluster; the nodes inherit this process's mode and token.
+        enable_token_auth_by_default()
+        ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+        cluster = Cluster()
+        try:
+            # Generous: nodes start slowly on a loaded machine. A lost node is declared dead
+            # after 3 failed health checks a second apart (Ray's defaults: 5, 3 s apart).
+            cluster.add_node(
+                wait=False,
+                num_cpus=0,
+                include_dashboard=False,
+                _system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+            )
+            for _ in range(2):
+                cluster.add_node(wait=False, num_cpus=2)
+            cluster.wait_for_nodes(timeout=180)
+            yield cluster
+        finally:
+            with contextlib.suppress(Exception):
+                cluster.shutdown()
+            stop_local()  # whatever a failed start or shutdown left running
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    if had_local:
+        start_local(**LOCAL_RAY)
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import redis
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.nightly import RunFailedError, nightly
 from stores.key_value import KeyValueStore
-from stores.redis_settings import RedisSettings
+from stores.redis_settings import RedisSettings, output_keys
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
 
@@ -80,7 +81,22 @@ def environment(
     return tmp_path
 
 
-def test_nightly_publishes_reuses_and_collects_garbage(prefect_api, ray_local, environment: Path) -> None:
+def records(output: str, version: str) -> dict[bytes, bytes]:
+    """Every record of a version, read from its buckets."""
+    settings = RedisSettings()
+    keys = output_keys(settings, output)
+    with KeyValueStore(settings) as store, redis.Redis.from_url(settings.url) as client:
+        buckets = store.buckets(output, version)
+        return {
+            field: value
+            for b in range(buckets)
+            for field, value in client.hgetall(keys.bucket(version, b)).items()
+        }
+
+
+def test_nightly_publishes_reuses_and_collects_garbage(
+    prefect_api, ray_local, environment: Path, interactions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = nightly(keep_versions=1)
     embeddings, labels, recs = (first["outputs"][o] for o in ("embeddings", "labels", "recs"))
     assert first["failed"] == {}
@@ -105,7 +121,25 @@ def test_nightly_publishes_reuses_and_collects_garbage(prefect_api, ray_local, e
         0,
         200,
     )
+    again = second["outputs"]["recs"]
+    assert (again["mode"], again["rescored"], again["copied"]) == ("incremental", 0, recs["users"])
+    assert records("recs", again["version"]) == records("recs", recs["version"])
+
+    rows = pq.read_table(interactions).to_pylist()  # one user gone, one with an item fewer
+    users = sorted({r["user_id"] for r in rows if sum(o["user_id"] == r["user_id"] for o in rows) >= 2})
+    gone, changed = users[:2]
+    rows = [r for r in rows if r["user_id"] != gone]
+    rows.remove(next(r for r in rows if r["user_id"] == changed))
+    pq.write_table(pa.Table.from_pylist(rows), environment / "moved.parquet")
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__INPUT__PATH", str(environment / "moved.parquet"))
     third = nightly(keep_versions=1)
+    moved = third["outputs"]["recs"]
+    assert (moved["mode"], moved["rescored"], moved["copied"]) == ("incremental", 1, recs["users"] - 2)
+    before, after = records("recs", again["version"]), records("recs", moved["version"])
+    assert gone.encode() not in after and changed.encode() in after
+    assert {u: v for u, v in after.items() if u != changed.encode()} == {
+        u: v for u, v in before.items() if u not in (gone.encode(), changed.encode())
+    }
     versions = [run["outputs"]["embeddings"]["version"] for run in (first, second, third)]
     assert third["outputs"]["embeddings"]["deleted_versions"] == [versions[0]]
     runs = environment / "work" / "runs"

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.embed import run_embed_job
+from flows.validate import staged_vectors
+from jobs.embed import EmbedActor, run_embed_job
 from jobs.settings import JobSettings
+from jobs.staging import COMPUTED, committed_dataset, committed_parts
 from jobs.validate import RejectRatioExceededError
 from precompute.pipeline import CorpusInput
 from stores.vector_settings import VectorStoreSettings
@@ -50,20 +55,58 @@ def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job, c
     assert report.engine["precision"] == "int8" and report.engine["gates"][0]["passed"]
 
 
+def staged(job: JobSettings, version: str) -> Path:
+    return job.work_dir / "runs" / "embeddings" / version / "embeddings"
+
+
+def computed_ids(job: JobSettings, version: str) -> set[str]:
+    table = committed_dataset(staged(job, version)).to_table(columns=["id", COMPUTED])
+    return {
+        i
+        for i, computed in zip(table["id"].to_pylist(), table[COMPUTED].to_pylist(), strict=True)
+        if computed
+    }
+
+
+def vectors_by_id(job: JobSettings, version: str) -> dict[str, np.ndarray]:
+    ids, vectors = staged_vectors(staged(job, version))
+    return dict(zip(ids, vectors, strict=True))
+
+
 def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path
 ) -> None:
     first = run_embed_job("v1", store, corpus, job, settings)
+    # A part no completed write returned (a killed write task's): neither the cache nor a reader sees it.
+    shutil.copy(committed_parts(staged(job, "v1"))[0], staged(job, "v1") / "part-orphan.parquet")
+    assert len(staged_vectors(staged(job, "v1"))[0]) == first.loaded
+
     second = run_embed_job("v2", store, corpus, job, settings)
     assert (second.computed, second.reused, second.loaded) == (0, first.loaded, first.loaded)
+    assert computed_ids(job, "v2") == set()
 
     table = pq.read_table(small_corpus).to_pylist()
     table[10]["text"] += " Now with a changed description."
     table[11]["text"] += " Now with a changed description."
+    table[12]["text"] = table[13]["text"]  # two ids, one text: one content key
     changed = tmp_path / "changed.parquet"
     pq.write_table(pa.Table.from_pylist(table), changed)
-    third = run_embed_job("v3", store, corpus.model_copy(update={"path": str(changed)}), job, settings)
-    assert (third.computed, third.reused) == (2, first.loaded - 2)
+    changed_corpus = corpus.model_copy(update={"path": str(changed)})
+    third = run_embed_job("v3", store, changed_corpus, job, settings)
+    assert (third.computed, third.reused, third.loaded) == (3, first.loaded - 3, first.loaded)
+    assert computed_ids(job, "v3") == {table[i]["id"] for i in (10, 11, 12)}
+
+    fourth = run_embed_job("v4", store, changed_corpus, job, settings)
+    assert (fourth.computed, fourth.reused, fourth.loaded) == (0, first.loaded, first.loaded)
+    before, after = vectors_by_id(job, "v3"), vectors_by_id(job, "v4")
+    assert before.keys() == after.keys() and all(np.array_equal(before[i], after[i]) for i in before)
+    twins = after[table[12]["id"]] @ after[table[13]["id"]]
+    assert twins > 0.98  # the same text; INT8's batch-dependent scale keeps it from exactly 1
+
+
+def test_actors_only_encode_and_never_load_a_cache() -> None:
+    """The cache is joined to the rows inside the dataset: an actor is handed no cache to load."""
+    assert list(inspect.signature(EmbedActor).parameters) == ["engine"]
 
 
 def test_too_many_rejects_fail_before_inference(

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.labels import run_labels_job
+from jobs.content_cache import promote
+from jobs.labels import LabelsJobReport, labeler_identity, run_labels_job
 from jobs.settings import JobSettings
 from jobs.validate import RejectRatioExceededError
-from models.labels import LabelSettings, load_labeler
+from models.labels import LabelerReport, LabelSettings, load_labeler
 from precompute.pipeline import CorpusInput
 from stores.key_value import KeyValueStore
 from stores.key_value_reader import KeyValueReader
@@ -91,3 +94,78 @@ def test_too_many_rejects_fail_before_any_labelling(
             tmp_path / "run",
         )
     assert pq.read_table(tmp_path / "run" / "rejects.parquet").num_rows == 4  # quarantined, with reasons
+
+
+def label_and_publish(
+    store: KeyValueStore, version: str, corpus: CorpusInput, labels: LabelSettings, settings, tmp_path: Path
+) -> LabelsJobReport:
+    """What the flow's label task does: label into a version, publish it, promote its staged values."""
+    cache_dir = tmp_path / "cache"
+    report = run_labels_job(
+        corpus,
+        JobSettings(work_dir=tmp_path),
+        labels,
+        settings,
+        store.sink("labels", version),
+        tmp_path / version,
+        before_write=lambda rows: store.create_version("labels", version, rows),
+        cache_dir=cache_dir,
+    )
+    store.publish("labels", version, report.samples)
+    promote(cache_dir, Path(report.staged))
+    return report
+
+
+def test_a_rerun_reuses_every_label_and_a_new_head_recomputes_them_all(
+    ray_local, settings, small_corpus: Path, redis: RedisSettings, tmp_path: Path
+) -> None:
+    corpus = CorpusInput(path=str(small_corpus), max_reject_ratio=0.05)
+    rows = pq.read_table(small_corpus).to_pylist()
+    rows[7]["text"] += " Now with a changed description."
+    changed = tmp_path / "changed.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), changed)
+
+    async def read() -> list[bytes | None]:
+        async with KeyValueReader(redis) as reader:
+            return (await reader.get_many("labels", [r["id"] for r in rows[:200]]))[1]
+
+    with KeyValueStore(redis) as store:
+        first = label_and_publish(store, "20261123T010000Z-label1", corpus, LABELS, settings, tmp_path)
+        labelled = asyncio.run(read())
+        second = label_and_publish(store, "20261123T020000Z-label2", corpus, LABELS, settings, tmp_path)
+        reused = asyncio.run(read())
+        third = label_and_publish(
+            store,
+            "20261123T030000Z-label3",
+            corpus.model_copy(update={"path": str(changed)}),
+            LABELS,
+            settings,
+            tmp_path,
+        )
+        new_head = LABELS.model_copy(update={"max_train_texts": 300})
+        fourth = label_and_publish(store, "20261123T040000Z-label4", corpus, new_head, settings, tmp_path)
+
+    assert (first.computed, first.reused) == (200, 0)
+    assert (second.computed, second.reused) == (0, 200)
+    assert reused == labelled and None not in reused
+    assert (third.computed, third.reused) == (1, 199)
+    assert (fourth.computed, fourth.reused) == (200, 0)
+
+
+def test_the_labelers_identity_covers_its_head_vocabulary_and_precision(settings) -> None:
+    """What keys a cached label: a change to what produced it computes every row again."""
+
+    def identity(
+        head_dir: str = "/engines/label-head-aaaa",
+        vocabulary: tuple[str, ...] = ("a", "b"),
+        precision: str = "int8",
+    ) -> str:
+        engine = SimpleNamespace(precision=precision)
+        report = LabelerReport(engine=engine, head_dir=head_dir, held_out_accuracy=0.9)  # type: ignore[arg-type]
+        return labeler_identity(LABELS, settings, report, list(vocabulary))
+
+    same = identity()
+    assert identity(head_dir="/elsewhere/label-head-aaaa") == same  # the head's key, not where it is cached
+    assert identity(head_dir="/engines/label-head-bbbb") != same  # other training data, column or recipe
+    assert identity(vocabulary=("a", "c")) != same
+    assert identity(precision="fp32") != same

@@ -42,6 +42,17 @@ def test_an_environment_variable_overrides_one_field(monkeypatch: pytest.MonkeyP
     assert pipeline.outputs["embeddings"].input.path == str(DEMO_CORPUS)  # the rest as in the file
 
 
+def test_vector_quantization_is_set_per_output_over_the_machine_wide_setting(tmp_path: Path) -> None:
+    from stores.vector_settings import VectorStoreSettings
+
+    body = f'[outputs.a]\nkind = "embeddings"\n{CORPUS}\nquantization = "int8"\n'
+    pipeline = load_pipeline(write(tmp_path, body + f'[outputs.b]\nkind = "embeddings"\n{CORPUS}\n'))
+    fp32, int8 = VectorStoreSettings(quantization="none"), VectorStoreSettings(quantization="int8")
+    assert pipeline.vector_settings("a", fp32).quantization == "int8"
+    assert pipeline.vector_settings("b", fp32).quantization == "none"
+    assert pipeline.vector_settings("b", int8).quantization == "int8"  # unset: PRECOMPUTE_QDRANT_QUANTIZATION
+
+
 @pytest.mark.parametrize(
     ("body", "where", "message"),
     [

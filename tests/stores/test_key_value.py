@@ -203,6 +203,52 @@ def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, sett
     assert [v.name for v in store.versions(OUTPUT)] == [V1]  # the failed version is deleted whole
 
 
+def copy_rescore_delete(store: KeyValueStore, settings: RedisSettings) -> None:
+    """V2 made from the published V1 as an incremental run does: every bucket copied server-side,
+    10 records rescored and 5 new ones written over the copy, 20 gone ones deleted."""
+    publish(store, V1)
+    kept, gone = IDS[10:-20], IDS[-20:]
+    rescored = IDS[:10] + [f"new-{i}" for i in range(5)]
+    fresh = values_of(2)[: len(rescored)]
+    rows = len(kept) + len(rescored)
+    store.create_version(OUTPUT, V2, rows, {"ordinal": 2}, buckets=store.buckets(OUTPUT, V1))
+    store.copy_version(OUTPUT, V1, V2)
+    assert store.delete(OUTPUT, V2, [*gone, "never-there"]) == len(gone)
+    store.write(OUTPUT, V2, rescored, fresh)
+    store.publish(OUTPUT, V2, {rescored[0]: fresh[0], rescored[-1]: fresh[-1]})
+
+    expected = {i: values_of(1)[IDS.index(i)] for i in kept} | dict(zip(rescored, fresh, strict=True))
+    asked = IDS + rescored[10:]
+    assert asyncio.run(read(settings, asked))[:2] == (V2, [expected.get(i) for i in asked])
+    assert [(v.name, v.rows) for v in store.versions(OUTPUT)] == [(V1, N), (V2, rows)]
+    assert store.rollback(OUTPUT) == V1  # the source is untouched
+    assert asyncio.run(read(settings, IDS))[:2] == (V1, values_of(1))
+
+    store.create_version(OUTPUT, V3, N)  # sized for N: 3 buckets
+    store.create_version(OUTPUT, V4, N, buckets=7)
+    with pytest.raises(
+        StoreError, match=f"'{V4}' of output 'recs' has 7 buckets and '{V1}' 3: create it with buckets=3"
+    ):
+        store.copy_version(OUTPUT, V1, V4)
+    with pytest.raises(StoreError, match="is published; it is never written again"):
+        store.copy_version(OUTPUT, V3, V1)
+    with pytest.raises(ValueError, match="buckets must be an int >= 1, got 0"):
+        store.create_version(OUTPUT, "20261109T031500Z-aa09", N, buckets=0)
+
+
+def test_a_version_copied_server_side_then_rescored(store: KeyValueStore, settings: RedisSettings) -> None:
+    copy_rescore_delete(store, settings)
+
+
+def test_a_version_copied_server_side_on_a_cluster(tmp_path: Path) -> None:
+    """COPY names two keys: the buckets' {n} hash tag must keep both in one slot."""
+    with (
+        redis_server(tmp_path, cluster=True) as url,
+        KeyValueStore(RedisSettings(url=url, cluster=True, prefix="copy")) as store,
+    ):
+        copy_rescore_delete(store, store.settings)
+
+
 def test_readers_never_see_errors_or_mixed_versions(store: KeyValueStore, settings: RedisSettings) -> None:
     """Readers hammer the store while versions are published, rolled back and garbage-collected."""
     publish(store, V1)

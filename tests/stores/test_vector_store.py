@@ -15,10 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import qdrant_edge as qe
 from qdrant_client import QdrantClient
 
+from flows.validate import validate_version
+from jobs.embedding_cache import EMBEDDING, embeddings_column
+from jobs.staging import commit
 from stores.errors import StoreError, VersionNotFoundError
 from stores.qdrant_edge_store import QdrantEdgeStore
 from stores.qdrant_server_store import QdrantServerStore
@@ -314,3 +319,67 @@ def test_publish_under_load_every_answer_is_one_whole_version(
         assert all(a in ({V1}, {V2}) for a in out)
         switch = out.index({V2})
         assert switch > 0 and all(a == {V2} for a in out[switch:])
+
+
+def clustered(n: int, dim: int, seed: int) -> np.ndarray:
+    """Unit vectors around 40 topics, like embeddings of a corpus (uniform random ones are
+    the worst case for a graph index and nothing like real data)."""
+    rng = np.random.default_rng(seed)
+    topics = rng.standard_normal((40, dim))
+    v = topics[rng.integers(0, 40, n)] + 0.6 * rng.standard_normal((n, dim))
+    return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["edge", "server"])
+def test_an_int8_version_is_gated_and_answers_with_exact_scores(
+    kind: str, store_settings: VectorStoreSettings, tmp_path: Path
+) -> None:
+    """INT8 is a setting like any precision: the flow's recall gate measures the quantized index,
+    and what readers get are FP32 cosines in FP32 order (rescored), not the INT8 approximations."""
+    settings = store_settings.model_copy(update={"quantization": "int8", "full_scan_threshold_kb": 1})
+    ids = [f"doc-{i}" for i in range(2000)]
+    vectors = clustered(len(ids), 64, seed=1)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    pq.write_table(pa.table({"id": ids, EMBEDDING: embeddings_column(vectors)}), run_dir / "part-0.parquet")
+    commit(run_dir, [{"name": "part-0.parquet", "rows": len(ids), "computed": len(ids)}])
+    opened: VectorStore = (
+        QdrantEdgeStore(settings, pointer_check_s=0)
+        if kind == "edge"
+        else QdrantServerStore(settings, client=QdrantClient(location=":memory:"))
+    )
+    with opened as store:
+        store.create_version(V1, 64)
+        store.upsert(V1, ids, vectors, [{} for _ in ids])
+        store.finalize(V1)
+        validation = validate_version(store, V1, run_dir, queries=100, min_recall=0.99)
+        assert validation.count == len(ids) and validation.canaries_found == 100
+        assert validation.recall_at_10 >= 0.99
+        store.publish(V1)
+        for i in (0, 123, 1999):
+            hits = store.search(vectors[i], k=10)
+            assert hits[0].id == ids[i] and hits[0].score == pytest.approx(1.0, abs=1e-5)
+            exact = [float(vectors[int(h.id.removeprefix("doc-"))] @ vectors[i]) for h in hits]
+            assert [h.score for h in hits] == pytest.approx(exact, abs=1e-5)
+    if kind == "edge":  # the shard itself holds the INT8 vectors: unrescored scores are approximate
+        shard = qe.EdgeShard.load(str(settings.path / settings.name / V1))
+        try:
+            raw = shard.query(
+                qe.QueryRequest(
+                    limit=1,
+                    query=qe.Query.Nearest(vectors[0].tolist()),
+                    params=qe.SearchParams(quantization=qe.QuantizationSearchParams(rescore=False)),
+                )
+            )
+        finally:
+            shard.close()
+        assert abs(raw[0].score - 1.0) > 1e-4
+
+
+def test_quantization_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert VectorStoreSettings().quantization == "none"
+    monkeypatch.setenv("PRECOMPUTE_QDRANT_QUANTIZATION", "int8")
+    assert VectorStoreSettings().quantization == "int8"
+    monkeypatch.setenv("PRECOMPUTE_QDRANT_QUANTIZATION", "int4")
+    with pytest.raises(ValueError, match="quantization"):
+        VectorStoreSettings()

@@ -1,0 +1,170 @@
+"""What a recommendations run leaves for the next one, and what the next one may copy instead of rescoring.
+
+A run stages, in its run folder, `recs_state/`:
+
+    model.json     the model fingerprint: item embeddings' model, k, popularity weight, item
+                   vocabulary (in order), the scoring recipe; any change -> a full run
+    items.parquet  item_id -> content key of its text (the embeddings' staged `content_key`)
+    users.parquet  user_id -> fingerprint of the user's valid interactions (item, weight)
+
+The next run compares itself with the published version's state: a user is rescored when
+their interactions changed, when they are new, or when they hold an item whose content key
+changed; every other user's record is copied from the published version server-side, and
+users who are gone are deleted from the copy. A value indexes the vocabulary, so a copy is
+valid only under the identical vocabulary in the identical order (sorted by id): an item
+added or removed runs everything.
+
+What a copy does not follow: the popularity prior moves with everyone's interactions, and a
+changed item's new vector can move it into or out of other users' top-k; copied users keep
+last night's list on both counts until their own interactions change or a full run comes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from jobs.content_cache import KEY
+from jobs.embedding_cache import EMBEDDING, embeddings_of
+from jobs.staging import committed_dataset
+
+STATE = "recs_state"
+MODEL, ITEMS_FILE, USERS_FILE = "model.json", "items.parquet", "users.parquet"
+FINGERPRINT = "fingerprint"
+BUCKET_SLACK = 0.25
+"""How far (as a fraction) the mean records per bucket may drift from the configured one before a
+run re-sizes the buckets (a full run): a copy keeps the published version's bucket count."""
+
+
+class Items(NamedTuple):
+    """The item tower, sorted by id: a value's indices point into `ids`."""
+
+    ids: list[str]
+    vectors: np.ndarray
+    """[items, dim] float32, L2-normalised; row i is the embedding of ids[i]."""
+    keys: list[bytes]
+    """Content key of each item's text: changes exactly when its embedding may change."""
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The published version a run may copy from."""
+
+    version: str
+    run_dir: Path
+    """Its run folder, holding the `recs_state/` it staged."""
+    users: range
+    """User counts its bucket count holds well (within BUCKET_SLACK of the mean per bucket)."""
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """How a store builds an incremental version: copy `version`, delete `gone`, then write the rescored."""
+
+    version: str
+    gone: list[str]
+
+
+class Plan(NamedTuple):
+    """Which users a run scores: all of them (full), or only those whose inputs moved (incremental)."""
+
+    mode: str
+    reason: str
+    previous: Previous | None
+    """None in a full run."""
+    changed_items: np.ndarray
+    """Positions of items whose content key changed (incremental runs)."""
+    users: pa.Table | None
+    """The previous version's user_id -> fingerprint (incremental runs)."""
+
+
+def staged_items(run_dir: Path) -> Items:
+    """The embeddings an output committed, sorted by id: parts arrive in any order, values need one."""
+    table = committed_dataset(run_dir).to_table(columns=["id", KEY, EMBEDDING])
+    table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
+    return Items(table["id"].to_pylist(), embeddings_of(table), table[KEY].to_pylist())
+
+
+def bucket_fit(buckets: int, entries_per_bucket: int) -> range:
+    """User counts that `buckets` hold well: from BUCKET_SLACK under the fewest that
+    create_version gives that many buckets, to BUCKET_SLACK over the most."""
+    low = int((buckets - 1) * entries_per_bucket * (1 - BUCKET_SLACK))
+    return range(low, int(buckets * entries_per_bucket * (1 + BUCKET_SLACK)) + 1)
+
+
+def model_fingerprint(
+    items_model: str, k: int, popularity_weight: float, ids: list[str], recipe: str
+) -> dict:
+    """Everything that, changed, changes every user's values or what their indices mean."""
+    vocabulary = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+    return {
+        "items_model": items_model,
+        "recipe": recipe,
+        "k": k,
+        "popularity_weight": popularity_weight,
+        "items": len(ids),
+        "vocabulary": vocabulary,
+    }
+
+
+def interactions_fingerprint(items: np.ndarray, weights: np.ndarray) -> bytes:
+    """A user's (item position, weight) pairs in any order -> 16 bytes; positions are enough
+    because a run compares fingerprints only under the identical vocabulary."""
+    order = np.lexsort((weights, items))
+    pairs = items[order].astype("<i8").tobytes() + weights[order].astype("<f4").tobytes()
+    return hashlib.blake2b(pairs, digest_size=16).digest()
+
+
+def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -> Plan:
+    """Full, with the reason, unless the published version's state matches this run's model."""
+
+    def full(reason: str) -> Plan:
+        return Plan("full", reason, None, np.empty(0, np.int64), None)
+
+    if previous is None:
+        return full("nothing published yet")
+    state = previous.run_dir / STATE
+    if not (state / MODEL).is_file():
+        return full(f"the published version {previous.version} left no recs state")
+    before = json.loads((state / MODEL).read_text())
+    old_items = pq.read_table(state / ITEMS_FILE)
+    if before["vocabulary"] != fingerprint["vocabulary"]:
+        old, new = set(old_items["id"].to_pylist()), set(items.ids)
+        return full(f"the items changed: {len(new - old)} added, {len(old - new)} removed")
+    for field in ("items_model", "recipe", "k", "popularity_weight"):
+        if before.get(field) != fingerprint[field]:
+            return full(f"{field} changed from {before.get(field)!r} to {fingerprint[field]!r}")
+    old_keys = np.array(old_items[KEY].to_pylist(), dtype="S16")
+    changed = np.flatnonzero(old_keys != np.array(items.keys, dtype="S16"))
+    users = pq.read_table(state / USERS_FILE)
+    return Plan("incremental", f"copied from {previous.version}", previous, changed, users)
+
+
+def rescore(users: pa.Table, previous: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """(mask of `users` to rescore, ids of previous users now gone).
+
+    users: this run's id, fingerprint and holds_changed (the user holds a changed item).
+    """
+    positions = pc.index_in(users["id"], value_set=previous["id"])
+    before = previous[FINGERPRINT].take(positions)
+    same = pc.fill_null(pc.equal(before, users[FINGERPRINT]), False)
+    mask = pc.or_(pc.invert(same), users["holds_changed"]).to_numpy(zero_copy_only=False)
+    gone = pc.filter(previous["id"], pc.invert(pc.is_in(previous["id"], value_set=users["id"])))
+    return mask, gone.to_pylist()
+
+
+def stage(run_dir: Path, fingerprint: dict[str, Any], items: Items, users: pa.Table) -> None:
+    """What the next run compares with; written before the version exists, read only once it is published."""
+    state = run_dir / STATE
+    state.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": items.ids, KEY: pa.array(items.keys, pa.binary())}), state / ITEMS_FILE)
+    pq.write_table(users.select(["id", FINGERPRINT]), state / USERS_FILE)
+    (state / MODEL).write_text(json.dumps(fingerprint, indent=2))

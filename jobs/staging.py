@@ -1,0 +1,94 @@
+"""Exactly-once staging: a run's Parquet parts, committed through a manifest.
+
+Ray retries a write task whose worker died (a killed process, a lost node); the dead
+attempt may already have written a part that no task returns, and a reader that globbed
+the folder would read its rows twice. So each write task returns the parts it wrote,
+`on_write_complete` (which sees the returns of successful tasks only) commits exactly
+those in a manifest replaced by rename, and deletes any other part. Every reader of a
+run's parts (the vector-store load, validation, the caches) reads the manifest's parts
+and nothing else: a folder without a manifest was never committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import Datasink, WriteResult
+
+MANIFEST = "manifest.json"
+PARTS = "part-*.parquet"
+COMPUTED = "computed"
+"""Optional boolean column: the row ran inference (False: its value came from the cache)."""
+
+
+class UncommittedError(Exception):
+    """A run folder whose write never completed: it has no manifest."""
+
+
+class StagingSink(Datasink[list[dict[str, Any]]]):
+    """Writes each block as a Parquet part of `run_dir` and commits the parts that were returned."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.rows = self.computed = 0
+        """Rows committed, and of them those with `computed` true; set by on_write_complete."""
+
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, blocks: Iterable[Block], ctx: Any) -> list[dict[str, Any]]:
+        parts = []
+        for block in blocks:
+            table = BlockAccessor.for_block(block).to_arrow()
+            if not table.num_rows:
+                continue
+            name = f"part-{uuid.uuid4().hex}.parquet"
+            pq.write_table(table, self.run_dir / name)
+            computed = int(pc.sum(table[COMPUTED]).as_py() or 0) if COMPUTED in table.column_names else 0
+            parts.append({"name": name, "rows": table.num_rows, "computed": computed})
+        return parts
+
+    def on_write_complete(self, write_result: WriteResult[list[dict[str, Any]]]) -> None:
+        parts = [part for returned in write_result.write_returns for part in returned]
+        commit(self.run_dir, parts)
+        self.rows = sum(p["rows"] for p in parts)
+        self.computed = sum(p["computed"] for p in parts)
+
+
+def commit(run_dir: Path, parts: list[dict[str, Any]]) -> None:
+    """Write the manifest of `parts` atomically, then delete every part it does not list."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"parts": parts}))
+    os.replace(tmp, run_dir / MANIFEST)
+    listed = {p["name"] for p in parts}
+    for orphan in run_dir.glob(PARTS):
+        if orphan.name not in listed:
+            orphan.unlink(missing_ok=True)
+
+
+def is_committed(run_dir: Path) -> bool:
+    return (run_dir / MANIFEST).is_file()
+
+
+def committed_parts(run_dir: Path) -> list[str]:
+    """Paths of the parts the manifest lists, in its order."""
+    if not is_committed(run_dir):
+        raise UncommittedError(f"{run_dir} has no {MANIFEST}: its write never completed")
+    parts = json.loads((run_dir / MANIFEST).read_text())["parts"]
+    return [str(run_dir / p["name"]) for p in parts]
+
+
+def committed_dataset(run_dir: Path) -> pads.Dataset:
+    """The committed parts as one pyarrow dataset (read in batches, never whole unless asked)."""
+    return pads.dataset(committed_parts(run_dir), format="parquet")
