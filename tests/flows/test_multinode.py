@@ -9,10 +9,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.nightly import nightly
 from jobs.content_cache import previous_run
@@ -22,6 +20,7 @@ from stores.key_value import KeyValueStore
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
+from tests.flows.conftest import THREE_OUTPUTS
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
@@ -31,37 +30,12 @@ pytestmark = pytest.mark.slow
 POOLS = ("EmbedActor", "LabelActor", "TopKActor")
 """The inference actor pools of the three jobs."""
 
-PIPELINE = """
-[outputs.embeddings]
-kind = "embeddings"
-input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
-store = "corpus"
-engine = {{ gate_texts = 16, calibration_texts = 16 }}
-
-[outputs.labels]
-kind = "labels"
-input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
-train_texts = 400
-engine = {{ gate_texts = 16, calibration_texts = 16 }}
-
-[outputs.recs]
-kind = "recs"
-input = {{ path = "{interactions}", max_reject_ratio = 0.05 }}
-items = "embeddings"
-"""
-
 EMBEDDINGS_ONLY = """
 [outputs.docs]
 kind = "embeddings"
 input = {{ path = "{corpus}" }}
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
 """
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> None:
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
 
 
 @pytest.fixture
@@ -97,13 +71,16 @@ def pool_actors(cluster: Cluster, pool: str, state: str | None = None) -> list[d
 
 
 def test_nightly_on_a_two_node_cluster_publishes_every_output(
-    prefect_api, ray_cluster, environment: Path, small_corpus: Path, monkeypatch: pytest.MonkeyPatch
+    prefect_api,
+    ray_cluster,
+    environment: Path,
+    small_corpus: Path,
+    interactions: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    corpus = pq.read_table(small_corpus).to_pylist()
-    interactions = environment / "interactions.parquet"
-    rows = [{"user_id": r["maintainer"], "item_id": r["id"]} for r in corpus if r["id"] not in (None, "dup")]
-    pq.write_table(pa.Table.from_pylist(rows), interactions)
-    use_pipeline(environment, monkeypatch, PIPELINE.format(corpus=small_corpus, interactions=interactions))
+    use_pipeline(
+        environment, monkeypatch, THREE_OUTPUTS.format(corpus=small_corpus, interactions=interactions)
+    )
 
     report = nightly()
 

@@ -9,49 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.nightly import RunFailedError, nightly
 from stores.key_value import KeyValueStore
 from stores.redis_settings import RedisSettings, output_keys
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> None:
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
-@pytest.fixture(scope="module")
-def interactions(small_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Real relations of the test corpus: maintainers (users) x the packages they maintain."""
-    corpus = pq.read_table(small_corpus).to_pylist()
-    rows = [{"user_id": r["maintainer"], "item_id": r["id"]} for r in corpus if r["id"] not in (None, "dup")]
-    path = tmp_path_factory.mktemp("interactions") / "interactions.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
-
-
-PIPELINE = """
-[outputs.embeddings]
-kind = "embeddings"
-input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
-store = "corpus"
-engine = {{ gate_texts = 16, calibration_texts = 16 }}  # of the 20 the small corpus holds
-
-[outputs.labels]
-kind = "labels"
-input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
-train_texts = 400
-engine = {{ gate_texts = 16, calibration_texts = 16 }}
-
-[outputs.recs]
-kind = "recs"
-input = {{ path = "{interactions}", max_reject_ratio = 0.05 }}
-items = "embeddings"
-"""
+from tests.flows.conftest import THREE_OUTPUTS
 
 
 @pytest.fixture
@@ -65,7 +29,7 @@ def environment(
 ) -> Path:
     """The flow reads its pipeline file and machine settings from the environment, as in production."""
     pipeline = tmp_path / "precompute.toml"
-    pipeline.write_text(PIPELINE.format(corpus=small_corpus, interactions=interactions))
+    pipeline.write_text(THREE_OUTPUTS.format(corpus=small_corpus, interactions=interactions))
     env = {
         "PRECOMPUTE_PIPELINE": str(pipeline),
         "PRECOMPUTE_REDIS_URL": redis_url,

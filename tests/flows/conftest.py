@@ -1,0 +1,46 @@
+"""What the flow tests share: Prefect's test API, the small corpus's interactions, the three-output pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+THREE_OUTPUTS = """
+[outputs.embeddings]
+kind = "embeddings"
+input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
+store = "corpus"
+engine = {{ gate_texts = 16, calibration_texts = 16 }}  # of the 20 the small corpus holds
+
+[outputs.labels]
+kind = "labels"
+input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
+train_texts = 400
+engine = {{ gate_texts = 16, calibration_texts = 16 }}
+
+[outputs.recs]
+kind = "recs"
+input = {{ path = "{interactions}", max_reject_ratio = 0.05 }}
+items = "embeddings"
+"""
+"""The demo's three outputs on the small corpus: format with corpus= and interactions= paths."""
+
+
+@pytest.fixture(scope="module")
+def prefect_api() -> None:
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="module")
+def interactions(small_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real relations of the test corpus: maintainers (users) x the packages they maintain."""
+    corpus = pq.read_table(small_corpus).to_pylist()
+    rows = [{"user_id": r["maintainer"], "item_id": r["id"]} for r in corpus if r["id"] not in (None, "dup")]
+    path = tmp_path_factory.mktemp("interactions") / "interactions.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
