@@ -104,8 +104,11 @@ def test_a_classifier_labels_through_its_gated_engine(
     engine = settings.model_copy(update={"model": source})
     with load_labeler(LabelSettings(top=2), engine) as labeler:
         assert labeler.labels == list(LABELS) and labeler.head is None
-        gates = labeler.report.gates
-        assert gates[-1].passed and gates[0].precision == "int8" and 0 < gates[0].agreement <= 1
+        first, last = labeler.report.gates[0], labeler.report.gates[-1]
+        assert first.precision == "int8" and 0 <= first.agreement <= 1
+        # A random classifier's scores lie close together: on a CPU without VNNI (AVX2 only) its
+        # INT8 engine flipped every top label (agreement 0.0), and the ladder fell back to FP32.
+        assert last.passed and (first.passed or last.precision == "fp32")
         indices, scores = labeler.label(texts[:5])
     assert indices.shape == scores.shape == (5, 2) and np.all(np.diff(scores, axis=1) <= 0)
 
