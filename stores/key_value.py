@@ -183,7 +183,7 @@ class KeyValueStore:
         the copied ones; `delete` removes records.
         """
         keys = output_keys(self.settings, output)
-        buckets = self._entry(keys, check_version(source))["buckets"]
+        buckets = self.buckets(output, source)
         target_buckets = self.check_writable(keys, target)
         if target_buckets != buckets:
             raise StoreError(
