@@ -216,10 +216,12 @@ def recommend(
     embeddings_dir: Path,
     redis: RedisSettings,
     work_dir: Path,
+    min_lift: float = 1.0,
 ) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
     """Recommend from the published embeddings into a new Redis version, rescoring only the users
     whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
-    ranker beats most-popular under leave-one-out. Returns (report, version, quality, versions deleted)."""
+    ranker's leave-one-out hit-rate is at least `min_lift` times most-popular's. Returns (report,
+    version, quality, versions deleted)."""
     items = staged_items(embeddings_dir)
     previous = published_recs(redis, store_key, work_dir / "runs" / output)
     quality: RecsQuality | None = None
@@ -232,10 +234,10 @@ def recommend(
         )
         seen = read_seen(interactions, items.ids)
         quality = leave_one_out(seen, items.vectors, recs.popularity_weight, recs.k)
-        if quality.ours < quality.most_popular:
+        if quality.ours < min_lift * quality.most_popular:
             raise QualityError(
                 f"leave-one-out hit-rate@{recs.k} {quality.ours:.4f} is below "
-                f"most-popular's {quality.most_popular:.4f}"
+                f"{min_lift} x most-popular's {quality.most_popular:.4f}"
             )
         return report
 
@@ -449,6 +451,7 @@ def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> 
                 staged,
                 keep(spec.redis_settings(name)),
                 job.work_dir,
+                output.min_lift,
             )
         )
 

@@ -65,17 +65,19 @@ class LabelsJobReport:
 def labeler_identity(
     labels: LabelSettings, engine: EngineSettings, report: LabelerReport, vocabulary: list[str]
 ) -> str:
-    """Everything a value depends on besides the text. The encoder's (or classifier's) hash;
-    the trained head's cache entry, named by its key (model, training data, column, recipe);
-    the vocabulary the indices point into; how many labels a value holds; and the precision
-    and near-tie recheck the gate chose, since those can flip a label."""
+    """Everything a value depends on besides the text: the encoder's (or classifier's) hash; the
+    trained head's cache entry, named by its key (model, training rows, column, recipe); the
+    vocabulary the indices point into; and how many labels a value holds.
+
+    Not the precision the gate chose, nor its near-tie margin: like an embedding (whose identity
+    is the model's hash), a label from any precision that passed the gate agrees with FP32's as
+    closely as the gate demands, and a nightly re-gate on a slightly changed corpus may choose
+    another margin without making yesterday's labels wrong."""
     identity = {
         "model": engine.model.hash,
         "head": Path(report.head_dir).name if report.head_dir else "",
         "vocabulary": vocabulary,
         "top": labels.top,
-        "precision": report.engine.precision,
-        "recheck_margin": report.gates[-1].recheck_margin if report.gates else None,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 

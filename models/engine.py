@@ -8,7 +8,6 @@ that fails is recorded with its reason in the report.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -22,7 +21,7 @@ from models.engine_cache import EngineCache
 from models.errors import GateFailedError, ModelError
 from models.gate import GateResult, agreement_gate, cosine_gate, row_cosine
 from models.hardware import detect_device, device_fingerprint
-from models.reference_texts import reference_texts
+from models.reference_texts import reference_texts, texts_digest
 from models.settings import EngineSettings
 from models.tokenize import TextTokenizer
 
@@ -163,8 +162,7 @@ class _Builder:
     def gate(self, engine_dir: Path, precision: str, runner: Runner, tokenizer: TextTokenizer) -> GateResult:
         """Score the engine on held-out texts; its outputs are cached beside the engine."""
         texts = self.gate_texts()
-        digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
-        scored = engine_dir / f"gate-{digest}.npy"
+        scored = engine_dir / f"gate-{texts_digest(texts)}.npy"
         if not scored.exists():
             tmp = scored.with_suffix(".tmp.npy")
             np.save(tmp, encode_texts(runner, tokenizer, texts, self.spec.max_batch))
@@ -189,7 +187,6 @@ def gate_texts(settings: EngineSettings) -> list[str]:
 def reference_embeddings(settings: EngineSettings, texts: list[str]) -> np.ndarray:
     """FP32 PyTorch outputs of `texts`, computed once per model and text set: every
     gate (cosine or agreement here, label agreement in labels.py) scores against the same reference."""
-    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
 
     def compute(directory: Path) -> None:
         from models.backends.torch import TorchRunner
@@ -198,6 +195,6 @@ def reference_embeddings(settings: EngineSettings, texts: list[str]) -> np.ndarr
         with TorchRunner(settings.model, Path(), "cpu", 1) as reference:
             np.save(directory / "embeddings.npy", encode_texts(reference, tokenizer, texts, 32))
 
-    key = {"model": settings.model.hash, "texts": digest}
+    key = {"model": settings.model.hash, "texts": texts_digest(texts)}
     entry = EngineCache(settings.cache_dir).get_or_build("reference", key, compute)
     return np.load(entry.path / "embeddings.npy")

@@ -36,11 +36,23 @@ class EngineCache:
 
     def keys(self) -> list[dict[str, str]]:
         """The key of every entry: what `precompute check` reports as built."""
-        return [json.loads(path.read_text()) for path in sorted(self.root.glob(f"*/{KEY_FILE}"))]
+        return [key for _, key in self.entries("*")]
+
+    def entries(self, kind: str) -> list[tuple[Path, dict[str, str]]]:
+        """(directory, key) of every entry of `kind`: what a lookup by likeness rather than by key searches."""
+        return [
+            (path.parent, json.loads(path.read_text()))
+            for path in sorted(self.root.glob(f"{kind}-*/{KEY_FILE}"))
+        ]
+
+    def find(self, kind: str, key: Mapping[str, str]) -> Path | None:
+        """The entry for `key` if it was built, without building it."""
+        path = self._path(kind, key)
+        return path if (path / KEY_FILE).exists() else None
 
     def get_or_build(self, kind: str, key: Mapping[str, str], build: Callable[[Path], None]) -> CacheEntry:
         """Return the entry for `key`, calling `build(directory)` only if it does not exist yet."""
-        final = self.root / f"{kind}-{key_digest(key)}"
+        final = self._path(kind, key)
         if (final / KEY_FILE).exists():
             return CacheEntry(final, hit=True)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -56,3 +68,6 @@ class EngineCache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return CacheEntry(final, hit=False)
+
+    def _path(self, kind: str, key: Mapping[str, str]) -> Path:
+        return self.root / f"{kind}-{key_digest(key)}"

@@ -9,8 +9,9 @@ the other option, a head trained on the corpus's own label column:
 
 The head is softmax regression on FP32 embeddings of the labelled corpus (the gate's
 held-out texts excluded), exported to ONNX (Gemm + Softmax) and cached like an engine,
-keyed by model, training data and recipe; `load_labeler` trains it on first use, so a
-fresh machine needs no step of its own. Weights never go into git.
+keyed by model, training rows and recipe, and kept while its training rows change little
+(`retrain_share`); `load_labeler` trains it on first use, so a fresh machine needs no step
+of its own. Weights never go into git.
 
 The encoder under the head runs on the engine path (quantized, cached) with its own gate:
 a precision labels only if its top label agrees with FP32's on `gate_agreement` of the
@@ -26,17 +27,15 @@ fifth of them) rechecked it agreed on 0.996. Each try is in the report.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pyarrow as pa
-import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -52,13 +51,22 @@ from models.engine import (
 )
 from models.engine_cache import EngineCache
 from models.errors import GateFailedError, ModelError
-from models.reference_texts import SPLIT_SLOT, TextSample, reference_texts, split_slot
+from models.reference_texts import (
+    SPLIT_SLOT,
+    TextSample,
+    reference_texts,
+    sample_rows,
+    split_slot,
+    texts_digest,
+)
 from models.settings import DEMO_CORPUS, EngineSettings
-from models.text_columns import decodable_rows
 
 RECIPE = "softmax-regression/lbfgs/l2-1e-4/v1"
 HEAD_FILE = "head.onnx"
 LABELS_FILE = "labels.json"
+TRAINING_FILE = "training.npy"
+"""The sorted fingerprints of the rows a head was trained on (row_fingerprints)."""
+GATES_FILE = "gates.json"
 PROBABILITIES = "probabilities"
 HEAD_INPUT = "embedding"
 
@@ -74,8 +82,14 @@ class LabelSettings(BaseSettings):
     column: str = "section"
     """The label column (the Debian archive Section in the demo corpus); unused by a classifier."""
 
-    max_train_texts: int | None = Field(None, ge=10)
-    """Cap on training texts (None: all but the gate's held-out ones)."""
+    max_train_texts: int = Field(20_000, ge=10)
+    """Training texts: the first this many labelled rows, the gate's held-out ones excluded. A
+    softmax head over 384 dimensions learns what it can from tens of thousands; more rows only
+    add FP32 inference to every retrain."""
+
+    retrain_share: float = Field(0.05, ge=0, le=1)
+    """A cached head is kept while at most this share of its training rows changed; past it, a
+    new head is trained (and every label computed again). 0 retrains on any change."""
 
     top: int = Field(3, ge=1, le=10)
     """Labels stored per item, best first."""
@@ -173,54 +187,97 @@ def top_of(probabilities: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_head(labels: LabelSettings, engine: EngineSettings) -> LabelHead:
-    """The trained head for this model and training data, trained now on a cache miss."""
-    key = {
+    """The head for this model and training data: the one trained on exactly these rows, else the
+    closest one trained on rows that differ by at most `retrain_share`, else one trained now.
+
+    Keeping a head through small changes is what makes labels incremental: the head is part of
+    every label's identity (jobs/labels.py), so a head retrained on 1% new rows would label every
+    row again for a head that labels almost all of them the same."""
+    rows = training_rows(labels)
+    fingerprints = row_fingerprints(rows, labels.column)
+    lineage = {
         "model": engine.model.hash,
-        "corpus": file_digest(labels.corpus.path),
-        "columns": f"{labels.corpus.id},{labels.corpus.text}",
         "column": labels.column,
         "max_train_texts": str(labels.max_train_texts),
         "recipe": RECIPE,
     }
-    entry = EngineCache(engine.cache_dir).get_or_build(
-        "label-head", key, lambda directory: _train(labels, engine, directory)
+    key = {**lineage, "training": hashlib.sha256(fingerprints.tobytes()).hexdigest()[:16]}
+    cache = EngineCache(engine.cache_dir)
+    if (kept := cache.find("label-head", key)) or (
+        kept := closest_head(cache, lineage, fingerprints, labels)
+    ):
+        return LabelHead(kept)
+    entry = cache.get_or_build(
+        "label-head", key, lambda directory: _train(rows, fingerprints, labels, engine, directory)
     )
     return LabelHead(entry.path)
 
 
-def file_digest(uri: str) -> str:
-    """Content hash of a local file or an object-store object (pyarrow filesystems)."""
-    fs, path = pafs.FileSystem.from_uri(uri) if "://" in uri else (pafs.LocalFileSystem(), uri)
-    with fs.open_input_stream(path) as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()[:16]
-
-
-def _train(labels: LabelSettings, engine: EngineSettings, directory: Path) -> None:
+def training_rows(labels: LabelSettings) -> list[dict[str, object]]:
+    """The first `max_train_texts` labelled rows of the corpus (the gate's held-out ones excluded),
+    read a batch at a time: training costs the same at a million rows as at fifty thousand."""
     sample, column = labels.corpus, labels.column
-    try:
-        table = pads.dataset(sample.path, format="parquet").to_table(columns=[sample.id, sample.text, column])
-    except (OSError, pa.ArrowException) as e:
-        raise ModelError(
-            f"labels corpus {sample.path}: cannot read {sample.id}, {sample.text}, {column} ({e})"
-        ) from e
-    table = table.rename_columns(["id", "text", column])
-    rows = [
-        r
-        for r in decodable_rows(table)  # a row of invalid UTF-8 is the job's to quarantine
-        if r["text"] and r["text"].strip() and r[column] and split_slot(r["id"]) != SPLIT_SLOT["gate"]
-    ]
-    names = sorted({r[labels.column] for r in rows})
-    targets = np.array([names.index(r[labels.column]) for r in rows], dtype=np.int64)
+    rows = (
+        {"id": r[sample.id], "text": r[sample.text], column: r[column]}
+        for r in sample_rows(sample, [sample.id, sample.text, column])
+        if r[sample.text]
+        and r[sample.text].strip()
+        and r[column]
+        and split_slot(r[sample.id]) != SPLIT_SLOT["gate"]
+    )
+    found = list(itertools.islice(rows, labels.max_train_texts))
+    if not found:
+        raise ModelError(f"labels corpus {sample.path}: no row has both a text and a {column!r} label")
+    return found
+
+
+def row_fingerprints(rows: list[dict[str, object]], column: str) -> np.ndarray:
+    """A sorted 64-bit hash of each training row's (id, text, label): how two training sets compare."""
+    digests = (
+        hashlib.blake2b(f"{r['id']}\x00{r['text']}\x00{r[column]}".encode(), digest_size=8).digest()
+        for r in rows
+    )
+    return np.sort(np.frombuffer(b"".join(digests), dtype=np.uint64))
+
+
+def closest_head(
+    cache: EngineCache, lineage: dict[str, str], fingerprints: np.ndarray, labels: LabelSettings
+) -> Path | None:
+    """The cached head of this lineage whose training rows differ least from these, if by at most
+    `retrain_share` of them (rows changed, added or removed); ties go to the newest."""
+    best: tuple[float, float, Path] | None = None
+    for path, key in cache.entries("label-head"):
+        if {name: key.get(name) for name in lineage} != lineage or not (path / TRAINING_FILE).exists():
+            continue
+        trained = np.load(path / TRAINING_FILE)
+        same = len(np.intersect1d(trained, fingerprints, assume_unique=True))
+        changed = 1 - same / max(len(trained), len(fingerprints))
+        candidate = (changed, -path.stat().st_mtime, path)
+        if changed <= labels.retrain_share and (best is None or candidate < best):
+            best = candidate
+    return best[2] if best else None
+
+
+def _train(
+    rows: list[dict[str, object]],
+    fingerprints: np.ndarray,
+    labels: LabelSettings,
+    engine: EngineSettings,
+    directory: Path,
+) -> None:
+    column = labels.column
+    names = sorted({str(r[column]) for r in rows})
+    targets = np.array([names.index(str(r[column])) for r in rows], dtype=np.int64)
     # Hold out a tenth (by hash, never the gate's) to report accuracy, then fit on everything.
     held_out = np.array([split_slot(r["id"]) == SPLIT_SLOT["calibration"] for r in rows])
-    rows, targets, held_out = (x[: labels.max_train_texts] for x in (rows, targets, held_out))
     with load_encoder(engine.model_copy(update={"precision": "fp32"})) as encoder:
-        embeddings = encoder.encode([r["text"] for r in rows])
+        embeddings = encoder.encode([str(r["text"]) for r in rows])
     weight, bias = train_head(embeddings[~held_out], targets[~held_out], len(names))
     predicted = np.argmax(embeddings[held_out] @ weight.T + bias, axis=1)
     accuracy = float(np.mean(predicted == targets[held_out])) if held_out.any() else float("nan")
     weight, bias = train_head(embeddings, targets, len(names))
     export_head(weight, bias, directory / HEAD_FILE)
+    np.save(directory / TRAINING_FILE, fingerprints)
     (directory / LABELS_FILE).write_text(json.dumps({"labels": names, "held_out_accuracy": accuracy}))
 
 
@@ -300,37 +357,53 @@ def load_labeler(labels: LabelSettings | None = None, engine: EngineSettings | N
     texts = gate_texts(engine)
     reference = np.argmax(head.probabilities(reference_embeddings(engine, texts)), axis=1)
     device = resolve_device(engine)
-    gates: list[LabelGate] = []
+    fp32_settings = engine.model_copy(update={"precision": "fp32"})
 
-    def gate(labeler: Labeler, name: str) -> bool:
+    def agreement_gate(labeler: Labeler, name: str) -> LabelGate:
         probabilities, rechecked = labeler.probabilities(texts)
         agreement = float(np.mean(np.argmax(probabilities, axis=1) == reference))
         passed = agreement >= labels.gate_agreement
         reason = "" if passed else f"label agreement {agreement:.4f} < {labels.gate_agreement}"
         margin = labeler.margin if labeler.recheck is not None else None
-        gates.append(LabelGate(name, agreement, passed, reason, margin, float(rechecked.mean())))
-        if passed:
-            labeler.report = LabelerReport(
-                labeler.encoder.report, str(head.directory), head.held_out_accuracy, gates
-            )
-        return passed
+        return LabelGate(name, agreement, passed, reason, margin, float(rechecked.mean()))
 
+    def evaluate(encoder: Encoder, directory: Path) -> None:
+        """A rung's gates: its precision alone, then with the near ties rechecked at FP32."""
+        precision = encoder.report.precision
+        tried = [agreement_gate(Labeler(encoder, head, labels.top), precision)]
+        if not tried[0].passed and precision != "fp32":
+            with load_encoder(fp32_settings) as fp32:
+                calibration = reference_texts(engine.reference, "calibration", labels.recheck_texts)
+                margin = recheck_margin(head, encoder, fp32, calibration)
+                recheck = Labeler(encoder, head, labels.top, fp32, margin)
+                tried.append(agreement_gate(recheck, f"{precision}+fp32-recheck"))
+        (directory / GATES_FILE).write_text(json.dumps([asdict(g) for g in tried]))
+
+    # A rung's gates are cached like the engine's own, by head, engine and gate texts: a nightly
+    # run on an unchanged corpus opens its labeler without encoding the gate's texts again.
+    cache = EngineCache(engine.cache_dir)
+    gates: list[LabelGate] = []
     for rung in precision_ladder(engine, device, resolve_backend(engine, device).name):
         if any(g.precision == rung for g in gates):
             continue
+        # Its precision is lower than `rung` if the cosine gate failed it.
         encoder = load_encoder(engine.model_copy(update={"precision": rung}))
-        precision = encoder.report.precision  # lower than `rung` if the cosine gate failed it
-        labeler = Labeler(encoder, head, labels.top)
-        if gate(labeler, precision):
+        key = {
+            "head": head.directory.name,
+            "engine": Path(encoder.report.engine_dir).name,
+            "texts": texts_digest(texts),
+            "gate_agreement": str(labels.gate_agreement),
+            "recheck_texts": str(labels.recheck_texts),
+        }
+        entry = cache.get_or_build("label-gate", key, lambda directory, e=encoder: evaluate(e, directory))
+        gates += [LabelGate(**g) for g in json.loads((entry.path / GATES_FILE).read_text())]
+        if gates[-1].passed:
+            margin = gates[-1].recheck_margin
+            recheck = None if margin is None else load_encoder(fp32_settings)
+            labeler = Labeler(encoder, head, labels.top, recheck, margin or 0.0)
+            labeler.report = LabelerReport(encoder.report, str(head.directory), head.held_out_accuracy, gates)
             return labeler
-        if precision != "fp32":
-            fp32 = load_encoder(engine.model_copy(update={"precision": "fp32"}))
-            calibration = reference_texts(engine.reference, "calibration", labels.recheck_texts)
-            margin = recheck_margin(head, encoder, fp32, calibration)
-            labeler = Labeler(encoder, head, labels.top, fp32, margin)
-            if gate(labeler, f"{precision}+fp32-recheck"):
-                return labeler
-        labeler.close()
+        encoder.close()
     failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
     raise GateFailedError(f"no precision passed the label agreement gate ({failures})")
 
@@ -358,7 +431,8 @@ def open_labeler(labels: LabelSettings, engine: EngineSettings, report: LabelerR
     encoder = load_encoder(engine.model_copy(update={"precision": report.engine.precision}))
     margin = report.gates[-1].recheck_margin
     recheck = None if margin is None else load_encoder(engine.model_copy(update={"precision": "fp32"}))
-    head = load_head(labels, engine) if engine.model.task == "embed" else None
+    # The head the gate chose, by its entry's name: an actor never picks another one (load_head).
+    head = LabelHead(engine.cache_dir / Path(report.head_dir).name) if report.head_dir else None
     labeler = Labeler(encoder, head, labels.top, recheck, margin or 0.0)
     labeler.report = report
     return labeler

@@ -7,6 +7,8 @@ independent of row order: the gate never scores an engine on texts that set its 
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Iterator
 from typing import Literal
 
 import pyarrow as pa
@@ -35,23 +37,36 @@ def split_slot(id_: object) -> int:
     return hashlib.sha256(str(id_).encode()).digest()[0] % 10
 
 
+def texts_digest(texts: list[str]) -> str:
+    """What a set of gate texts is, for the keys of the results cached for it."""
+    return hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
+
+
+def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, object]]:
+    """The input's decodable rows in file order, as dicts of `columns`, read a batch at a time:
+    a caller that needs the first few thousand stops early, so memory and time do not grow with
+    the input (every engine's actors read their gate texts here)."""
+    try:
+        for batch in pads.dataset(sample.path, format="parquet").to_batches(columns=columns):
+            yield from decodable_rows(
+                pa.Table.from_batches([batch])
+            )  # invalid UTF-8: the job's to quarantine
+    except (OSError, pa.ArrowException) as e:
+        raise ModelError(f"{sample.path}: cannot read columns {', '.join(columns)} ({e})") from e
+
+
 def reference_texts(sample: TextSample, purpose: Literal["gate", "calibration"], count: int) -> list[str]:
     """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10)."""
-    try:
-        table = pads.dataset(sample.path, format="parquet").to_table(columns=[sample.id, sample.text])
-    except (OSError, pa.ArrowException) as e:
-        raise ModelError(
-            f"reference texts {sample.path}: cannot read columns {sample.id}, {sample.text} ({e})"
-        ) from e
     slot = SPLIT_SLOT[purpose]
-    texts = [
+    texts = (
         text
-        for row in decodable_rows(table)  # a row of invalid UTF-8 is the job's to quarantine
+        for row in sample_rows(sample, [sample.id, sample.text])
         if isinstance(text := row[sample.text], str) and text.strip() and split_slot(row[sample.id]) == slot
-    ]
-    if len(texts) < count:
+    )
+    found = list(itertools.islice(texts, count))
+    if len(found) < count:
         raise ModelError(
-            f"reference texts {sample.path}: {len(texts)} {purpose} texts, {count} needed "
+            f"reference texts {sample.path}: {len(found)} {purpose} texts, {count} needed "
             f"(set PRECOMPUTE_ENGINE_{'GATE' if purpose == 'gate' else 'CALIBRATION'}_TEXTS lower)"
         )
-    return texts[:count]
+    return found

@@ -193,6 +193,9 @@ class RecsOutput(Spec):
     """The embeddings output whose vectors are the item tower (recommended from this run's version)."""
     k: int = Field(10, ge=1, le=10)
     popularity_weight: float = Field(0.4, ge=0)
+    min_lift: float = Field(1.0, gt=0)
+    """A version is published only if its leave-one-out hit-rate@k is at least this multiple of
+    most-popular's on the same held-out interactions."""
     store: str | None = Field(None, pattern=NAME)
     keep_versions: int = Field(2, ge=0)
 

@@ -62,6 +62,18 @@ LOCAL_RAY = {"num_cpus": 2, "log_to_driver": False}
 
 
 @pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One Prefect test API for the run (it takes tens of seconds to start on a loaded machine).
+    Yields its URL: a `precompute run` process a test starts is given it as PREFECT_API_URL,
+    and talks to it as a production run talks to a Prefect server."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
 def ray_local() -> None:
     """One local Ray for the run, on 2 CPUs like the development machines (STACK.md's hang)."""
     from jobs.ray_session import start_local, stop_local
@@ -71,13 +83,14 @@ def ray_local() -> None:
     stop_local()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Cluster]:
     """A Ray cluster of separate node processes: a head with no CPUs, so every task and actor
     runs on a worker, and two worker nodes of 2 CPUs each (one survives the other's loss without
     STACK.md's hang). Token authentication is on, as `ray start` has it. Jobs join it through
     their ray_address setting; this process only watches it (`cluster.global_state`). One
-    process joins one Ray at a time, so the run's local Ray is stopped meanwhile and started again."""
+    process joins one Ray at a time, so the run's local Ray is stopped meanwhile and started again.
+    One cluster per module: its tests that take a node away run last."""
     import ray
     from ray._private.authentication.authentication_token_setup import (
         enable_token_auth_by_default,

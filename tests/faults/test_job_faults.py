@@ -17,7 +17,6 @@ from urllib.parse import urlparse
 import pyarrow.parquet as pq
 import pytest
 import redis
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.nightly import nightly
 from models.settings import DEMO_CORPUS
@@ -42,12 +41,6 @@ kind = "embeddings"
 input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
 engine = {{ gate_texts = 64, calibration_texts = 32 }}
 """
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> None:
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
 
 
 def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings, pipeline: str, **env: str) -> None:
@@ -175,14 +168,18 @@ def precompute_run(env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 def test_flow_killed_mid_embedding_then_rerun(
-    settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str
+    prefect_api: str, settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str
 ) -> None:
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pq.read_table(DEMO_CORPUS).take(list(range(0, 5000, 5))), corpus)  # 1,000 rows
     environment(
         monkeypatch,
         tmp_path,
         settings,
-        EMBEDDINGS.format(corpus=DEMO_CORPUS),
+        EMBEDDINGS.format(corpus=corpus),
         PRECOMPUTE_REDIS_URL=redis_url,
+        PRECOMPUTE_JOB_ROWS_PER_BATCH="32",  # 32 parts: the kill lands after the first, mid-job
+        PREFECT_API_URL=prefect_api,
     )
     runs = tmp_path / "work" / "runs" / "docs"
     killed = precompute_run(dict(os.environ))
@@ -198,17 +195,17 @@ def test_flow_killed_mid_embedding_then_rerun(
     output = rerun.communicate(timeout=900)[0].decode()
     assert rerun.returncode == 0, output
     lines = output.strip().splitlines()
-    assert lines[0].startswith("docs: published ") and lines[0].endswith("(5000 rows, 0 rejected)"), lines
+    assert lines[0].startswith("docs: published ") and lines[0].endswith("(1000 rows, 0 rejected)"), lines
     new = lines[0].split()[2]
     assert new > dead
     with open_vector_store(VectorStoreSettings(name="docs")) as store:
-        assert store.current() == new and store.versions() == [new] and store.count(new) == 5000
+        assert store.current() == new and store.versions() == [new] and store.count(new) == 1000
     assert [p.name for p in runs.iterdir()] == [new]  # the killed run's folder is collected
     assert pq.read_table(next((runs / new / "embeddings").glob("part-*.parquet"))).num_rows > 0
 
 
 def test_two_runs_started_at_once(
-    settings, small_corpus: Path, tmp_path: Path, monkeypatch, redis_url
+    prefect_api: str, settings, small_corpus: Path, tmp_path: Path, monkeypatch, redis_url
 ) -> None:
     environment(
         monkeypatch,
@@ -216,6 +213,7 @@ def test_two_runs_started_at_once(
         settings,
         EMBEDDINGS.format(corpus=small_corpus).replace("64", "16").replace("32", "16"),
         PRECOMPUTE_REDIS_URL=redis_url,
+        PREFECT_API_URL=prefect_api,
     )
     first, second = precompute_run(dict(os.environ)), precompute_run(dict(os.environ))
     outputs = [p.communicate(timeout=900)[0].decode() for p in (first, second)]

@@ -1,4 +1,4 @@
-"""What the flow tests share: Prefect's test API, the small corpus's interactions, the three-output pipeline."""
+"""What the flow tests share: the small corpus's interactions, the three-output pipeline."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 THREE_OUTPUTS = """
 [outputs.embeddings]
@@ -28,12 +27,6 @@ input = {{ path = "{interactions}", max_reject_ratio = 0.05 }}
 items = "embeddings"
 """
 """The demo's three outputs on the small corpus: format with corpus= and interactions= paths."""
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> None:
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
 
 
 @pytest.fixture(scope="module")

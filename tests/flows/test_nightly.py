@@ -58,7 +58,7 @@ def records(output: str, version: str) -> dict[bytes, bytes]:
         }
 
 
-def test_nightly_publishes_reuses_and_collects_garbage(
+def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     prefect_api, ray_local, environment: Path, interactions: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = nightly(keep_versions=1)
@@ -116,16 +116,12 @@ def test_nightly_publishes_reuses_and_collects_garbage(
             kept = [v.name for v in store.versions(output)]
             assert kept == [run["outputs"][output]["version"] for run in (second, third)]
 
-
-def test_a_failed_output_leaves_the_others_published(
-    prefect_api, ray_local, environment: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    published = nightly()
+    # A failed output leaves the others published, and its own previous version served.
     broken = environment / "broken.parquet"
     pq.write_table(pa.table({"user_id": ["u"] * 3, "item_id": ["no-such-item"] * 3}), broken)
     monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__INPUT__PATH", str(broken))  # one field, overridden
     with pytest.raises(RunFailedError, match=r"^recs failed at recommend: RejectRatioExceededError: 3 of 3"):
-        nightly()
+        nightly(keep_versions=1)
     report = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
     assert list(report["failed"]) == ["recs"]
     assert report["failed"]["recs"].startswith("recommend: RejectRatioExceededError: 3 of 3 interactions")
@@ -133,4 +129,4 @@ def test_a_failed_output_leaves_the_others_published(
         assert store.current() == report["outputs"]["embeddings"]["version"]
     with KeyValueStore(RedisSettings()) as store:
         assert store.current("labels") == report["outputs"]["labels"]["version"]
-        assert store.current("recs") == published["outputs"]["recs"]["version"]
+        assert store.current("recs") == moved["version"]

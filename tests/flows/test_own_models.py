@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 from starlette.testclient import TestClient
 
 from flows.nightly import nightly
@@ -76,10 +75,9 @@ def pipeline_file(
 
 
 def test_two_models_per_kind_are_published_and_served_by_name(
-    ray_local, settings, small_corpus: Path, pipeline_file: Path
+    prefect_api, ray_local, settings, small_corpus: Path, pipeline_file: Path
 ) -> None:
-    with prefect_test_harness(server_startup_timeout=180):
-        report = nightly()
+    report = nightly()
     assert report["failed"] == {}
     outputs = report["outputs"]
     assert {name: outputs[name]["kind"] for name in outputs} == {

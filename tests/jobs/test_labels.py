@@ -152,8 +152,9 @@ def test_a_rerun_reuses_every_label_and_a_new_head_recomputes_them_all(
     assert (fourth.computed, fourth.reused) == (200, 0)
 
 
-def test_the_labelers_identity_covers_its_head_vocabulary_and_precision(settings) -> None:
-    """What keys a cached label: a change to what produced it computes every row again."""
+def test_the_labelers_identity_covers_its_head_and_vocabulary_not_the_gated_precision(settings) -> None:
+    """What keys a cached label: a change to what produced it computes every row again; a precision
+    that passed the gate labels as FP32 does, within the gate's tolerance."""
 
     def identity(
         head_dir: str = "/engines/label-head-aaaa",
@@ -168,4 +169,4 @@ def test_the_labelers_identity_covers_its_head_vocabulary_and_precision(settings
     assert identity(head_dir="/elsewhere/label-head-aaaa") == same  # the head's key, not where it is cached
     assert identity(head_dir="/engines/label-head-bbbb") != same  # other training data, column or recipe
     assert identity(vocabulary=("a", "c")) != same
-    assert identity(precision="fp32") != same
+    assert identity(precision="fp32") == same

@@ -6,10 +6,24 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from models.engine_cache import EngineCache
 from models.errors import ModelError
-from models.labels import LABELS_FILE, LabelHead, LabelSettings, export_head, load_labeler, top_of, train_head
+from models.labels import (
+    LABELS_FILE,
+    LabelHead,
+    LabelSettings,
+    export_head,
+    load_head,
+    load_labeler,
+    top_of,
+    train_head,
+)
+from models.reference_texts import TextSample, split_slot
+from models.settings import DEMO_CORPUS
 
 EMBEDDING_DIM = 384
 
@@ -60,6 +74,11 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
         indices, scores = rechecking.label(texts)
         assert indices.shape == scores.shape == (2, 3)
         assert np.all(np.diff(scores, axis=1) <= 0) and np.all(scores > 0)
+    # A second load takes each rung's gates from the engine cache: the same labeler.
+    head = Path(rechecking.report.head_dir).name
+    assert any(key["head"] == head for _, key in EngineCache(settings.cache_dir).entries("label-gate"))
+    with load_labeler(just_above, settings) as again:
+        assert again.report.gates == rechecking.report.gates and again.margin == rechecking.margin
 
     # Ten calibration texts show no flip, so nothing is rechecked and INT8 falls back to FP32.
     strict = LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=1.0, recheck_texts=10)
@@ -71,7 +90,30 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
 
 
 def test_a_bad_label_column_is_named(settings, tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="cannot read id, text, no_such_column"):
+    with pytest.raises(ModelError, match="cannot read columns id, text, no_such_column"):
         load_labeler(
             LabelSettings(column="no_such_column"), settings.model_copy(update={"cache_dir": tmp_path})
         )
+
+
+def test_a_head_is_kept_through_small_changes_of_its_training_rows_and_retrained_past_them(
+    settings, tmp_path: Path
+) -> None:
+    """The head is part of every label's identity: kept, the rerun reuses its labels."""
+    rows = [r for r in pq.read_table(DEMO_CORPUS).slice(1000, 400).to_pylist() if split_slot(r["id"]) != 0]
+    rows = rows[:200]  # none of the gate's: all train
+
+    def head(changed: int, retrain_share: float = 0.05, name: str = "corpus") -> Path:
+        edited = [{**r, "text": r["text"] + " (edited)"} if i < changed else r for i, r in enumerate(rows)]
+        path = tmp_path / f"{name}-{changed}.parquet"
+        pq.write_table(pa.Table.from_pylist(edited), path)
+        labels = LabelSettings(
+            corpus=TextSample(path=str(path)), max_train_texts=200, retrain_share=retrain_share
+        )
+        return load_head(labels, settings).directory
+
+    first = head(0)
+    assert head(4) == first  # 4 rows of 200 changed: 2%
+    assert head(0, name="moved") == first  # the same rows in another file: the same head
+    assert head(4, retrain_share=0.0) != first  # any change retrains
+    assert head(30) not in (first, head(4, retrain_share=0.0))  # 15%: retrained

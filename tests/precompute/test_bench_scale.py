@@ -26,9 +26,10 @@ def test_inputs_are_deterministic_with_unique_ids_and_interactions_that_referenc
 
 @pytest.mark.slow  # two real nightly runs and a rerun: minutes on 2 CPUs
 def test_every_stage_at_two_sizes_with_its_exponent_and_the_rerun(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PRECOMPUTE_ENGINE_CACHE_DIR", str(tmp_path / "engines"))
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # each size's process: no Prefect of its own to start
     result = main(SIZES, work_dir=str(tmp_path / "bench"))
 
     assert result["sizes"] == SIZES
