@@ -216,7 +216,7 @@ def recommend(
     embeddings_dir: Path,
     redis: RedisSettings,
     work_dir: Path,
-    min_lift: float = 1.0,
+    min_lift: float,
 ) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
     """Recommend from the published embeddings into a new Redis version, rescoring only the users
     whose inputs moved since the published one (jobs/recs_state.py); publish it only if the

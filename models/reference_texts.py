@@ -48,9 +48,8 @@ def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, ob
     the input (every engine's actors read their gate texts here)."""
     try:
         for batch in pads.dataset(sample.path, format="parquet").to_batches(columns=columns):
-            yield from decodable_rows(
-                pa.Table.from_batches([batch])
-            )  # invalid UTF-8: the job's to quarantine
+            # A row of invalid UTF-8 is left out: the job's to quarantine.
+            yield from decodable_rows(pa.Table.from_batches([batch]))
     except (OSError, pa.ArrowException) as e:
         raise ModelError(f"{sample.path}: cannot read columns {', '.join(columns)} ({e})") from e
 
