@@ -22,4 +22,4 @@ demo: $(BIN)/precompute redis-server
 
 test: $(BIN)/precompute redis-server
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadscope

@@ -197,9 +197,11 @@ def memory(run: Run) -> dict[str, Any]:
     records = _records(run)
     redis_bytes = run["redis_used_memory_after"] - run["redis_used_memory_before"]
     ray = {name: rss for name, rss in run["rss_by_title"].items() if name.startswith("ray::")}
+    ray_uss = {name: uss for name, uss in run["uss_by_title"].items() if name.startswith("ray::")}
     return {
         "driver_peak_rss_mb": round(run["driver_rss"] / MB, 1),
         "ray_peak_rss_mb": {name: round(rss / MB, 1) for name, rss in sorted(ray.items())},
+        "ray_peak_uss_mb": {name: round(uss / MB, 1) for name, uss in sorted(ray_uss.items())},
         "redis_server_peak_rss_mb": round(run["rss_by_title"].get("redis-server", 0) / MB, 1),
         "redis_used_memory_mb": round(redis_bytes / MB, 1),
         "redis_bytes_per_record": round(redis_bytes / records, 1) if records else None,
@@ -258,14 +260,14 @@ def table(sizes: list[int], runs: dict[int, Run], exponents: dict[str, float | N
 
 
 def main(
-    rows: list[int] | None = None, model: str | None = None, work_dir: str | None = None
+    rows: list[int] | None = None, model: str | None = None, work_dir: str | None = None, rerun: bool = True
 ) -> dict[str, Any]:
     sizes = sorted(set(rows or SIZES))
     bench_dir = Path(work_dir) if work_dir else DEFAULT_DIR
     bench_dir.mkdir(parents=True, exist_ok=True)
     folder = Path(model).resolve() if model else small_encoder(bench_dir / "model")
     print(f"model {folder}; sizes {', '.join(f'{n:,}' for n in sizes)}; bench dir {bench_dir}")
-    results = {n: run_size(bench_dir / f"rows-{n}", n, folder, n == sizes[-1]) for n in sizes}
+    results = {n: run_size(bench_dir / f"rows-{n}", n, folder, rerun and n == sizes[-1]) for n in sizes}
     return summary(results, folder)
 
 
@@ -303,12 +305,13 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
     print(table(sizes, runs, exponents))
     for n in sizes:
         m = result["memory"][n]
+        uss = m["ray_peak_uss_mb"]
         ray = ", ".join(
-            f"{name.removeprefix('ray::')} {mb:,.0f}"
+            f"{name.removeprefix('ray::')} {mb:,.0f} ({uss.get(name, 0):,.0f})"
             for name, mb in sorted(m["ray_peak_rss_mb"].items(), key=lambda item: -item[1])[:6]
         )
         print(
-            f"memory at {n:,} rows: driver peak RSS {m['driver_peak_rss_mb']:,.0f} MB; Ray's largest peak RSS per process kind (MB): {ray}; "
+            f"memory at {n:,} rows: driver peak RSS {m['driver_peak_rss_mb']:,.0f} MB; Ray's largest peak RSS (USS) per process kind (MB): {ray}; "
             f"redis-server {m['redis_server_peak_rss_mb']:,.0f} MB; Redis used_memory +{m['redis_used_memory_mb']:,.1f} MB = "
             f"{m['redis_bytes_per_record']} B/record ({_records(runs[n]):,} labels + recs records); "
             f"Qdrant disk {m['qdrant_disk_mb']:,.1f} MB = {m['qdrant_disk_bytes_per_row']} B/row"

@@ -27,6 +27,10 @@ ZIPF_EXPONENT = 1.0
 TASTE_SHARE = 0.5
 """Share of a user's interactions drawn from items made from one document they like."""
 USERS_PER_ITEM = 0.1
+ROW_GROUP_ROWS = 65_536
+"""Rows per Parquet row group (about 20 MB of corpus), as a data lake's writers cut them. A read
+task holds a whole row group: pyarrow's default (1M rows) made every Ray worker that read the
+1M-row corpus hold 300 MB of it at once, so per-process memory grew with the input."""
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -146,8 +150,8 @@ def write_inputs(directory: Path, rows: int, seed: int = 0) -> tuple[Path, Path]
     corpus_path, interactions_path = directory / "corpus.parquet", directory / "interactions.parquet"
     if not (corpus_path.exists() and interactions_path.exists()):
         table = corpus(rows, seed)
-        pq.write_table(table, corpus_path)
-        pq.write_table(interactions(table, seed), interactions_path)
+        pq.write_table(table, corpus_path, row_group_size=ROW_GROUP_ROWS)
+        pq.write_table(interactions(table, seed), interactions_path, row_group_size=ROW_GROUP_ROWS)
     return corpus_path, interactions_path
 
 
@@ -155,7 +159,7 @@ def change_inputs(directory: Path, share: float, seed: int = 1) -> dict[str, int
     """Give `share` of the corpus texts and of the users' interactions new values, in place."""
     corpus_path, interactions_path = directory / "corpus.parquet", directory / "interactions.parquet"
     table, texts_changed = changed_corpus(pq.read_table(corpus_path), share, seed)
-    pq.write_table(table, corpus_path)
+    pq.write_table(table, corpus_path, row_group_size=ROW_GROUP_ROWS)
     seen, users_changed = changed_interactions(pq.read_table(interactions_path), table, share, seed)
-    pq.write_table(seen, interactions_path)
+    pq.write_table(seen, interactions_path, row_group_size=ROW_GROUP_ROWS)
     return {"texts_changed": texts_changed, "users_changed": users_changed}

@@ -1,9 +1,13 @@
 """Peak memory of a run, for `precompute bench scale`: the driver, each Ray process kind, Redis, Qdrant's disk.
 
-RSS is polled (psutil, every 0.2 s) over this process and all its descendants (Ray's raylet and
-workers are children of the driver that started Ray locally), keeping the maximum per process
-title: Ray names a worker after what it runs (`ray::EmbedActor`, `ray::IDLE`), so the peak
-of each actor pool is one line. A peak shorter than the poll interval can be missed.
+RSS and USS are polled (psutil, every 0.5 s) over this process and all its descendants (Ray's
+raylet and workers are children of the driver that started Ray locally), keeping the maximum per
+process title: Ray names a worker after what it runs (`ray::EmbedActor`, `ray::IDLE`), so the
+peak of each actor pool is one line. A peak shorter than the poll interval can be missed.
+
+RSS counts the pages of Ray's shared object store that a worker maps when it reads a block
+zero-copy, so it grows with the blocks a process has touched, not only with what it holds; USS
+(the pages only this process maps) is its own memory: what "per-actor memory" means here.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from types import TracebackType
 import psutil
 import redis
 
-POLL_S = 0.2
+POLL_S = 0.5
+"""USS reads /proc/<pid>/smaps: a few ms a process."""
 
 
 def title(process: psutil.Process) -> str:
@@ -35,11 +40,13 @@ def title(process: psutil.Process) -> str:
 
 
 class PeakRss:
-    """Context manager: `driver` and `by_title` hold the peak RSS in bytes seen while it was open."""
+    """Context manager: `driver`, `by_title` (RSS) and `uss_by_title` hold the peaks in bytes seen
+    while it was open."""
 
     def __init__(self) -> None:
         self.driver = 0
         self.by_title: dict[str, int] = {}
+        self.uss_by_title: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="peak-rss", daemon=True)
 
@@ -59,13 +66,14 @@ class PeakRss:
             self.driver = max(self.driver, me.memory_info().rss)
             for child in me.children(recursive=True):
                 try:
-                    rss = child.memory_info().rss
+                    memory = child.memory_full_info()
                 except psutil.Error:
                     continue
                 name = title(child)
-                if not rss:
+                if not memory.rss:
                     continue  # caught while starting or exiting, its title half-written
-                self.by_title[name] = max(self.by_title.get(name, 0), rss)
+                self.by_title[name] = max(self.by_title.get(name, 0), memory.rss)
+                self.uss_by_title[name] = max(self.uss_by_title.get(name, 0), memory.uss)
             if self._stop.wait(POLL_S):
                 return
 

@@ -23,8 +23,8 @@ class RecsJobSettings(BaseSettings):
     leave-one-out hit-rate on the demo data (data/README.md); more favours the head items."""
 
     users_per_block: int = Field(512, ge=1)
-    """Users scored per matrix multiply: the [block, items] float32 score buffer is allocated
-    once per actor, so block x items x 4 bytes must fit its memory (GPU memory on a GPU)."""
+    """Users scored per matrix multiply, against tiles of items whose [block, tile] float32 score
+    buffer (at most 512 MB, jobs/recommend.py) is allocated once per actor."""
 
     actors: int = Field(1, ge=1)
     """Top-k actors, each holding the whole item matrix; one GPU each where there are GPUs."""

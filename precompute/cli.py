@@ -290,6 +290,9 @@ def bench_scale(
             help="Where inputs, stores and runs go; default: ~/.local/share/precompute/bench-scale."
         ),
     ] = None,
+    rerun: Annotated[
+        bool, typer.Option(help="Run the largest size again with 1% of its texts and users changed.")
+    ] = True,
 ) -> None:
     """Every nightly stage at growing sizes: seconds, rows/s, growth exponents, peak memory, a 1% rerun."""
     from bench.scale import MIN_ROWS, main
@@ -304,7 +307,7 @@ def bench_scale(
         raise typer.BadParameter(
             f"{rows!r}: give one or more sizes of at least {MIN_ROWS} rows", param_hint="--rows"
         )
-    main(sizes, model, work_dir)
+    main(sizes, model, work_dir, rerun)
 
 
 @bench_app.command("recs")

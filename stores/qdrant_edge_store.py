@@ -75,7 +75,10 @@ META = ".meta.json"
 INDEXING_THRESHOLD_KB = 1
 FIELD_SCHEMAS = {
     bool: qe.PayloadSchemaType.Bool,
-    int: qe.PayloadSchemaType.Integer,
+    # Lookup only: filters match values exactly. A range index makes the HNSW build add links per
+    # block of values, which grew superlinearly: 100,000 x 64-d points with an int field of 5,000
+    # values optimized in 30.8 s with it, 16.6 s without (section keyword index in both).
+    int: qe.IntegerIndexParams(lookup=True, range=False),
     str: qe.PayloadSchemaType.Keyword,
 }
 

@@ -59,7 +59,12 @@ def records(output: str, version: str) -> dict[bytes, bytes]:
 
 
 def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
-    prefect_api, ray_local, environment: Path, interactions: Path, monkeypatch: pytest.MonkeyPatch
+    prefect_api,
+    ray_local,
+    environment: Path,
+    small_corpus: Path,
+    interactions: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     first = nightly(keep_versions=1)
     embeddings, labels, recs = (first["outputs"][o] for o in ("embeddings", "labels", "recs"))
@@ -89,14 +94,25 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     assert (again["mode"], again["rescored"], again["copied"]) == ("incremental", 0, recs["users"])
     assert records("recs", again["version"]) == records("recs", recs["version"])
 
-    rows = pq.read_table(interactions).to_pylist()  # one user gone, one with an item fewer
+    # Third run: recs see one user gone and one with an item fewer, while labels fail on a corpus
+    # whose every row is bad. The failed output keeps its previous version served; the others publish.
+    rows = pq.read_table(interactions).to_pylist()
     users = sorted({r["user_id"] for r in rows if sum(o["user_id"] == r["user_id"] for o in rows) >= 2})
     gone, changed = users[:2]
     rows = [r for r in rows if r["user_id"] != gone]
     rows.remove(next(r for r in rows if r["user_id"] == changed))
     pq.write_table(pa.Table.from_pylist(rows), environment / "moved.parquet")
     monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__INPUT__PATH", str(environment / "moved.parquet"))
-    third = nightly(keep_versions=1)
+    corpus = pq.read_table(small_corpus).to_pylist()  # 4 bad rows of 204, and 20 blank texts more
+    blank = [{**corpus[0], "id": f"blank-{i}", "text": " "} for i in range(20)]
+    broken = environment / "broken.parquet"
+    pq.write_table(pa.Table.from_pylist(corpus + blank), broken)
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__LABELS__INPUT__PATH", str(broken))  # one field, overridden
+    with pytest.raises(RunFailedError, match=r"^labels failed at label: RejectRatioExceededError: 24 of 224"):
+        nightly(keep_versions=1)
+    third = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
+    assert list(third["failed"]) == ["labels"]
+    assert third["failed"]["labels"].startswith("label: RejectRatioExceededError: 24 of 224 rows")
     moved = third["outputs"]["recs"]
     assert (moved["mode"], moved["rescored"], moved["copied"]) == ("incremental", 1, recs["users"] - 2)
     before, after = records("recs", again["version"]), records("recs", moved["version"])
@@ -112,21 +128,9 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
         assert store.current() == versions[2]
         assert store.versions() == versions[1:]
     with KeyValueStore(RedisSettings()) as store:
-        for output in ("labels", "recs"):
-            kept = [v.name for v in store.versions(output)]
-            assert kept == [run["outputs"][output]["version"] for run in (second, third)]
-
-    # A failed output leaves the others published, and its own previous version served.
-    broken = environment / "broken.parquet"
-    pq.write_table(pa.table({"user_id": ["u"] * 3, "item_id": ["no-such-item"] * 3}), broken)
-    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__INPUT__PATH", str(broken))  # one field, overridden
-    with pytest.raises(RunFailedError, match=r"^recs failed at recommend: RejectRatioExceededError: 3 of 3"):
-        nightly(keep_versions=1)
-    report = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
-    assert list(report["failed"]) == ["recs"]
-    assert report["failed"]["recs"].startswith("recommend: RejectRatioExceededError: 3 of 3 interactions")
-    with open_vector_store(VectorStoreSettings()) as store:
-        assert store.current() == report["outputs"]["embeddings"]["version"]
-    with KeyValueStore(RedisSettings()) as store:
-        assert store.current("labels") == report["outputs"]["labels"]["version"]
+        assert store.current("labels") == second["outputs"]["labels"]["version"]
+        assert [v.name for v in store.versions("labels")] == [
+            run["outputs"]["labels"]["version"] for run in (first, second)
+        ]
         assert store.current("recs") == moved["version"]
+        assert [v.name for v in store.versions("recs")] == [again["version"], moved["version"]]

@@ -74,7 +74,8 @@ def csr(seen: list[list[int]]) -> Seen:
     return Seen(offsets, items, np.ones(len(items), np.float32))
 
 
-def test_top_k_is_exact_and_never_returns_a_seen_item() -> None:
+@pytest.mark.parametrize("tile", [1024, 64, 2], ids=["one-tile", "items-in-tiles", "tiles-under-k"])
+def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int) -> None:
     rng = np.random.default_rng(7)
     users, items = rng.normal(size=(50, 32)), rng.normal(size=(200, 32))
     users /= np.linalg.norm(users, axis=1, keepdims=True)
@@ -83,7 +84,7 @@ def test_top_k_is_exact_and_never_returns_a_seen_item() -> None:
     seen = [sorted(rng.choice(200, size=rng.integers(0, 40), replace=False).tolist()) for _ in range(49)]
     seen.append(list(range(197)))  # only three unseen items left for k=5
 
-    indices, scores = top_k(users, items, csr(seen), k=5, block=16, prior=prior)
+    indices, scores = top_k(users, items, csr(seen), k=5, block=16, prior=prior, tile=tile)
 
     reference = brute_force(users, items, [set(s) for s in seen], prior)
     expected = np.argsort(-reference, axis=1, kind="stable")[:, :5]

@@ -1,16 +1,19 @@
-"""`precompute bench scale` at two tiny sizes: every stage timed at each, with its growth exponent."""
+"""`precompute bench scale` at a tiny size: every stage timed, memory, growth exponents; its inputs and their rerun change."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
-from bench.scale import STAGES, main
-from bench.scale_data import corpus, interactions
+from bench.scale import RESOLUTION_S, STAGES, exponent, main, summary
+from bench.scale_data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
 
-SIZES = [400, 800]
+ROWS = 400
 
 
 def test_inputs_are_deterministic_with_unique_ids_and_interactions_that_reference_them() -> None:
@@ -24,26 +27,57 @@ def test_inputs_are_deterministic_with_unique_ids_and_interactions_that_referenc
     assert counts.max() >= 10 * counts.mean()  # a long tail: a few items are in many users' lists
 
 
-@pytest.mark.slow  # two real nightly runs and a rerun: minutes on 2 CPUs
-def test_every_stage_at_two_sizes_with_its_exponent_and_the_rerun(
+def test_a_rerun_changes_the_share_asked_for_and_keeps_every_id(tmp_path: Path) -> None:
+    corpus_path, interactions_path = write_inputs(tmp_path, 4000)
+    before, seen_before = pq.read_table(corpus_path), pq.read_table(interactions_path)
+    assert pq.ParquetFile(corpus_path).metadata.num_row_groups == math.ceil(4000 / ROW_GROUP_ROWS)
+    changed = change_inputs(tmp_path, 0.05)
+    after, seen_after = pq.read_table(corpus_path), pq.read_table(interactions_path)
+    assert after["id"].equals(before["id"]) and after["section"].equals(before["section"])
+    texts = pc.sum(pc.not_equal(after["text"], before["text"])).as_py()
+    assert 100 <= changed["texts_changed"] <= 300 and texts <= changed["texts_changed"]
+    users = len(pc.unique(seen_before["user_id"]))
+    assert 0 < changed["users_changed"] <= 0.1 * users
+    assert pc.all(pc.is_in(seen_after["item_id"], after["id"])).as_py()
+
+
+@pytest.mark.slow  # a real nightly run in a process of its own: a minute or two on 2 CPUs
+def test_every_stage_is_timed_with_memory_and_exponents(
     prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One size without its rerun (tests/flows and tests/jobs prove reruns recompute only what
+    changed); the exponents' and the rerun's arithmetic run on this run's own figures."""
     monkeypatch.setenv("PRECOMPUTE_ENGINE_CACHE_DIR", str(tmp_path / "engines"))
-    monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # each size's process: no Prefect of its own to start
-    result = main(SIZES, work_dir=str(tmp_path / "bench"))
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the size's process: no Prefect of its own to start
+    result = main([ROWS], work_dir=str(tmp_path / "bench"), rerun=False)
 
-    assert result["sizes"] == SIZES
-    assert not result["failed"]
+    assert result["sizes"] == [ROWS]
+    assert not result["failed"] and result["rerun"] is None
     for stage in STAGES:
-        assert all(result["seconds"][stage][n] is not None for n in SIZES), stage
-        assert isinstance(result[f"{stage}_exponent"], float), stage
-    for n in SIZES:
-        memory = result["memory"][n]
-        assert memory["driver_peak_rss_mb"] > 50
-        assert any(name.startswith("ray::") for name in memory["ray_peak_rss_mb"])
-        assert memory["redis_bytes_per_record"] > 0
-        assert memory["qdrant_disk_mb"] > 0
-    rerun = result["rerun"]
-    assert rerun["rows"] == SIZES[-1]
-    assert rerun["embeddings"]["computed"] == rerun["texts_changed"] > 0
-    assert rerun["embeddings"]["reused"] == SIZES[-1] - rerun["texts_changed"]
+        assert result["seconds"][stage][ROWS] is not None, stage
+    memory = result["memory"][ROWS]
+    assert memory["driver_peak_rss_mb"] > 50
+    assert any(name.startswith("ray::") for name in memory["ray_peak_rss_mb"])
+    assert 0 < memory["ray_peak_uss_mb"]["ray::EmbedActor"] <= memory["ray_peak_rss_mb"]["ray::EmbedActor"]
+    assert memory["redis_bytes_per_record"] > 0
+    assert memory["qdrant_disk_mb"] > 0
+
+    (run,) = json.loads((tmp_path / "bench" / f"rows-{ROWS}" / "result.json").read_text())
+    doubled = {**run, "report": json.loads(json.dumps(run["report"]))}
+    for output in doubled["report"]["outputs"].values():  # the same run, every stage twice as long
+        output["seconds"] = {key: 2 * value for key, value in output["seconds"].items()}
+    doubled["tasks"] = {key: 2 * value for key, value in run["tasks"].items()}
+    figures = summary({ROWS: [run], 2 * ROWS: [doubled, run]}, Path("model"))
+    for stage in STAGES:  # linear; a stage under the report's resolution counts as constant
+        linear = 1.0 if result["seconds"][stage][ROWS] >= RESOLUTION_S else 0.0
+        assert figures[f"{stage}_exponent"] == linear, stage
+    assert figures["rerun"]["embeddings"]["computed"] == run["report"]["outputs"]["embeddings"]["computed"]
+    twice = {name: 2 * seconds for name, seconds in figures["rerun"]["seconds"].items()}
+    assert figures["rerun"]["first_run_seconds"] == pytest.approx(twice, abs=0.011)
+
+
+def test_exponent_is_the_slope_of_time_against_rows_on_log_scales() -> None:
+    assert exponent(1_000, 2.0, 10_000, 20.0) == 1.0
+    assert exponent(1_000, 2.0, 10_000, 200.0) == 2.0
+    assert exponent(1_000, 0.0, 10_000, 0.0) == 0.0  # both under the report's resolution
+    assert exponent(1_000, None, 10_000, 1.0) is None

@@ -46,7 +46,8 @@ IDS = [f"item-{i}" for i in range(N)]
 
 def payloads(version: str) -> list[dict[str, object]]:
     return [
-        {"section": "games" if i % 3 == 0 else "mail", "free": i % 2 == 0, "v": version} for i in range(N)
+        {"section": "games" if i % 3 == 0 else "mail", "free": i % 2 == 0, "tier": i % 4, "v": version}
+        for i in range(N)
     ]
 
 
@@ -111,6 +112,8 @@ def test_filters_are_an_exact_match_and(store: VectorStore) -> None:
     both = store.search(VECTORS[0], k=N, filter={"section": "games", "free": False})
     assert {h.id for h in both} == {IDS[i] for i in range(N) if i % 3 == 0 and i % 2 == 1}
     assert store.search(VECTORS[0], k=3, filter={"section": "nope"}) == []
+    tier = store.search(VECTORS[0], k=N, filter={"tier": 2})  # an integer field: a lookup-only index
+    assert {h.id for h in tier} == {IDS[i] for i in range(N) if i % 4 == 2}
 
 
 def test_the_dimension_travels_with_the_version_and_changes_only_with_the_model(store: VectorStore) -> None:
@@ -218,7 +221,9 @@ def test_edge_finalize_indexes_each_scalar_payload_field(store_settings: VectorS
         store.finalize(V1)
     shard = qe.EdgeShard.load(str(store_settings.path / store_settings.name / V1))
     try:
-        assert set(shard.info().payload_schema) == {"section", "free", "v"}
+        schema = shard.info().payload_schema
+        assert set(schema) == {"section", "free", "tier", "v"}
+        assert schema["tier"].params.range is False  # exact matches only: no per-range HNSW links
     finally:
         shard.close()
 
