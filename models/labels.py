@@ -398,11 +398,8 @@ def load_labeler(labels: LabelSettings | None = None, engine: EngineSettings | N
         entry = cache.get_or_build("label-gate", key, lambda directory, e=encoder: evaluate(e, directory))
         gates += [LabelGate(**g) for g in json.loads((entry.path / GATES_FILE).read_text())]
         if gates[-1].passed:
-            margin = gates[-1].recheck_margin
-            recheck = None if margin is None else load_encoder(fp32_settings)
-            labeler = Labeler(encoder, head, labels.top, recheck, margin or 0.0)
-            labeler.report = LabelerReport(encoder.report, str(head.directory), head.held_out_accuracy, gates)
-            return labeler
+            report = LabelerReport(encoder.report, str(head.directory), head.held_out_accuracy, gates)
+            return passed_labeler(encoder, head, labels, engine, report)
         encoder.close()
     failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
     raise GateFailedError(f"no precision passed the label agreement gate ({failures})")
@@ -429,10 +426,22 @@ def open_labeler(labels: LabelSettings, engine: EngineSettings, report: LabelerR
     again: a job gates once, and each of its actors opens what passed. Gating costs seconds
     of encoding (the gate's and the calibration texts, at two precisions); opening, a cache hit."""
     encoder = load_encoder(engine.model_copy(update={"precision": report.engine.precision}))
-    margin = report.gates[-1].recheck_margin
-    recheck = None if margin is None else load_encoder(engine.model_copy(update={"precision": "fp32"}))
     # The head the gate chose, by its entry's name: an actor never picks another one (load_head).
     head = LabelHead(engine.cache_dir / Path(report.head_dir).name) if report.head_dir else None
+    return passed_labeler(encoder, head, labels, engine, report)
+
+
+def passed_labeler(
+    encoder: Encoder,
+    head: LabelHead | None,
+    labels: LabelSettings,
+    engine: EngineSettings,
+    report: LabelerReport,
+) -> Labeler:
+    """The labeler the last gate of `report` passed: `encoder`, with FP32 rechecking the near ties
+    when that gate passed with a recheck margin."""
+    margin = report.gates[-1].recheck_margin
+    recheck = None if margin is None else load_encoder(engine.model_copy(update={"precision": "fp32"}))
     labeler = Labeler(encoder, head, labels.top, recheck, margin or 0.0)
     labeler.report = report
     return labeler
