@@ -37,7 +37,13 @@ from jobs.content_cache import promote
 from jobs.embed import EmbedJobReport, run_embed_job
 from jobs.labels import LabelsJobReport, run_labels_job
 from jobs.recommend import RecsJobReport, run_recs_job
-from jobs.recs_quality import RecsQuality, leave_one_out, read_seen
+from jobs.recs_quality import (
+    RecsQuality,
+    beats_most_popular,
+    evaluate,
+    interactions_table,
+    valid_interactions,
+)
 from jobs.recs_settings import RecsJobSettings
 from jobs.recs_state import CopyPlan, Previous, bucket_fit, staged_items
 from jobs.settings import JobSettings
@@ -220,8 +226,8 @@ def recommend(
 ) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
     """Recommend from the published embeddings into a new Redis version, rescoring only the users
     whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
-    ranker's leave-one-out hit-rate is at least `min_lift` times most-popular's. Returns (report,
-    version, quality, versions deleted)."""
+    model's held-out NDCG@10 beats most-popular's by `min_lift` (jobs/recs_quality.py). Returns
+    (report, version, quality, versions deleted)."""
     items = staged_items(embeddings_dir)
     previous = published_recs(redis, store_key, work_dir / "runs" / output)
     quality: RecsQuality | None = None
@@ -232,13 +238,10 @@ def recommend(
         report = run_recs_job(
             interactions, recs, items, sink, run_dir, create, items_model=items_model, previous=previous
         )
-        seen = read_seen(interactions, items.ids)
-        quality = leave_one_out(seen, items.vectors, recs.popularity_weight, recs.k)
-        if quality.ours < min_lift * quality.most_popular:
-            raise QualityError(
-                f"leave-one-out hit-rate@{recs.k} {quality.ours:.4f} is below "
-                f"{min_lift} x most-popular's {quality.most_popular:.4f}"
-            )
+        good = valid_interactions(interactions_table(interactions), items.ids)
+        quality = evaluate(good, items.vectors, recs)
+        if refusal := beats_most_popular(quality, min_lift):
+            raise QualityError(refusal)
         return report
 
     report, version, deleted = into_redis(redis, output, store_key, items.ids, work_dir, job)

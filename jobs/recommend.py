@@ -15,13 +15,13 @@ rescored and the store copies the others (jobs/recs_state.py says which, and wha
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,7 @@ from ray.data.datasource import Datasink
 from ray.data.expressions import col
 
 from jobs.ray_session import actor_pool, ray_session
+from jobs.recs_models import Seen, Towers, resolve, train_towers
 from jobs.recs_settings import RecsJobSettings
 from jobs.recs_state import (
     FINGERPRINT,
@@ -54,16 +55,8 @@ USER, ITEM, WEIGHT = "user_id", "item_id", "weight"
 INDEX, ITEMS, WEIGHTS = "item_index", "items", "weights"
 HOLDS = "holds_changed"
 SAMPLES = 5
-RECIPE = "weighted-mean-user/cosine+log1p-prior/exact-topk/v1"
+RECIPE = "towers/log1p-prior/exact-topk/v2"
 """The scoring code's identity in the model fingerprint: change it when a change to the code changes values."""
-
-
-class Seen(NamedTuple):
-    """Users' interactions as CSR: user u's item positions are items[offsets[u]:offsets[u + 1]]."""
-
-    offsets: np.ndarray
-    items: np.ndarray
-    weights: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -184,6 +177,15 @@ def users_of(grouped: ray.data.Dataset) -> pa.Table:
     return pa.concat_tables([t.cast(USERS_SCHEMA) for t in tables]) if tables else USERS_SCHEMA.empty_table()
 
 
+def seen_by_user(good: pa.Table) -> Seen:
+    """Clean rows (any order) -> CSR, users in id order: a collaborative model's training matrix."""
+    good = good.sort_by([(USER, "ascending")])
+    users = good[USER].combine_chunks().dictionary_encode().indices.to_numpy()
+    offsets = np.zeros(users.max(initial=-1) + 2, np.int64)
+    np.cumsum(np.bincount(users, minlength=len(offsets) - 1), out=offsets[1:])
+    return Seen(offsets, good[INDEX].to_numpy().astype(np.int64), good[WEIGHT].to_numpy().astype(np.float32))
+
+
 def seen_of(batch: pa.Table) -> Seen:
     items, weights = batch[ITEMS].combine_chunks(), batch[WEIGHTS].combine_chunks()
     return Seen(
@@ -202,7 +204,7 @@ tile took 1.27 s a 1,024-user batch, tiles of 131,072 items 1.47 s, of 8,192 ite
 
 
 class BlockedTopK:
-    """Exact top-k of cosine(user, item) + prior over every item, the user's seen items excluded.
+    """Exact top-k of user . item + prior over every item, the user's seen items excluded.
 
     Owns the item matrix and a [block, tile] score buffer of at most SCORE_BUFFER_BYTES,
     allocated once: a block of users against a tile of items is one matrix multiply into the
@@ -226,15 +228,6 @@ class BlockedTopK:
         tile = tile or max(1, SCORE_BUFFER_BYTES // (4 * block))
         self.k, self.block, self.tile = k, block, min(tile, len(item_vectors))
         self.buffer = torch.empty(block * self.tile, dtype=torch.float32, device=self.device)
-
-    def user_vectors(self, seen: Seen) -> torch.Tensor:
-        """The user tower: the normalised weighted mean of the user's items' vectors."""
-        users = len(seen.offsets) - 1
-        rows = torch.tensor(np.repeat(np.arange(users), np.diff(seen.offsets)), device=self.device)
-        weighted = self.items[torch.tensor(seen.items, device=self.device)]
-        weighted *= torch.tensor(seen.weights, device=self.device)[:, None]
-        sums = torch.zeros((users, self.items.shape[1]), device=self.device).index_add_(0, rows, weighted)
-        return torch.nn.functional.normalize(sums, dim=1)
 
     def __call__(self, user_vectors: torch.Tensor, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
         """(indices, scores), [users, k] each, best first; index -1 and score -inf where a user
@@ -301,17 +294,22 @@ def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
     return [value[:length] for value, length in zip(values, lengths, strict=True)]
 
 
-class TopKActor:
-    """Holds the item matrix, the prior and the score buffer; scores a block of users per call."""
+def recommend_users(towers: Towers, ranker: BlockedTopK, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, scores) of the users in `seen`: their tower, then the exact top-k."""
+    return ranker(torch.from_numpy(towers.users(seen)), seen)
 
-    def __init__(self, item_vectors: ray.ObjectRef, prior: np.ndarray | None, k: int, block: int) -> None:
+
+class TopKActor:
+    """Holds the model's towers, the prior and the score buffer; scores a block of users per call."""
+
+    def __init__(self, towers: ray.ObjectRef, prior: np.ndarray | None, k: int, block: int) -> None:
         # Ray sets OMP_NUM_THREADS=1 in an actor with under one CPU; the matmul wants every core.
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-        self.ranker = BlockedTopK(ray.get(item_vectors), k, block, prior)
+        self.towers: Towers = ray.get(towers)
+        self.ranker = BlockedTopK(self.towers.items, k, block, prior)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        seen = seen_of(batch)
-        indices, scores = self.ranker(self.ranker.user_vectors(seen), seen)
+        indices, scores = recommend_users(self.towers, self.ranker, seen_of(batch))
         return pa.table({"id": batch["id"], "value": pa.array(ranked_values(indices, scores), pa.binary())})
 
 
@@ -349,8 +347,7 @@ def run_recs_job(
     index = {item: i for i, item in enumerate(items.ids)}
     if len(index) != len(items.ids):
         raise ValueError(f"item ids must be unique: {len(items.ids) - len(index)} duplicates")
-    fingerprint = model_fingerprint(items_model, settings.k, settings.popularity_weight, items.ids, RECIPE)
-    planned = plan(fingerprint, items, previous)
+    model = resolve(settings.model, len(items.ids))
     rejects_path = work_dir / "rejects.parquet"
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
@@ -373,6 +370,21 @@ def run_recs_job(
         counts = item_counts(good, len(items.ids))
         prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
         seconds["popularity"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        train = None if model == "content" else seen_by_user(pa.concat_tables(ray.get(good.to_arrow_refs())))
+        towers = train_towers(model, train, items.vectors, settings)
+        scoring = {
+            "model": towers.name,
+            "trained": hashlib.blake2b(towers.items.data, digest_size=16).hexdigest()
+            if train is not None
+            else None,
+            "content_weight": settings.content_weight if train is not None else None,
+            "popularity_weight": settings.popularity_weight,
+        }
+        fingerprint = model_fingerprint(items_model, settings.k, scoring, items.ids, RECIPE)
+        planned = plan(fingerprint, items, previous)
+        seconds["train"] = time.perf_counter() - start
 
         start = time.perf_counter()
         grouped = (
@@ -404,7 +416,7 @@ def run_recs_job(
             values = to_score.map_batches(
                 TopKActor,
                 fn_constructor_kwargs={
-                    "item_vectors": ray.put(np.asarray(items.vectors, np.float32)),
+                    "towers": ray.put(towers),
                     "prior": prior,
                     "k": settings.k,
                     "block": settings.users_per_block,

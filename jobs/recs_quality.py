@@ -1,130 +1,202 @@
-"""Leave-one-out quality of the recommendations: does the job beat the trivial baselines?
+"""Held-out quality of the recommendations: does the model the output publishes beat the field's
+baselines on behaviour it did not see?
 
-For every user with two or more items, one item (picked by a seeded generator) is held out
-and the rest are the user's history; a hit is the held-out item in the user's top-k, seen
-items excluded. Three rankers on the same split: ours (content + popularity prior), content
-only, and most-popular (interaction counts of the training part). It runs on the driver, in
-memory, over a seeded sample of at most MAX_USERS users: scoring is O(users x items), and a
-sample of a few thousand measures a hit-rate to about +-0.01 whatever the user count.
+Split: every user with two or more valid interactions has their last one held out: last by the
+input's time column, or a seeded random one without it. Every model is trained on the rest (all
+users), and evaluated on a seeded sample of at most MAX_USERS of the users with a held-out item:
+scoring is O(users x items), and a few thousand users measure a rate to about +-0.01.
+
+Models, side by side on the same split: the published one (the output's model and weights),
+item-kNN (the field's simplest collaborative baseline, alone), content (text embeddings and the
+popularity prior), most-popular (training counts), and when the published model is a hybrid,
+its collaborative part alone. Metrics at EVAL_K: hit-rate (the held-out item in the top
+EVAL_K), NDCG (one relevant item: 1 / log2(rank + 2)), catalogue coverage (distinct items
+recommended to the sample over the catalogue), and for cold users (COLD_HISTORY or fewer
+training interactions) the share served: a list ranked by some signal, its first score above
+its last (a model that knows nothing of a user scores every item alike).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import torch
 
 from jobs.recommend import (
     INDEX,
     USER,
     WEIGHT,
     BlockedTopK,
-    Seen,
     clean,
     column_renames,
     popularity_prior,
+    recommend_users,
+    seen_by_user,
     tag_rejects,
 )
+from jobs.recs_models import Seen, Towers, resolve, train_towers
+from jobs.recs_settings import RecsJobSettings
 from jobs.validate import REASON
 from precompute.pipeline import InteractionsInput
 
 MAX_USERS = 5000
+EVAL_K = 10
+COLD_HISTORY = 2
+TIME = "time"
+
+
+@dataclass(frozen=True)
+class ModelQuality:
+    hit_rate: float
+    ndcg: float
+    coverage: float
+    cold_served: float | None
+    """None when the sample holds no cold user."""
 
 
 @dataclass(frozen=True)
 class RecsQuality:
+    published: str
+    """The name of the model the output publishes (e.g. ease+content)."""
+    split: str
+    """"temporal" (each user's last interaction) or "random" (a seeded one: no time column)."""
     users: int
-    """Users evaluated: those of the sample with two or more valid interactions."""
+    """Users evaluated: a sample of those with a held-out interaction."""
     sampled_from: int
-    """Users with a valid interaction; the sample is at most MAX_USERS of them."""
+    cold_users: int
     k: int
-    popularity_weight: float
-    ours: float
-    content_only: float
-    most_popular: float
+    models: dict[str, ModelQuality] = field(default_factory=dict)
+    """"published", "most_popular", "itemknn", "content" and, for a hybrid, "collaborative"."""
 
 
-def seen_of_table(table: pa.Table, item_ids: list[str]) -> Seen:
-    """The contract's valid interactions as CSR, users in id order; rejected rows are left out."""
-    tagged = tag_rejects(table, {item: i for i, item in enumerate(item_ids)})
-    good = clean(tagged.filter(pc.is_null(tagged[REASON]))).sort_by([(USER, "ascending")])
-    users = good[USER].combine_chunks().dictionary_encode().indices.to_numpy()
-    offsets = np.zeros(users.max(initial=-1) + 2, np.int64)
-    np.cumsum(np.bincount(users, minlength=len(offsets) - 1), out=offsets[1:])
-    return Seen(
-        offsets=offsets,
-        items=good[INDEX].to_numpy().astype(np.int64),
-        weights=good[WEIGHT].to_numpy().astype(np.float32),
-    )
-
-
-def read_seen(interactions: InteractionsInput, item_ids: list[str]) -> Seen:
+def interactions_table(interactions: InteractionsInput) -> pa.Table:
+    """The input's user, item, weight and time columns (those present) under the job's names."""
     table = pads.dataset(interactions.path, format="parquet").to_table()
     renames = column_renames(interactions, table.column_names)
-    return seen_of_table(table.rename_columns([renames.get(c, c) for c in table.column_names]), item_ids)
+    if interactions.time in table.column_names:
+        renames[interactions.time] = TIME
+    return table.rename_columns([renames.get(c, c) for c in table.column_names])
 
 
-def hold_out(seen: Seen, seed: int) -> tuple[Seen, np.ndarray]:
-    """(training part, held-out item per user or -1 for users with fewer than two items)."""
+def valid_interactions(table: pa.Table, item_ids: list[str]) -> pa.Table:
+    """The contract's valid rows (user, item position, weight, and the time if given); rejected rows
+    are left out (the job quarantines them)."""
+    tagged = tag_rejects(table, {item: i for i, item in enumerate(item_ids)})
+    good = tagged.filter(pc.is_null(tagged[REASON]))
+    cleaned = clean(good)
+    if TIME in good.column_names:
+        return cleaned.append_column(TIME, pc.cast(good[TIME], pa.float64()))
+    return cleaned
+
+
+def hold_out_last(good: pa.Table, seed: int) -> tuple[Seen, np.ndarray, str]:
+    """(training part of every user, users in id order; the held-out item position per user, -1
+    for users with fewer than two interactions; the split's name)."""
+    split = "temporal" if TIME in good.column_names else "random"
+    order = np.random.default_rng(seed).random(good.num_rows)
+    keys = [(USER, "ascending")] + ([(TIME, "ascending")] if split == "temporal" else [])
+    good = good.append_column("order", pa.array(order)).sort_by([*keys, ("order", "ascending")])
+    seen = seen_by_user(good.select([USER, INDEX, WEIGHT]))  # stable: keeps the order within a user
     lengths = np.diff(seen.offsets)
-    eligible = np.flatnonzero(lengths >= 2)
-    rng = np.random.default_rng(seed)
-    held = seen.offsets[eligible] + (rng.random(len(eligible)) * lengths[eligible]).astype(np.int64)
-    targets = np.full(len(lengths), -1, np.int64)
-    targets[eligible] = seen.items[held]
+    eligible = lengths >= 2
+    last = seen.offsets[1:] - 1
+    targets = np.where(eligible, seen.items[last], -1)
     keep = np.ones(len(seen.items), bool)
-    keep[held] = False
+    keep[last[eligible]] = False
     offsets = np.zeros_like(seen.offsets)
-    np.cumsum(lengths - (lengths >= 2), out=offsets[1:])
-    return Seen(offsets, seen.items[keep], seen.weights[keep]), targets
+    np.cumsum(lengths - eligible, out=offsets[1:])
+    return Seen(offsets, seen.items[keep], seen.weights[keep]), targets, split
 
 
-def sample_users(seen: Seen, most: int, seed: int) -> Seen:
-    """At most `most` users drawn by a seeded generator, in their order; all when there are no more."""
-    lengths = np.diff(seen.offsets)
-    if len(lengths) <= most:
-        return seen
-    chosen = np.sort(np.random.default_rng(seed).choice(len(lengths), size=most, replace=False))
-    offsets = np.zeros(most + 1, np.int64)
-    np.cumsum(lengths[chosen], out=offsets[1:])
-    rows = np.repeat(seen.offsets[chosen] - offsets[:-1], lengths[chosen]) + np.arange(offsets[-1])
+def users_subset(seen: Seen, users: np.ndarray) -> Seen:
+    """The rows of `users` (positions, ascending), in that order."""
+    lengths = np.diff(seen.offsets)[users]
+    offsets = np.zeros(len(users) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    rows = np.repeat(seen.offsets[users] - offsets[:-1], lengths) + np.arange(offsets[-1])
     return Seen(offsets, seen.items[rows], seen.weights[rows])
 
 
-def leave_one_out(
-    seen: Seen,
+def measure(
+    towers: Towers | None, prior: np.ndarray | None, sample: Seen, targets: np.ndarray, items: int
+) -> ModelQuality:
+    """Metrics of one model over the sample; towers None: the prior alone (most-popular)."""
+    k = min(EVAL_K, items)
+    if towers is None:
+        ranker = BlockedTopK(np.zeros((items, 1), np.float32), k, 512, prior)
+        indices, scores = ranker(torch.zeros((len(targets), 1)), sample)
+    else:
+        indices, scores = recommend_users(towers, BlockedTopK(towers.items, k, 512, prior), sample)
+    hits = indices == targets[:, None]
+    ranks = hits.argmax(axis=1)
+    found = hits.any(axis=1)
+    cold = np.diff(sample.offsets) <= COLD_HISTORY
+    served = np.isfinite(scores[:, 0]) & (scores[:, 0] > scores[:, -1])
+    return ModelQuality(
+        hit_rate=round(float(found.mean()), 4),
+        ndcg=round(float(np.where(found, 1 / np.log2(ranks + 2), 0).mean()), 4),
+        coverage=round(len(np.unique(indices[indices >= 0])) / items, 4),
+        cold_served=round(float(served[cold].mean()), 4) if cold.any() else None,
+    )
+
+
+def evaluate(
+    good: pa.Table,
     item_vectors: np.ndarray,
-    popularity_weight: float,
-    k: int = 10,
+    settings: RecsJobSettings,
     seed: int = 0,
-    block: int = 512,
     max_users: int = MAX_USERS,
 ) -> RecsQuality:
-    population = len(seen.offsets) - 1
-    seen = sample_users(seen, max_users, seed)
-    train, targets = hold_out(seen, seed)
-    evaluated = targets >= 0
-    if not evaluated.any():
-        raise ValueError("no user has two or more valid interactions: leave-one-out has nothing to evaluate")
-    counts = np.bincount(train.items, minlength=len(item_vectors)).astype(np.float32)
-
-    def hit_rate(content: bool, prior: np.ndarray | None) -> float:
-        ranker = BlockedTopK(item_vectors, k, block, prior)
-        users = ranker.user_vectors(train)
-        if not content:
-            users.zero_()
-        indices, _ = ranker(users, train)
-        return float((indices[evaluated] == targets[evaluated, None]).any(axis=1).mean())
-
+    """Every model trained on the split's training part and measured on its held-out items."""
+    items = len(item_vectors)
+    train, targets, split = hold_out_last(good, seed)
+    evaluated = np.flatnonzero(targets >= 0)
+    if not len(evaluated):
+        raise ValueError("no user has two or more valid interactions: there is nothing to hold out")
+    rng = np.random.default_rng(seed)
+    sample_users = np.sort(rng.choice(evaluated, size=min(max_users, len(evaluated)), replace=False))
+    sample, sample_targets = users_subset(train, sample_users), targets[sample_users]
+    counts = np.bincount(train.items, minlength=items).astype(np.float32)
+    prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
+    model = resolve(settings.model, items)
+    published = train_towers(model, train, item_vectors, settings)
+    candidates: dict[str, tuple[Towers | None, np.ndarray | None]] = {
+        "published": (published, prior),
+        "most_popular": (None, counts),
+        "itemknn": (
+            train_towers("itemknn", train, item_vectors, settings.model_copy(update={"content_weight": 0})),
+            None,
+        ),
+        "content": (train_towers("content", train, item_vectors, settings), prior),
+    }
+    if model != "content" and settings.content_weight > 0:
+        alone = train_towers(model, train, item_vectors, settings.model_copy(update={"content_weight": 0}))
+        candidates["collaborative"] = (alone, prior)
     return RecsQuality(
-        users=int(evaluated.sum()),
-        sampled_from=population,
-        k=k,
-        popularity_weight=popularity_weight,
-        ours=hit_rate(True, popularity_prior(counts, popularity_weight)),
-        content_only=hit_rate(True, None),
-        most_popular=hit_rate(False, counts),
+        published=published.name,
+        split=split,
+        users=len(sample_users),
+        sampled_from=len(evaluated),
+        cold_users=int((np.diff(sample.offsets) <= COLD_HISTORY).sum()),
+        k=min(EVAL_K, items),
+        models={
+            name: measure(towers, model_prior, sample, sample_targets, items)
+            for name, (towers, model_prior) in candidates.items()
+        },
+    )
+
+
+def beats_most_popular(quality: RecsQuality, min_lift: float) -> str | None:
+    """Why the published model may not be published (None: it may): its NDCG must be at least
+    `min_lift` times most-popular's, and above it."""
+    ours, baseline = quality.models["published"], quality.models["most_popular"]
+    if ours.ndcg > baseline.ndcg and ours.ndcg >= min_lift * baseline.ndcg:
+        return None
+    return (
+        f"{quality.published}'s held-out NDCG@{quality.k} {ours.ndcg:.4f} does not beat "
+        f"{min_lift} x most-popular's {baseline.ndcg:.4f} ({quality.split} split, {quality.users} users)"
     )

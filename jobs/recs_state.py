@@ -2,7 +2,7 @@
 
 A run stages, in its run folder, `recs_state/`:
 
-    model.json     the model fingerprint: item embeddings' model, k, popularity weight, item
+    model.json     the model fingerprint: item embeddings' model, k, the recs model and weights, item
                    vocabulary (in order), the scoring recipe; any change -> a full run
     items.parquet  item_id -> content key of its text (the embeddings' staged `content_key`)
     users.parquet  user_id -> fingerprint of the user's valid interactions (item, weight)
@@ -100,16 +100,17 @@ def bucket_fit(buckets: int, entries_per_bucket: int) -> range:
     return range(low, int(buckets * entries_per_bucket * (1 + BUCKET_SLACK)) + 1)
 
 
-def model_fingerprint(
-    items_model: str, k: int, popularity_weight: float, ids: list[str], recipe: str
-) -> dict:
-    """Everything that, changed, changes every user's values or what their indices mean."""
+def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], ids: list[str], recipe: str) -> dict:
+    """Everything that, changed, changes every user's values or what their indices mean.
+
+    scoring: the recommendations model, its weights, and for a trained (collaborative) one a hash
+    of its item tower, which moves with any night's interactions: such runs are always full."""
     vocabulary = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
     return {
         "items_model": items_model,
         "recipe": recipe,
         "k": k,
-        "popularity_weight": popularity_weight,
+        **scoring,
         "items": len(ids),
         "vocabulary": vocabulary,
     }
@@ -139,9 +140,9 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
     if before["vocabulary"] != fingerprint["vocabulary"]:
         old, new = set(old_items["id"].to_pylist()), set(items.ids)
         return full(f"the items changed: {len(new - old)} added, {len(old - new)} removed")
-    for field in ("items_model", "recipe", "k", "popularity_weight"):
-        if before.get(field) != fingerprint[field]:
-            return full(f"{field} changed from {before.get(field)!r} to {fingerprint[field]!r}")
+    for field, value in fingerprint.items():
+        if before.get(field) != value:
+            return full(f"{field} changed from {before.get(field)!r} to {value!r}")
     old_keys = np.array(old_items[KEY].to_pylist(), dtype="S16")
     changed = np.flatnonzero(old_keys != np.array(items.keys, dtype="S16"))
     users = pq.read_table(state / USERS_FILE)

@@ -54,6 +54,8 @@ def demo_users(interactions: str, count: int) -> dict[str, list[str]]:
 def summary(report: dict) -> str:
     """The demo pipeline's three outputs, one line each."""
     embeddings, labels, recs = (report["outputs"][o] for o in ("embeddings", "labels", "recs"))
+    quality = recs["validation"]
+    models = quality["models"]
     return (
         f"embeddings {embeddings['version']}: {embeddings['rows']} rows, {embeddings['rejects']} rejected, "
         f"{embeddings['reused']} reused, {embeddings['computed']} computed, "
@@ -62,8 +64,9 @@ def summary(report: dict) -> str:
         f"engine {labels['engine']['precision']} (label gate: "
         + ", ".join(f"{g['precision']} {g['agreement']:.3f}" for g in labels["gate"])
         + ")\n"
-        f"recs       {recs['version']}: {recs['users']} users, leave-one-out hit-rate@{recs['k']} "
-        f"{recs['validation']['ours']:.3f} against most-popular's {recs['validation']['most_popular']:.3f}"
+        f"recs       {recs['version']}: {recs['users']} users, {quality['published']}: held-out "
+        f"NDCG@{quality['k']} {models['published']['ndcg']:.3f} against item-kNN's "
+        f"{models['itemknn']['ndcg']:.3f} and most-popular's {models['most_popular']['ndcg']:.3f}"
     )
 
 

@@ -143,6 +143,9 @@ class InteractionsInput(Spec):
     item: str = "item_id"
     weight: str = "weight"
     """Optional in the data: without the column every interaction weighs 1."""
+    time: str = "timestamp"
+    """Optional in the data (numbers or timestamps): with it, the quality check holds out each
+    user's last interaction; without it, a seeded random one."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
 
 
@@ -191,11 +194,15 @@ class RecsOutput(Spec):
     input: InteractionsInput
     items: str
     """The embeddings output whose vectors are the item tower (recommended from this run's version)."""
-    k: int = Field(10, ge=1, le=10)
+    k: int = Field(10, ge=1, le=100)
+    model: Literal["auto", "content", "itemknn", "ease", "als"] = "auto"
+    """jobs/recs_models.py; auto: EASE where the catalogue fits it, else ALS."""
+    content_weight: float = Field(0.1, ge=0)
+    """A collaborative model plus this times the content cosine (the hybrid); 0: collaborative only."""
     popularity_weight: float = Field(0.4, ge=0)
     min_lift: float = Field(1.0, gt=0)
-    """A version is published only if its leave-one-out hit-rate@k is at least this multiple of
-    most-popular's on the same held-out interactions."""
+    """A version is published only if its held-out NDCG@10 beats most-popular's by at least this
+    factor on the same split (jobs/recs_quality.py)."""
     store: str | None = Field(None, pattern=NAME)
     keep_versions: int = Field(2, ge=0)
 
@@ -336,7 +343,12 @@ class Pipeline(Spec):
 
     def recs_settings(self, name: str, base: RecsJobSettings | None = None) -> RecsJobSettings:
         output = self.outputs[name]
-        update = {"k": output.k, "popularity_weight": output.popularity_weight}
+        update = {
+            "k": output.k,
+            "model": output.model,
+            "content_weight": output.content_weight,
+            "popularity_weight": output.popularity_weight,
+        }
         return (base or RecsJobSettings()).model_copy(update=update)
 
     def engine_settings(self, name: str, base: EngineSettings | None = None) -> EngineSettings:

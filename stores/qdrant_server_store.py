@@ -57,7 +57,9 @@ TRANSIENT_GRPC = {
 
 FIELD_SCHEMAS = {
     bool: models.PayloadSchemaType.BOOL,
-    int: models.IntegerIndexParams(type=models.IntegerIndexType.INTEGER, lookup=True, range=False),  # see qdrant_edge_store
+    int: models.IntegerIndexParams(
+        type=models.IntegerIndexType.INTEGER, lookup=True, range=False
+    ),  # see qdrant_edge_store
     str: models.PayloadSchemaType.KEYWORD,
 }
 

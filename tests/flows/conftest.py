@@ -25,8 +25,14 @@ engine = {{ gate_texts = 16, calibration_texts = 16 }}
 kind = "recs"
 input = {{ path = "{interactions}", max_reject_ratio = 0.05 }}
 items = "embeddings"
+k = 100  # past the 10 that fit Redis's listpack values: product pages show 20-50
 """
 """The demo's three outputs on the small corpus: format with corpus= and interactions= paths."""
+CONTENT_RECS = THREE_OUTPUTS + 'model = "content"\n'
+"""The same with content recs. Each test package has one maintainer, so a held-out package has no
+training interaction and no collaborative model can find it (nor is it meant to: the quality
+check refuses such a model); and content runs are incremental, where a collaborative model
+retrained on moved interactions runs in full."""
 
 
 @pytest.fixture(scope="module")

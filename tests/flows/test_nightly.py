@@ -12,10 +12,11 @@ import redis
 
 from flows.nightly import RunFailedError, nightly
 from stores.key_value import KeyValueStore
+from stores.records import decode_ranked
 from stores.redis_settings import RedisSettings, output_keys
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
-from tests.flows.conftest import THREE_OUTPUTS
+from tests.flows.conftest import CONTENT_RECS
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def environment(
 ) -> Path:
     """The flow reads its pipeline file and machine settings from the environment, as in production."""
     pipeline = tmp_path / "precompute.toml"
-    pipeline.write_text(THREE_OUTPUTS.format(corpus=small_corpus, interactions=interactions))
+    pipeline.write_text(CONTENT_RECS.format(corpus=small_corpus, interactions=interactions))
     env = {
         "PRECOMPUTE_PIPELINE": str(pipeline),
         "PRECOMPUTE_REDIS_URL": redis_url,
@@ -78,12 +79,16 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     assert embeddings["validation"]["count"] == 200 and embeddings["validation"]["recall_at_10"] >= 0.99
     assert embeddings["gate"][0]["passed"] and embeddings["engine"]["precision"] == "int8"
     assert (labels["items"], labels["rejects"]) == (200, 4) and labels["gate"][-1]["passed"]
-    assert recs["users"] > 10 and recs["validation"]["ours"] >= recs["validation"]["most_popular"]
+    assert recs["users"] > 10 and recs["k"] == 100
+    models = recs["validation"]["models"]
+    assert models["published"]["ndcg"] > models["most_popular"]["ndcg"]
     saved = json.loads((environment / "work" / "reports" / f"{first['run']}.json").read_text())
     assert saved == first
     with KeyValueStore(RedisSettings()) as store:
         assert store.current("labels") == labels["version"]
         assert store.current("recs") == recs["version"]
+    longest = max(len(decode_ranked(value)[0]) for value in records("recs", recs["version"]).values())
+    assert 10 < longest <= 100
 
     second = nightly(keep_versions=1)
     assert (second["outputs"]["embeddings"]["computed"], second["outputs"]["embeddings"]["reused"]) == (

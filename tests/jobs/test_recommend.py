@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 import uuid
@@ -21,7 +20,6 @@ from ray.data.datasource import Datasink
 
 from jobs.content_cache import content_keys
 from jobs.recommend import RECIPE, RecsJobReport, Seen, run_recs_job, top_k
-from jobs.recs_quality import hold_out, leave_one_out, sample_users, seen_of_table
 from jobs.recs_settings import DEMO_INTERACTIONS, RecsJobSettings
 from jobs.recs_state import CopyPlan, Items, Previous, model_fingerprint, plan
 from jobs.validate import RejectRatioExceededError
@@ -132,7 +130,7 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     ray_local, items, interactions: Path, tmp_path: Path
 ) -> None:
     ids, vectors, _ = items
-    settings = RecsJobSettings(k=10, users_per_block=256, popularity_weight=0.4)
+    settings = RecsJobSettings(k=10, users_per_block=256, popularity_weight=0.4, model="content")
     sized: list[tuple[int, object, bool]] = []
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
@@ -204,52 +202,6 @@ def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: 
     assert not (tmp_path / "out").exists()
 
 
-def unit(*components: float) -> list[float]:
-    vector = np.array(components, np.float32)
-    return (vector / np.linalg.norm(vector)).tolist()
-
-
-def test_leave_one_out_on_a_hand_made_catalogue() -> None:
-    """Two topic pairs and one item everybody has: content finds a user's held-out sibling,
-    most-popular always offers the popular item, and a heavy prior makes ours do the same."""
-    vectors = {
-        "a0": unit(1, 0, 0, 0.1),
-        "a1": unit(1, 0, 0, -0.1),
-        "b0": unit(0, 1, 0, 0.1),
-        "b1": unit(0, 1, 0, -0.1),
-        "popular": unit(0, 0, 1, 0),
-    }
-    rows = [("fan-a1", "a0"), ("fan-a1", "a1"), ("fan-a2", "a0"), ("fan-a2", "a1")]
-    rows += [("fan-b", "b0"), ("fan-b", "b1"), ("fan-b", "not-in-catalogue")]
-    rows += [(f"one-item-{i}", "popular") for i in range(20)]
-    table = pa.table({"user_id": [u for u, _ in rows], "item_id": [i for _, i in rows]})
-    ids = list(vectors)
-    seen = seen_of_table(table, ids)
-    matrix = np.array([vectors[i] for i in ids], np.float32)
-
-    train, targets = hold_out(seen, seed=3)
-    assert (targets >= 0).sum() == 3 and len(train.items) == len(seen.items) - 3
-    np.testing.assert_array_equal(hold_out(seen, seed=3)[1], targets)
-
-    light = leave_one_out(seen, matrix, popularity_weight=0.2, k=1)
-    assert (light.users, light.ours, light.content_only, light.most_popular) == (3, 1.0, 1.0, 0.0)
-    heavy = leave_one_out(seen, matrix, popularity_weight=2.0, k=1)
-    assert heavy.ours == 0.0
-
-
-def test_leave_one_out_is_capped_to_a_seeded_sample_of_users() -> None:
-    histories = [[u % 7, (u * 3 + 1) % 7] for u in range(40)]
-    seen = csr(histories)
-    sample = sample_users(seen, 5, seed=0)
-    lists = [sample.items[a:b].tolist() for a, b in itertools.pairwise(sample.offsets)]
-    assert len(lists) == 5 and all(items in histories for items in lists)
-    np.testing.assert_array_equal(sample_users(seen, 5, seed=0).items, sample.items)
-    assert sample_users(seen, 40, seed=0) is seen
-    vectors = np.eye(7, dtype=np.float32)
-    capped = leave_one_out(seen, vectors, popularity_weight=0.4, k=2, max_users=5)
-    assert (capped.users, capped.sampled_from) == (5, 40)
-
-
 MODEL = "minilm"
 
 
@@ -265,11 +217,12 @@ def recs_run(
     interactions: Path,
     run_dir: Path,
     previous: Previous | None = None,
+    model: str = "content",
 ) -> Run:
     plans: list[CopyPlan | None] = []
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
-        RecsJobSettings(users_per_block=256),
+        RecsJobSettings(users_per_block=256, model=model),
         items,
         ParquetSink(run_dir / "out"),
         run_dir,
@@ -379,8 +332,11 @@ def test_users_past_what_the_published_buckets_hold_run_in_full(
 def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Run, tmp_path: Path) -> None:
     previous = previous_of(published)
 
+    def scoring(weight: float = 0.4) -> dict[str, object]:
+        return {"model": "content", "trained": None, "content_weight": None, "popularity_weight": weight}
+
     def reason(items: Items = items, model: str = MODEL, k: int = 10, weight: float = 0.4) -> str:
-        planned = plan(model_fingerprint(model, k, weight, items.ids, RECIPE), items, previous)
+        planned = plan(model_fingerprint(model, k, scoring(weight), items.ids, RECIPE), items, previous)
         return planned.reason if planned.mode == "full" else "incremental"
 
     added = Items([*items.ids, "zzz-new"], items.vectors, [*items.keys, b"0" * 16])
@@ -392,6 +348,24 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
     assert reason(added) == "the items changed: 1 added, 0 removed"
     assert reason(removed) == "the items changed: 0 added, 1 removed"
     nothing = Previous(previous.version, tmp_path, previous.users)
-    assert plan(model_fingerprint(MODEL, 10, 0.4, items.ids, RECIPE), items, nothing).reason == (
+    assert plan(model_fingerprint(MODEL, 10, scoring(), items.ids, RECIPE), items, nothing).reason == (
         "the published version 20261124T030000Z-aaaaaa left no recs state"
     )
+
+
+def test_a_collaborative_model_copies_nobody_once_it_is_retrained(
+    items: Items, interactions: Path, tmp_path: Path
+) -> None:
+    """Retrained on other interactions, EASE's item tower moves: every user is rescored. On the
+    same interactions it is the same model, and the rerun copies everyone."""
+    first = recs_run(items, interactions, tmp_path / "first", model="ease")
+    assert first.report.users == len(first.written)
+    previous = Previous("20261124T030000Z-bbbbbb", tmp_path / "first", range(10**6))
+    same = recs_run(items, interactions, tmp_path / "same", previous, model="ease")
+    assert (same.report.mode, same.report.rescored) == ("incremental", 0)
+    rows = good_rows(interactions)[1:]
+    moved = tmp_path / "interactions.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), moved)
+    retrained = recs_run(items, moved, tmp_path / "retrained", previous, model="ease")
+    assert retrained.report.mode == "full"
+    assert retrained.report.mode_reason.startswith("trained changed from")

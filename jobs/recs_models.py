@@ -1,0 +1,204 @@
+"""The recommendation models, each as two towers whose dot product is the score, so that one exact
+blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
+
+    content  item: its text embedding; user: the normalised weighted mean of their items'
+    itemknn  item j: column j of the item-item cosine similarity of the interaction matrix, each
+             item's `neighbours` largest kept (implicit's CosineRecommender); user: their row
+             of the interaction matrix
+    ease     item j: column j of EASE's closed-form weights (Steck, "Embarrassingly Shallow
+             Autoencoders", 2019); user: their row of the interaction matrix
+    als      item: implicit's ALS item factors; user: ALS's least-squares solve of their row
+             against the item factors (the training's own user step)
+    hybrid   a collaborative model's towers beside the content towers: score = collaborative /
+             scale + content_weight * cosine (scale: the users' median best collaborative score). An item with no interactions has a zero
+             collaborative column, so the content part is what ranks it (cold items).
+
+Collaborative models are trained here on one process's interaction matrix (users x items, CSR):
+EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
+catalogues up to EASE_MAX_ITEMS; ALS scales with the interactions.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal, NamedTuple, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from threadpoolctl import threadpool_limits
+
+from jobs.recs_settings import RecsJobSettings
+
+
+class Seen(NamedTuple):
+    """Users' interactions as CSR: user u's item positions are items[offsets[u]:offsets[u + 1]]."""
+
+    offsets: np.ndarray
+    items: np.ndarray
+    weights: np.ndarray
+
+
+Model = Literal["auto", "content", "itemknn", "ease", "als"]
+EASE_MAX_ITEMS = 20_000
+"""EASE's Gram matrix and its inverse are [items, items] float32: 1.6 GB each at 20,000 items."""
+SCALE_USERS = 2000
+"""Training users whose best collaborative score sets the hybrid's scale (a median: stable at this size)."""
+
+
+class Towers(Protocol):
+    """What the top-k needs of a model: the item matrix and the user tower (picklable: every
+    top-k actor gets a copy)."""
+
+    name: str
+    items: np.ndarray
+    """[items, dim] float32: row j is item j's vector."""
+
+    def users(self, seen: Seen) -> np.ndarray:
+        """[users, dim] float32 from the users' interactions."""
+        ...
+
+
+def interaction_matrix(seen: Seen, items: int) -> sp.csr_matrix:
+    return sp.csr_matrix((seen.weights, seen.items, seen.offsets), shape=(len(seen.offsets) - 1, items))
+
+
+class ContentTowers:
+    name = "content"
+
+    def __init__(self, vectors: np.ndarray) -> None:
+        self.items = np.ascontiguousarray(vectors, np.float32)
+
+    def users(self, seen: Seen) -> np.ndarray:
+        """The normalised weighted mean of the user's items' vectors; zero for a user with none."""
+        sums = interaction_matrix(seen, len(self.items)) @ self.items
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        return (sums / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+class RowTowers:
+    """An item-item model: score(u, j) = sum_i x_ui * matrix[i, j]."""
+
+    def __init__(self, name: str, matrix: np.ndarray) -> None:
+        self.name = name
+        self.items = np.ascontiguousarray(np.asarray(matrix, np.float32).T)
+
+    def users(self, seen: Seen) -> np.ndarray:
+        return interaction_matrix(seen, len(self.items)).toarray().astype(np.float32)
+
+
+class ALSTowers:
+    name = "als"
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+        self.items = np.ascontiguousarray(model.item_factors, np.float32)
+
+    def users(self, seen: Seen) -> np.ndarray:
+        matrix = interaction_matrix(seen, len(self.items))
+        rows = np.arange(matrix.shape[0])
+        return np.asarray(self.model.recalculate_user(rows, matrix), np.float32).reshape(len(rows), -1)
+
+
+class BlendTowers:
+    """A collaborative model in units of its users' median best score (so that the popularity
+    prior and content_weight mean the same on every model), with the content towers beside it
+    when content_weight > 0: their dot product is the sum of the two scores."""
+
+    def __init__(
+        self, collaborative: Towers, content: ContentTowers | None, content_weight: float, scale: float
+    ) -> None:
+        self.name = collaborative.name + ("+content" if content else "")
+        self.collaborative, self.content = collaborative, content
+        parts = [collaborative.items / scale] + ([content_weight * content.items] if content else [])
+        self.items = np.hstack(parts).astype(np.float32)
+
+    def users(self, seen: Seen) -> np.ndarray:
+        parts = [self.collaborative.users(seen)] + ([self.content.users(seen)] if self.content else [])
+        return np.hstack(parts)
+
+
+def item_knn(matrix: sp.csr_matrix, neighbours: int) -> RowTowers:
+    from implicit.nearest_neighbours import CosineRecommender
+    from implicit.utils import ParameterWarning
+
+    model = CosineRecommender(K=neighbours, num_threads=0)
+    with warnings.catch_warnings():
+        # It normalises the rows into a COO matrix itself, then warns that it got COO.
+        warnings.simplefilter("ignore", ParameterWarning)
+        model.fit(matrix, show_progress=False)
+    return RowTowers("itemknn", model.similarity.toarray())
+
+
+def ease(matrix: sp.csr_matrix, regularization: float) -> RowTowers:
+    """B = I - P / diag(P), P = (X'X + lambda I)^-1, with B's diagonal zero (EASE's closed form)."""
+    items = matrix.shape[1]
+    if items > EASE_MAX_ITEMS:
+        raise ValueError(
+            f"EASE inverts an [items, items] matrix: {items:,} items are more than {EASE_MAX_ITEMS:,}; use als"
+        )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gram = torch.tensor((matrix.T @ matrix).toarray(), dtype=torch.float32, device=device)
+    gram.diagonal().add_(regularization)
+    inverse = torch.linalg.inv(gram)
+    weights = inverse / (-inverse.diagonal())
+    weights.diagonal().zero_()
+    return RowTowers("ease", weights.cpu().numpy())
+
+
+def als(matrix: sp.csr_matrix, settings: RecsJobSettings) -> ALSTowers:
+    from implicit.cpu.als import AlternatingLeastSquares
+
+    with threadpool_limits(1, "blas"):  # implicit parallelises over users; BLAS threads under it thrash
+        model = AlternatingLeastSquares(
+            factors=settings.factors,
+            regularization=settings.regularization_als,
+            alpha=settings.alpha,
+            iterations=settings.iterations,
+            random_state=0,
+            num_threads=0,
+        )
+        model.fit(matrix, show_progress=False)
+    return ALSTowers(model)
+
+
+def resolve(model: Model, items: int) -> Model:
+    """'auto': EASE where the catalogue fits EASE_MAX_ITEMS, ALS past it."""
+    if model != "auto":
+        return model
+    return "ease" if items <= EASE_MAX_ITEMS else "als"
+
+
+def collaborative(name: Model, train: Seen, items: int, settings: RecsJobSettings) -> Towers:
+    matrix = interaction_matrix(train, items)
+    if name == "itemknn":
+        return item_knn(matrix, settings.neighbours)
+    if name == "ease":
+        return ease(matrix, settings.regularization_ease)
+    if name == "als":
+        return als(matrix, settings)
+    raise ValueError(f"{name!r} is not a collaborative model")
+
+
+def best_score_scale(towers: Towers, train: Seen) -> float:
+    """The median over (up to SCALE_USERS) users of their best collaborative score: the unit in
+    which the hybrid adds content_weight * cosine."""
+    users = min(SCALE_USERS, len(train.offsets) - 1)
+    head = Seen(
+        train.offsets[: users + 1], train.items[: train.offsets[users]], train.weights[: train.offsets[users]]
+    )
+    best = (towers.users(head) @ towers.items.T).max(axis=1)
+    best = best[best > 0]
+    return float(np.median(best)) if len(best) else 1.0
+
+
+def train_towers(model: Model, train: Seen, item_vectors: np.ndarray, settings: RecsJobSettings) -> Towers:
+    """The towers of `model` (resolved) trained on `train`; with content_weight > 0 a collaborative
+    model is the hybrid with the content towers of `item_vectors`."""
+    content = ContentTowers(item_vectors)
+    name = resolve(model, len(item_vectors))
+    if name == "content":
+        return content
+    towers = collaborative(name, train, len(item_vectors), settings)
+    hybrid = content if settings.content_weight > 0 else None
+    return BlendTowers(towers, hybrid, settings.content_weight, best_score_scale(towers, train))

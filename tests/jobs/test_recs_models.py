@@ -1,0 +1,123 @@
+"""The recommendation models and their held-out evaluation, on hand-made catalogues whose right
+answers are known: collaborative models learn what co-occurs, content ranks the cold item."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from jobs.recommend import BlockedTopK, recommend_users
+from jobs.recs_models import Seen, train_towers
+from jobs.recs_quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
+from jobs.recs_settings import RecsJobSettings
+
+IDS = ["a0", "a1", "b0", "b1", "cold", "popular"]
+A0, A1, B0, B1, COLD, POPULAR = range(6)
+
+
+def vectors() -> np.ndarray:
+    """Orthogonal texts, except the item nobody took, which reads like a0."""
+    matrix = np.eye(6, dtype=np.float32)
+    matrix[COLD] = [0.9, 0, 0, 0, np.sqrt(1 - 0.81), 0]
+    return matrix
+
+
+def histories() -> list[list[int]]:
+    """Pairs that co-occur (a0 with a1, b0 with b1), a popular item on its own, and the user under
+    test, who took a0 only."""
+    return [[A0, A1]] * 30 + [[B0, B1]] * 30 + [[POPULAR]] * 10 + [[A0]]
+
+
+def csr(rows: list[list[int]]) -> Seen:
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    items = np.array([i for r in rows for i in r], np.int64)
+    return Seen(offsets, items, np.ones(len(items), np.float32))
+
+
+def ranking(model: str, content_weight: float) -> list[int]:
+    train = csr(histories())
+    settings = RecsJobSettings(model=model, content_weight=content_weight, factors=4, iterations=30)
+    towers = train_towers(model, train, vectors(), settings)
+    tester = csr([[A0]])
+    indices, scores = recommend_users(towers, BlockedTopK(towers.items, 5, 8), tester)
+    assert np.isneginf(scores[0, A0:]).sum() == 0 and A0 not in indices[0]
+    return indices[0].tolist()
+
+
+@pytest.mark.parametrize("model", ["itemknn", "ease", "als"])
+def test_collaborative_models_recommend_what_co_occurs_though_the_texts_differ(model: str) -> None:
+    assert ranking(model, content_weight=0)[0] == A1
+
+
+def test_content_finds_the_item_that_reads_alike_and_the_hybrid_ranks_it_after_the_co_occurring_one() -> None:
+    assert ranking("content", content_weight=0)[0] == COLD
+    assert ranking("ease", content_weight=0.1)[:2] == [A1, COLD]
+    assert ranking("ease", content_weight=0)[1] != COLD  # nobody took it: no collaborative signal
+
+
+def test_ease_refuses_a_catalogue_too_large_for_its_inverse() -> None:
+    settings = RecsJobSettings(model="ease")
+    with pytest.raises(ValueError, match="EASE inverts an \\[items, items\\] matrix: 20,001 items"):
+        train_towers("ease", csr([[0]]), np.zeros((20_001, 2), np.float32), settings)
+
+
+def interactions(times: bool) -> pa.Table:
+    """Trios a0/a1 and b0/b1 plus the popular item, in shuffled time order, and loners of the popular item."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for user in range(40):
+        trio = [IDS[A0], IDS[A1], IDS[POPULAR]] if user % 2 else [IDS[B0], IDS[B1], IDS[POPULAR]]
+        rows += [(f"u{user}", item, float(t)) for item, t in zip(trio, rng.permutation(3), strict=True)]
+    rows += [(f"loner{user}", IDS[POPULAR], 0.0) for user in range(20)]
+    table = pa.table({"user_id": [r[0] for r in rows], "item_id": [r[1] for r in rows]})
+    return table.append_column("time", pa.array([r[2] for r in rows])) if times else table
+
+
+def test_the_temporal_split_holds_out_each_users_latest_interaction() -> None:
+    table = interactions(times=True)
+    good = valid_interactions(table, IDS)
+    train, targets, split = hold_out_last(good, seed=0)
+    assert split == "temporal"
+    latest = {}
+    for user, item, time in zip(*(table[c].to_pylist() for c in ("user_id", "item_id", "time")), strict=True):
+        if time >= latest.get(user, (-1.0, ""))[0]:
+            latest[user] = (time, item)
+    users = sorted(latest)
+    want = [IDS.index(latest[u][1]) if u.startswith("u") else -1 for u in users]
+    assert targets.tolist() == want
+    assert len(train.items) == table.num_rows - 40
+    random_split = hold_out_last(valid_interactions(interactions(times=False), IDS), seed=0)
+    assert random_split[2] == "random"
+    np.testing.assert_array_equal(
+        random_split[1], hold_out_last(valid_interactions(interactions(times=False), IDS), seed=0)[1]
+    )
+
+
+def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless_it_beats_most_popular() -> (
+    None
+):
+    quality = evaluate(valid_interactions(interactions(times=True), IDS), vectors(), RecsJobSettings())
+    assert (quality.published, quality.split, quality.users, quality.k) == ("ease+content", "temporal", 40, 6)
+    assert set(quality.models) == {"published", "most_popular", "itemknn", "content", "collaborative"}
+    published, popular = quality.models["published"], quality.models["most_popular"]
+    assert published.ndcg > popular.ndcg and published.hit_rate == 1.0
+    assert 0 < popular.coverage <= 1 and 0 < published.coverage <= 1
+    assert beats_most_popular(quality, min_lift=1.0) is None
+    refusal = beats_most_popular(quality, min_lift=100.0)
+    assert refusal is not None and refusal.startswith("ease+content's held-out NDCG@6")
+    assert "does not beat 100.0 x most-popular's" in refusal
+
+
+def test_a_user_who_took_only_an_item_nobody_else_took_is_served_by_the_hybrid() -> None:
+    """Cold: EASE alone scores every item 0 for them; content and the prior give a ranked list."""
+    train = csr([*histories(), [COLD]])
+    settings = RecsJobSettings(model="ease")
+    towers = train_towers("ease", train, vectors(), settings)
+    user = torch.from_numpy(towers.users(csr([[COLD]])))
+    _, scores = BlockedTopK(towers.items, 3, 8)(user, csr([[COLD]]))
+    assert scores[0, 0] > scores[0, -1]
+    alone = train_towers("ease", train, vectors(), settings.model_copy(update={"content_weight": 0}))
+    _, flat = BlockedTopK(alone.items, 3, 8)(torch.from_numpy(alone.users(csr([[COLD]]))), csr([[COLD]]))
+    assert flat[0, 0] == flat[0, -1] == 0
