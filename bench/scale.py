@@ -164,6 +164,7 @@ keep_versions = 0
 kind = "recs"
 input = {{ path = "interactions.parquet", user = "user_id", item = "item_id", weight = "weight" }}
 items = "embeddings"
+model = "content"  # the table's model; past 20,000 items "auto" is ALS, trained on one process
 popularity_weight = {POPULARITY_WEIGHT}
 min_lift = {MIN_LIFT}
 keep_versions = 0

@@ -343,7 +343,24 @@ def markdown(report: dict[str, Any]) -> str:
     for output, fields in report["outputs"].items():
         rows = "\n".join(f"| {key} | {json.dumps(value)} |" for key, value in fields.items())
         sections.append(f"## {output}\n\n| field | value |\n| --- | --- |\n{rows}\n")
+        if models := fields.get("validation", {}).get("models"):
+            sections.append(models_table(fields["validation"], models))
     return f"# Nightly run {report['run']}\n\n" + "\n".join(sections)
+
+
+def models_table(quality: dict[str, Any], models: dict[str, dict[str, Any]]) -> str:
+    """A recs output's models side by side on the held-out split."""
+    k = quality["k"]
+    head = f"| model | HR@{k} | NDCG@{k} | coverage | cold users served |\n| --- | --- | --- | --- | --- |\n"
+    rows = "\n".join(
+        f"| {quality['published'] if name == 'published' else name} | {m['hit_rate']} | {m['ndcg']} | "
+        f"{m['coverage']} | {'-' if m['cold_served'] is None else m['cold_served']} |"
+        for name, m in models.items()
+    )
+    return (
+        f"Held-out quality ({quality['split']} split, {quality['users']} users, "
+        f"{quality['cold_users']} cold):\n\n{head}{rows}\n"
+    )
 
 
 @flow(name="nightly", log_prints=True)

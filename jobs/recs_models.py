@@ -15,7 +15,8 @@ blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
 
 Collaborative models are trained here on one process's interaction matrix (users x items, CSR):
 EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
-catalogues up to EASE_MAX_ITEMS; ALS scales with the interactions.
+catalogues up to ITEM_ITEM_MAX_ITEMS, as is item-kNN (its columns are dense here); ALS scales
+with the interactions.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ class Seen(NamedTuple):
 
 
 Model = Literal["auto", "content", "itemknn", "ease", "als"]
-EASE_MAX_ITEMS = 20_000
-"""EASE's Gram matrix and its inverse are [items, items] float32: 1.6 GB each at 20,000 items."""
+ITEM_ITEM_MAX_ITEMS = 20_000
+"""Item-item models (EASE, item-kNN) hold an [items, items] float32 matrix: 1.6 GB at 20,000
+items (EASE's Gram matrix and inverse too; a top-k actor holds it twice in a hybrid: alone and
+in the blend)."""
 SCALE_USERS = 2000
 """Training users whose best collaborative score sets the hybrid's scale (a median: stable at this size)."""
 
@@ -118,7 +121,16 @@ class BlendTowers:
         return np.hstack(parts)
 
 
+def check_item_item(name: str, items: int) -> None:
+    if items > ITEM_ITEM_MAX_ITEMS:
+        raise ValueError(
+            f"{name} holds an [items, items] matrix: {items:,} items are more than "
+            f"{ITEM_ITEM_MAX_ITEMS:,}; use als"
+        )
+
+
 def item_knn(matrix: sp.csr_matrix, neighbours: int) -> RowTowers:
+    check_item_item("itemknn", matrix.shape[1])
     from implicit.nearest_neighbours import CosineRecommender
     from implicit.utils import ParameterWarning
 
@@ -132,11 +144,7 @@ def item_knn(matrix: sp.csr_matrix, neighbours: int) -> RowTowers:
 
 def ease(matrix: sp.csr_matrix, regularization: float) -> RowTowers:
     """B = I - P / diag(P), P = (X'X + lambda I)^-1, with B's diagonal zero (EASE's closed form)."""
-    items = matrix.shape[1]
-    if items > EASE_MAX_ITEMS:
-        raise ValueError(
-            f"EASE inverts an [items, items] matrix: {items:,} items are more than {EASE_MAX_ITEMS:,}; use als"
-        )
+    check_item_item("ease", matrix.shape[1])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gram = torch.tensor((matrix.T @ matrix).toarray(), dtype=torch.float32, device=device)
     gram.diagonal().add_(regularization)
@@ -147,7 +155,10 @@ def ease(matrix: sp.csr_matrix, regularization: float) -> RowTowers:
 
 
 def als(matrix: sp.csr_matrix, settings: RecsJobSettings) -> ALSTowers:
-    from implicit.cpu.als import AlternatingLeastSquares
+    """implicit's ALS: on the GPU where its CUDA build sees one (then copied to the CPU: the
+    top-k actors solve users against it), else on every core."""
+    import implicit.gpu
+    from implicit.als import AlternatingLeastSquares
 
     with threadpool_limits(1, "blas"):  # implicit parallelises over users; BLAS threads under it thrash
         model = AlternatingLeastSquares(
@@ -157,16 +168,19 @@ def als(matrix: sp.csr_matrix, settings: RecsJobSettings) -> ALSTowers:
             iterations=settings.iterations,
             random_state=0,
             num_threads=0,
+            use_gpu=implicit.gpu.HAS_CUDA,
         )
         model.fit(matrix, show_progress=False)
+    if implicit.gpu.HAS_CUDA:
+        model = model.to_cpu()
     return ALSTowers(model)
 
 
 def resolve(model: Model, items: int) -> Model:
-    """'auto': EASE where the catalogue fits EASE_MAX_ITEMS, ALS past it."""
+    """'auto': EASE where the catalogue fits ITEM_ITEM_MAX_ITEMS, ALS past it."""
     if model != "auto":
         return model
-    return "ease" if items <= EASE_MAX_ITEMS else "als"
+    return "ease" if items <= ITEM_ITEM_MAX_ITEMS else "als"
 
 
 def collaborative(name: Model, train: Seen, items: int, settings: RecsJobSettings) -> Towers:

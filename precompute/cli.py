@@ -252,12 +252,13 @@ def bench_publish(
         float,
         typer.Option(min=1, help="Reads per second of the published version during garbage collection."),
     ] = 1000.0,
+    k: Annotated[int, typer.Option(min=1, max=100, help="Ranked pairs per record (6 bytes each).")] = 10,
 ) -> None:
     """Versioned Redis publish (records/s, bytes per record) against redis-py MSET of the same values,
     and the p99 of reads while the old version is collected."""
     from bench.publish import main
 
-    main(records, repeats=repeats, reader_rate=reader_rate)
+    main(records, k=k, repeats=repeats, reader_rate=reader_rate)
 
 
 @bench_app.command("lookup")

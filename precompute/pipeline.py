@@ -201,8 +201,8 @@ class RecsOutput(Spec):
     """A collaborative model plus this times the content cosine (the hybrid); 0: collaborative only."""
     popularity_weight: float = Field(0.4, ge=0)
     min_lift: float = Field(1.0, gt=0)
-    """A version is published only if its held-out NDCG@10 beats most-popular's by at least this
-    factor on the same split (jobs/recs_quality.py)."""
+    """A version is published only if its held-out NDCG@10 is above this multiple of most-popular's
+    on the same split (jobs/recs_quality.py)."""
     store: str | None = Field(None, pattern=NAME)
     keep_versions: int = Field(2, ge=0)
 

@@ -104,6 +104,24 @@ def client(encoder, settings, tmp_path: Path, redis: RedisSettings) -> Iterator[
         yield client
 
 
+def test_a_top_100_is_served_whole(
+    encoder, settings, tmp_path: Path, redis: RedisSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k = 100 (product pages rerank 20-50): 600-byte values, past Redis's listpack value limit."""
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__K", "100")
+    vocabulary = [f"item-{i}" for i in range(150)]
+    ranked = np.array([[(u + j) % 150 for j in range(100)] for u in range(len(USERS))])
+    scores = np.linspace(1, 0, 100, dtype=np.float16)
+    with KeyValueStore(redis) as store:
+        store.create_version("recs", V1, len(USERS), {"vocabulary": vocabulary})
+        store.write("recs", V1, USERS, encode_ranked(ranked, np.array([scores] * len(USERS))))
+        store.publish("recs", V1)
+    with TestClient(app(settings, tmp_path, redis)) as client:
+        answer = client.get("/v1/recs/user-3?k=100").json()["items"]
+        assert [item["id"] for item in answer] == [vocabulary[i] for i in ranked[3]]
+        assert client.get("/v1/recs/user-3?k=101").status_code == 422
+
+
 @pytest.mark.parametrize("item", ["pkg-3", "a/b", "café"])
 def test_labels_of_one_item(served: TestClient, item: str) -> None:
     answer = served.get(f"/v1/labels/{item.replace('/', '%2F')}")
