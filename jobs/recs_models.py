@@ -112,7 +112,7 @@ class BlendTowers:
         self, collaborative: Towers, content: ContentTowers | None, content_weight: float, scale: float
     ) -> None:
         self.name = collaborative.name + ("+content" if content else "")
-        self.collaborative, self.content = collaborative, content
+        self.collaborative, self.content, self.scale = collaborative, content, scale
         parts = [collaborative.items / scale] + ([content_weight * content.items] if content else [])
         self.items = np.hstack(parts).astype(np.float32)
 

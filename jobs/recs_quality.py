@@ -38,7 +38,7 @@ from jobs.recommend import (
     seen_by_user,
     tag_rejects,
 )
-from jobs.recs_models import ITEM_ITEM_MAX_ITEMS, Seen, Towers, resolve, train_towers
+from jobs.recs_models import ITEM_ITEM_MAX_ITEMS, BlendTowers, Seen, Towers, resolve, train_towers
 from jobs.recs_settings import RecsJobSettings
 from jobs.validate import REASON
 from precompute.pipeline import InteractionsInput
@@ -170,11 +170,12 @@ def evaluate(
         "most_popular": (None, counts),
     }
     if items <= ITEM_ITEM_MAX_ITEMS:  # past it, item-kNN's dense columns do not fit: no baseline
-        alone = settings.model_copy(update={"content_weight": 0})
-        candidates["itemknn"] = (train_towers("itemknn", train, item_vectors, alone), None)
+        no_content = settings.model_copy(update={"content_weight": 0})
+        candidates["itemknn"] = (train_towers("itemknn", train, item_vectors, no_content), None)
     candidates["content"] = (train_towers("content", train, item_vectors, settings), prior)
-    if model != "content" and settings.content_weight > 0:
-        alone = train_towers(model, train, item_vectors, settings.model_copy(update={"content_weight": 0}))
+    if isinstance(published, BlendTowers) and published.content is not None:
+        # The hybrid's own collaborative part, at its scale: the same model, not trained twice.
+        alone = BlendTowers(published.collaborative, None, 0, published.scale)
         candidates["collaborative"] = (alone, prior)
     return RecsQuality(
         published=published.name,
