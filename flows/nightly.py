@@ -36,6 +36,8 @@ from flows.validate import Validation, validate_version
 from jobs.content_cache import promote
 from jobs.embed import EmbedJobReport, run_embed_job
 from jobs.labels import LabelsJobReport, run_labels_job
+from jobs.own_towers import own_towers
+from jobs.ray_session import ray_session
 from jobs.recommend import RecsJobReport, run_recs_job
 from jobs.recs_quality import (
     RecsQuality,
@@ -49,6 +51,7 @@ from jobs.recs_state import CopyPlan, Previous, bucket_fit, staged_items
 from jobs.settings import JobSettings
 from models import EngineSettings
 from models.labels import LabelSettings, label_names
+from models.towers import TowersSpec
 from precompute.pipeline import CorpusInput, InteractionsInput, Pipeline, load_pipeline
 from precompute.run_log import failure_line, root_cause
 from stores.errors import StoreUnavailableError
@@ -223,11 +226,14 @@ def recommend(
     redis: RedisSettings,
     work_dir: Path,
     min_lift: float,
+    towers: TowersSpec | None,
+    cache_dir: Path,
 ) -> tuple[RecsJobReport, str, RecsQuality, list[str]]:
     """Recommend from the published embeddings into a new Redis version, rescoring only the users
     whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
-    model's held-out NDCG@10 beats most-popular's by `min_lift` (jobs/recs_quality.py). Returns
-    (report, version, quality, versions deleted)."""
+    model's held-out NDCG@10 beats most-popular's by `min_lift` (jobs/recs_quality.py). With
+    `towers` (the model "towers"), both towers' vectors are computed first, engines gated and
+    cached in `cache_dir` (jobs/own_towers.py). Returns (report, version, quality, versions deleted)."""
     items = staged_items(embeddings_dir)
     previous = published_recs(redis, store_key, work_dir / "runs" / output)
     quality: RecsQuality | None = None
@@ -235,11 +241,21 @@ def recommend(
     def job(sink: Datasink, run_dir: Path, create: Callable[..., None]) -> RecsJobReport:
         """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
         nonlocal quality
-        report = run_recs_job(
-            interactions, recs, items, sink, run_dir, create, items_model=items_model, previous=previous
-        )
+        with ray_session(recs.ray_address):
+            own = None if towers is None else own_towers(towers, items.ids, run_dir, cache_dir)
+            report = run_recs_job(
+                interactions,
+                recs,
+                items,
+                sink,
+                run_dir,
+                create,
+                items_model=items_model,
+                previous=previous,
+                own=own,
+            )
         good = valid_interactions(interactions_table(interactions), items.ids)
-        quality = evaluate(good, items.vectors, recs)
+        quality = evaluate(good, items.vectors, recs, own=own)
         if refusal := beats_most_popular(quality, min_lift):
             raise QualityError(refusal)
         return report
@@ -333,6 +349,7 @@ def recs_report(
         "k": recs.k,
         "seconds": recs.seconds,
         "users_per_s": recs.users_per_s,
+        **({"towers": recs.towers} if recs.towers is not None else {}),
         "validation": asdict(quality),
         "deleted_versions": deleted,
     }
@@ -472,6 +489,8 @@ def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> 
                 keep(spec.redis_settings(name)),
                 job.work_dir,
                 output.min_lift,
+                output.towers,
+                engine.cache_dir,
             )
         )
 

@@ -5,9 +5,11 @@
     main pass:    good rows -> group by user (+ fingerprint) -> users to rescore -> TopKActor pool
                   (blocked matmul, mask, topk) -> values -> sink
 
-Two towers: the item tower is the corpus encoder (the caller passes its embeddings), the user
-tower the normalised weighted mean of the user's items. Scoring is exact, not approximate:
-one matrix multiply per block of users against every item, so no recall is lost to an index.
+Two towers (jobs/recs_models.py): content (the item tower is the corpus encoder, whose
+embeddings the caller passes), a collaborative model trained here on the night's interactions,
+or the pipeline's own towers (jobs/own_towers.py, computed by the caller). Scoring is exact,
+not approximate: one matrix multiply per block of users against every item, so no recall is
+lost to an index.
 
 Incremental: given the published version's staged state, only users whose inputs moved are
 rescored and the store copies the others (jobs/recs_state.py says which, and what a copy misses).
@@ -33,7 +35,7 @@ from ray.data.datasource import Datasink
 from ray.data.expressions import col
 
 from jobs.ray_session import actor_pool, ray_session
-from jobs.recs_models import Seen, Towers, resolve, train_towers
+from jobs.recs_models import OwnTowers, Seen, Towers, resolve, rows_of, train_towers
 from jobs.recs_settings import RecsJobSettings
 from jobs.recs_state import (
     FINGERPRINT,
@@ -79,6 +81,9 @@ class RecsJobReport:
     """Item ids by position: a value's indices point here, so a publish stores it with the version."""
     samples: dict[str, bytes]
     """A few user_id -> value as written, for the read-back checks of a publish."""
+    towers: dict[str, object] | None = None
+    """The towers model: its engines and feature rows (jobs/own_towers.py), and the users
+    without a features row (ranked by the prior and content alone)."""
 
 
 def row_reason(user_id: object, item_id: object, weight: float | None, index: dict[str, int]) -> str | None:
@@ -180,10 +185,21 @@ def users_of(grouped: ray.data.Dataset) -> pa.Table:
 def seen_by_user(good: pa.Table) -> Seen:
     """Clean rows (any order) -> CSR, users in id order: a collaborative model's training matrix."""
     good = good.sort_by([(USER, "ascending")])
-    users = good[USER].combine_chunks().dictionary_encode().indices.to_numpy()
+    encoded = good[USER].combine_chunks().dictionary_encode()
+    users = encoded.indices.to_numpy()
     offsets = np.zeros(users.max(initial=-1) + 2, np.int64)
     np.cumsum(np.bincount(users, minlength=len(offsets) - 1), out=offsets[1:])
-    return Seen(offsets, good[INDEX].to_numpy().astype(np.int64), good[WEIGHT].to_numpy().astype(np.float32))
+    return Seen(
+        offsets,
+        good[INDEX].to_numpy().astype(np.int64),
+        good[WEIGHT].to_numpy().astype(np.float32),
+        user_ids(encoded.dictionary),  # in order of first appearance: sorted
+    )
+
+
+def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """User ids as the numpy strings OwnTowers searches."""
+    return np.asarray(ids.to_pylist(), dtype=str)
 
 
 def seen_of(batch: pa.Table) -> Seen:
@@ -192,6 +208,7 @@ def seen_of(batch: pa.Table) -> Seen:
         offsets=items.offsets.to_numpy().astype(np.int64),
         items=items.flatten().to_numpy().astype(np.int64),
         weights=weights.flatten().to_numpy().astype(np.float32),
+        ids=user_ids(batch["id"]),
     )
 
 
@@ -313,6 +330,15 @@ class TopKActor:
         return pa.table({"id": batch["id"], "value": pa.array(ranked_values(indices, scores), pa.binary())})
 
 
+def trained_digest(towers: Towers, own: OwnTowers | None) -> str:
+    """What a trained model's scores depend on beyond its settings: its item matrix, and the
+    towers model's user vectors (a user whose features moved must be rescored, so all are)."""
+    digest = hashlib.blake2b(towers.items.data, digest_size=16)
+    if own is not None:
+        digest.update(np.ascontiguousarray(own.user_vectors).data)
+    return digest.hexdigest()
+
+
 def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
     """Interactions per item, summed from one bincount per block: no shuffle."""
     per_block = good.map_batches(
@@ -330,11 +356,13 @@ def run_recs_job(
     before_write: Callable[[int, CopyPlan | None], None] | None = None,
     items_model: str = "",
     previous: Previous | None = None,
+    own: OwnTowers | None = None,
 ) -> RecsJobReport:
     """Top-k items for every user with a valid interaction: all of them, or with `previous` (the
     published version) only those whose inputs moved since, written through `sink`.
 
     items_model: the identity of the model that embedded the items (part of the model fingerprint).
+    own: the towers model's vectors (jobs/own_towers.py), for settings.model "towers".
     before_write: called with the number of records (users) and, in an incremental run, the
     copy plan (the version to copy, the users gone since), once the users to rescore are scored
     and before the first write: a store creates the version there, and copies it (the sink then
@@ -373,12 +401,10 @@ def run_recs_job(
 
         start = time.perf_counter()
         train = None if model == "content" else seen_by_user(pa.concat_tables(ray.get(good.to_arrow_refs())))
-        towers = train_towers(model, train, items.vectors, settings)
+        towers = train_towers(model, train, items.vectors, settings, own)
         scoring = {
             "model": towers.name,
-            "trained": hashlib.blake2b(towers.items.data, digest_size=16).hexdigest()
-            if train is not None
-            else None,
+            "trained": trained_digest(towers, own) if train is not None else None,
             "content_weight": settings.content_weight if train is not None else None,
             "popularity_weight": settings.popularity_weight,
         }
@@ -434,6 +460,10 @@ def run_recs_job(
         if values:
             values.write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
+    towers_report = None
+    if own is not None:
+        without = int((~rows_of(own.user_ids, user_ids(users["id"]))[0]).sum())
+        towers_report = {**own.report, "users_without_features": without}
     return RecsJobReport(
         rows=rows,
         rejects=rejects,
@@ -448,4 +478,5 @@ def run_recs_job(
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
         vocabulary=list(items.ids),
         samples=samples,
+        towers=towers_report,
     )

@@ -9,6 +9,9 @@ blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
              Autoencoders", 2019); user: their row of the interaction matrix
     als      item: implicit's ALS item factors; user: ALS's least-squares solve of their row
              against the item factors (the training's own user step)
+    towers   the pipeline's own two-tower model (models/towers.py): item j: its item tower's
+             vector; user: their user tower's vector, looked up by id (jobs/own_towers.py
+             computes both once a run)
     hybrid   a collaborative model's towers beside the content towers: score = collaborative /
              scale + content_weight * cosine (scale: the users' median best collaborative score). An item with no interactions has a zero
              collaborative column, so the content part is what ranks it (cold items).
@@ -21,6 +24,7 @@ with the interactions.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Literal, NamedTuple, Protocol
 
@@ -38,9 +42,11 @@ class Seen(NamedTuple):
     offsets: np.ndarray
     items: np.ndarray
     weights: np.ndarray
+    ids: np.ndarray | None = None
+    """User u's id (str): what a model with its own user tower looks the user up by."""
 
 
-Model = Literal["auto", "content", "itemknn", "ease", "als"]
+Model = Literal["auto", "content", "itemknn", "ease", "als", "towers"]
 ITEM_ITEM_MAX_ITEMS = 20_000
 """Item-item models (EASE, item-kNN) hold an [items, items] float32 matrix: 1.6 GB at 20,000
 items (EASE's Gram matrix and inverse too; a top-k actor holds it twice in a hybrid: alone and
@@ -103,22 +109,74 @@ class ALSTowers:
         return np.asarray(self.model.recalculate_user(rows, matrix), np.float32).reshape(len(rows), -1)
 
 
+def rows_of(sorted_ids: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each of `ids` is in `sorted_ids`, and its position there where it is)."""
+    if not len(sorted_ids):
+        return np.zeros(len(ids), bool), np.zeros(len(ids), np.int64)
+    at = np.searchsorted(sorted_ids, ids).clip(max=len(sorted_ids) - 1)
+    return sorted_ids[at] == ids, at
+
+
+class OwnTowers:
+    """The pipeline's own two-tower model: item vectors aligned to the item table (zeros for an
+    item without features), user vectors sorted by user id; a user without features gets zeros,
+    so the popularity prior and the content part rank their items."""
+
+    name = "towers"
+
+    def __init__(
+        self, items: np.ndarray, user_ids: np.ndarray, user_vectors: np.ndarray, report: dict | None = None
+    ) -> None:
+        self.items = np.ascontiguousarray(items, np.float32)
+        self.user_ids, self.user_vectors = user_ids, user_vectors
+        self.report = report or {}
+        """How the vectors were made (jobs/own_towers.py): engines, gates, rows and rejects."""
+
+    def users(self, seen: Seen) -> np.ndarray:
+        if seen.ids is None:
+            raise ValueError("the towers model looks users up by id, and these users have none")
+        found, at = rows_of(self.user_ids, seen.ids)
+        vectors = np.zeros((len(seen.ids), self.items.shape[1]), np.float32)
+        vectors[found] = self.user_vectors[at[found]]
+        return vectors
+
+
 class BlendTowers:
     """A collaborative model in units of its users' median best score (so that the popularity
     prior and content_weight mean the same on every model), with the content towers beside it
-    when content_weight > 0: their dot product is the sum of the two scores."""
+    when content_weight > 0: their dot product is the sum of the two scores.
+
+    The scale and the weight go on the user side, so the item matrix is the parts' own side by
+    side, and the collaborative part keeps only a view of its columns, also once unpickled in
+    a top-k actor: EASE's [items, items] matrix is held once, not twice (its user tower needs
+    only the item count; ALS's and own towers' need none of it)."""
 
     def __init__(
         self, collaborative: Towers, content: ContentTowers | None, content_weight: float, scale: float
     ) -> None:
         self.name = collaborative.name + ("+content" if content else "")
-        self.collaborative, self.content, self.scale = collaborative, content, scale
-        parts = [collaborative.items / scale] + ([content_weight * content.items] if content else [])
-        self.items = np.hstack(parts).astype(np.float32)
+        self.collaborative, self.content = collaborative, content
+        self.content_weight, self.scale = content_weight, scale
+        self.width = collaborative.items.shape[1]
+        self.items = np.hstack([collaborative.items] + ([content.items] if content else [])).astype(
+            np.float32
+        )
+        self.collaborative.items = self.items[:, : self.width]
 
     def users(self, seen: Seen) -> np.ndarray:
-        parts = [self.collaborative.users(seen)] + ([self.content.users(seen)] if self.content else [])
-        return np.hstack(parts)
+        parts = [self.collaborative.users(seen) / self.scale]
+        if self.content:
+            parts.append(self.content_weight * self.content.users(seen))
+        return np.hstack(parts).astype(np.float32)
+
+    def __getstate__(self) -> dict[str, object]:
+        collaborative = copy.copy(self.collaborative)
+        collaborative.items = None
+        return {**self.__dict__, "collaborative": collaborative}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.collaborative.items = self.items[:, : self.width]
 
 
 def check_item_item(name: str, items: int) -> None:
@@ -199,20 +257,32 @@ def best_score_scale(towers: Towers, train: Seen) -> float:
     which the hybrid adds content_weight * cosine."""
     users = min(SCALE_USERS, len(train.offsets) - 1)
     head = Seen(
-        train.offsets[: users + 1], train.items[: train.offsets[users]], train.weights[: train.offsets[users]]
+        train.offsets[: users + 1],
+        train.items[: train.offsets[users]],
+        train.weights[: train.offsets[users]],
+        None if train.ids is None else train.ids[:users],
     )
     best = (towers.users(head) @ towers.items.T).max(axis=1)
     best = best[best > 0]
     return float(np.median(best)) if len(best) else 1.0
 
 
-def train_towers(model: Model, train: Seen, item_vectors: np.ndarray, settings: RecsJobSettings) -> Towers:
-    """The towers of `model` (resolved) trained on `train`; with content_weight > 0 a collaborative
-    model is the hybrid with the content towers of `item_vectors`."""
+def train_towers(
+    model: Model,
+    train: Seen,
+    item_vectors: np.ndarray,
+    settings: RecsJobSettings,
+    own: OwnTowers | None = None,
+) -> Towers:
+    """The towers of `model` (resolved) trained on `train` (the towers model: `own`, already
+    computed); with content_weight > 0 a collaborative model or own towers are the hybrid
+    with the content towers of `item_vectors`."""
     content = ContentTowers(item_vectors)
     name = resolve(model, len(item_vectors))
     if name == "content":
         return content
-    towers = collaborative(name, train, len(item_vectors), settings)
+    if name == "towers" and own is None:
+        raise ValueError("model 'towers' needs the pipeline's own towers (jobs/own_towers.py)")
+    towers = own if name == "towers" else collaborative(name, train, len(item_vectors), settings)
     hybrid = content if settings.content_weight > 0 else None
     return BlendTowers(towers, hybrid, settings.content_weight, best_score_scale(towers, train))

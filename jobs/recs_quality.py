@@ -38,7 +38,7 @@ from jobs.recommend import (
     seen_by_user,
     tag_rejects,
 )
-from jobs.recs_models import ITEM_ITEM_MAX_ITEMS, BlendTowers, Seen, Towers, resolve, train_towers
+from jobs.recs_models import ITEM_ITEM_MAX_ITEMS, BlendTowers, OwnTowers, Seen, Towers, resolve, train_towers
 from jobs.recs_settings import RecsJobSettings
 from jobs.validate import REASON
 from precompute.pipeline import InteractionsInput
@@ -110,7 +110,7 @@ def hold_out_last(good: pa.Table, seed: int) -> tuple[Seen, np.ndarray, str]:
     keep[last[eligible]] = False
     offsets = np.zeros_like(seen.offsets)
     np.cumsum(lengths - eligible, out=offsets[1:])
-    return Seen(offsets, seen.items[keep], seen.weights[keep]), targets, split
+    return Seen(offsets, seen.items[keep], seen.weights[keep], seen.ids), targets, split
 
 
 def users_subset(seen: Seen, users: np.ndarray) -> Seen:
@@ -119,7 +119,7 @@ def users_subset(seen: Seen, users: np.ndarray) -> Seen:
     offsets = np.zeros(len(users) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     rows = np.repeat(seen.offsets[users] - offsets[:-1], lengths) + np.arange(offsets[-1])
-    return Seen(offsets, seen.items[rows], seen.weights[rows])
+    return Seen(offsets, seen.items[rows], seen.weights[rows], None if seen.ids is None else seen.ids[users])
 
 
 def measure(
@@ -151,8 +151,10 @@ def evaluate(
     settings: RecsJobSettings,
     seed: int = 0,
     max_users: int = MAX_USERS,
+    own: OwnTowers | None = None,
 ) -> RecsQuality:
-    """Every model trained on the split's training part and measured on its held-out items."""
+    """Every model trained on the split's training part and measured on its held-out items
+    (the towers model, `own`, is the user's, trained elsewhere: it is measured as it is)."""
     items = len(item_vectors)
     train, targets, split = hold_out_last(good, seed)
     evaluated = np.flatnonzero(targets >= 0)
@@ -164,7 +166,7 @@ def evaluate(
     counts = np.bincount(train.items, minlength=items).astype(np.float32)
     prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
     model = resolve(settings.model, items)
-    published = train_towers(model, train, item_vectors, settings)
+    published = train_towers(model, train, item_vectors, settings, own)
     candidates: dict[str, tuple[Towers | None, np.ndarray | None]] = {
         "published": (published, prior),
         "most_popular": (None, counts),
@@ -174,7 +176,7 @@ def evaluate(
         candidates["itemknn"] = (train_towers("itemknn", train, item_vectors, no_content), None)
     candidates["content"] = (train_towers("content", train, item_vectors, settings), prior)
     if isinstance(published, BlendTowers) and published.content is not None:
-        # The hybrid's own collaborative part, at its scale: the same model, not trained twice.
+        # The hybrid's collaborative (or own towers) part, at its scale: the same model, not trained twice.
         alone = BlendTowers(published.collaborative, None, 0, published.scale)
         candidates["collaborative"] = (alone, prior)
     return RecsQuality(

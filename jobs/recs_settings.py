@@ -21,8 +21,9 @@ class RecsJobSettings(BaseSettings):
     stay within Redis's 64-byte listpack value limit, which keeps the per-user hash compact;
     past that (product pages show 20-50 and rerank) the bucket holding it becomes a hash table."""
 
-    model: Literal["auto", "content", "itemknn", "ease", "als"] = "auto"
-    """jobs/recs_models.py. auto: EASE where the catalogue is small enough for it, else ALS."""
+    model: Literal["auto", "content", "itemknn", "ease", "als", "towers"] = "auto"
+    """jobs/recs_models.py. auto: EASE where the catalogue is small enough for it, else ALS.
+    towers: the pipeline's own two-tower model (its `towers` table)."""
 
     content_weight: float = Field(0.1, ge=0)
     """The hybrid: a collaborative model's score (in units of the users' median best score) plus

@@ -56,6 +56,11 @@ def summary(report: dict) -> str:
     embeddings, labels, recs = (report["outputs"][o] for o in ("embeddings", "labels", "recs"))
     quality = recs["validation"]
     models = quality["models"]
+    baselines = " and ".join(
+        f"{label}'s {models[name]['ndcg']:.3f}"
+        for name, label in (("itemknn", "item-kNN"), ("most_popular", "most-popular"))
+        if name in models  # item-kNN is left out past 20,000 items
+    )
     return (
         f"embeddings {embeddings['version']}: {embeddings['rows']} rows, {embeddings['rejects']} rejected, "
         f"{embeddings['reused']} reused, {embeddings['computed']} computed, "
@@ -65,8 +70,7 @@ def summary(report: dict) -> str:
         + ", ".join(f"{g['precision']} {g['agreement']:.3f}" for g in labels["gate"])
         + ")\n"
         f"recs       {recs['version']}: {recs['users']} users, {quality['published']}: held-out "
-        f"NDCG@{quality['k']} {models['published']['ndcg']:.3f} against item-kNN's "
-        f"{models['itemknn']['ndcg']:.3f} and most-popular's {models['most_popular']['ndcg']:.3f}"
+        f"NDCG@{quality['k']} {models['published']['ndcg']:.3f} against {baselines}"
     )
 
 

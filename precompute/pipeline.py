@@ -45,6 +45,7 @@ from models.reference_texts import TextSample
 from models.settings import EngineSettings, Precision
 from models.source import BUNDLED_PACKAGE, ModelSource, Pooling, package_folder, read_classifier, read_encoder
 from models.text_columns import TEXT_TYPES
+from models.towers import TowerSession, TowersSpec, column_problem, same_dim
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 
@@ -195,8 +196,12 @@ class RecsOutput(Spec):
     items: str
     """The embeddings output whose vectors are the item tower (recommended from this run's version)."""
     k: int = Field(10, ge=1, le=100)
-    model: Literal["auto", "content", "itemknn", "ease", "als"] = "auto"
-    """jobs/recs_models.py; auto: EASE where the catalogue fits it, else ALS."""
+    model: Literal["auto", "content", "itemknn", "ease", "als", "towers"] = "auto"
+    """jobs/recs_models.py; auto: EASE where the catalogue fits it, else ALS; towers: `towers`."""
+    towers: TowersSpec | None = None
+    """The user's own two-tower model (models/towers.py): two ONNX files and their features
+    Parquets, e.g. { user = "user.onnx", item = "item.onnx", users = { path = "users.parquet",
+    id = "user_id" }, items = { path = "items.parquet", id = "item_id" } }."""
     content_weight: float = Field(0.1, ge=0)
     """A collaborative model plus this times the content cosine (the hybrid); 0: collaborative only."""
     popularity_weight: float = Field(0.4, ge=0)
@@ -205,6 +210,12 @@ class RecsOutput(Spec):
     on the same split (jobs/recs_quality.py)."""
     store: str | None = Field(None, pattern=NAME)
     keep_versions: int = Field(2, ge=0)
+
+    @model_validator(mode="after")
+    def _towers_with_model(self) -> RecsOutput:
+        if (self.model == "towers") != (self.towers is not None):
+            raise ValueError('model = "towers" and the towers table go together')
+        return self
 
 
 Output = Annotated[EmbeddingsOutput | LabelsOutput | RecsOutput, Field(discriminator="kind")]
@@ -274,6 +285,8 @@ class Pipeline(Spec):
             if output.kind == "recs" and self.outputs[output.items].kind != "embeddings":
                 raise self.error(name, "items", f"output {output.items!r} is not of kind embeddings")
             self._check_input(name, output)
+            if output.kind == "recs" and output.towers is not None:
+                self._check_towers(name, output.towers)
         self.sources  # noqa: B018 - reads every model folder, raising on the first bad one
 
     def _check_input(self, name: str, output: Any) -> None:
@@ -307,6 +320,43 @@ class Pipeline(Spec):
                 raise self.error(
                     name, f"input.{field}", f"column {column!r} of {spec.path} is {kind}, not {expected}"
                 )
+
+    def _check_towers(self, name: str, towers: TowersSpec) -> None:
+        """Both graphs run here and return one dim; each features file has the id column and a
+        column of the right type for every input of its tower."""
+        sessions = {}
+        for tower in ("user", "item"):
+            try:
+                sessions[tower] = TowerSession(Path(getattr(towers, tower)).read_bytes())
+            except OSError as e:
+                raise self.error(
+                    name, f"towers.{tower}", f"cannot read {getattr(towers, tower)} ({e.strerror})"
+                ) from None
+            except ModelError as e:
+                raise self.error(name, f"towers.{tower}", f"{getattr(towers, tower)}: {e}") from None
+        try:
+            same_dim(sessions["user"], sessions["item"])
+        except ModelError as e:
+            raise self.error(name, "towers", str(e)) from None
+        for tower, features in (("user", towers.users), ("item", towers.items)):
+            field = f"towers.{tower}s"
+            try:
+                schema = pads.dataset(features.path, format="parquet").schema
+            except (OSError, pa.ArrowException) as e:
+                raise self.error(
+                    name, f"{field}.path", f"cannot read Parquet at {features.path} ({e})"
+                ) from None
+            for column in [features.id, *(i.name for i in sessions[tower].inputs)]:
+                if column not in schema.names:
+                    raise self.error(
+                        name,
+                        field,
+                        f"column {column!r} (the {tower} tower's input or id) is not in {features.path} "
+                        f"(it has {', '.join(schema.names)})",
+                    )
+            for input_ in sessions[tower].inputs:
+                if problem := column_problem(schema.field(input_.name).type, input_):
+                    raise self.error(name, field, f"column {input_.name!r} of {features.path} {problem}")
 
     # How each output's spec becomes the settings its job, engine and store take: the file's
     # fields over the machine-wide PRECOMPUTE_* settings (`base`, read from the environment).
@@ -376,11 +426,18 @@ def _resolved(data: dict[str, Any], base: Path) -> dict[str, Any]:
     for output in (data.get("outputs") or {}).values():
         if not isinstance(output, dict):
             continue
-        for field in ("input", "model", "classifier"):
-            spec = output.get(field)
-            if isinstance(spec, dict) and isinstance(spec.get("path"), str):
-                if "://" not in spec["path"] and not Path(spec["path"]).is_absolute():
-                    spec["path"] = str(base / spec["path"])
+        towers = output.get("towers") if isinstance(output.get("towers"), dict) else {}
+        files = [(output.get(field), "path") for field in ("input", "model", "classifier")]
+        files += [
+            (towers, "user"),
+            (towers, "item"),
+            (towers.get("users"), "path"),
+            (towers.get("items"), "path"),
+        ]
+        for spec, key in files:
+            if isinstance(spec, dict) and isinstance(spec.get(key), str):
+                if "://" not in spec[key] and not Path(spec[key]).is_absolute():
+                    spec[key] = str(base / spec[key])
     return data
 
 

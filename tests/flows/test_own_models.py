@@ -1,11 +1,14 @@
 """Two models per kind from one pipeline file, end to end: the bundled encoder next to a tiny random
-32-d one, a label head trained on the corpus next to a classifier folder. The nightly flow publishes
-all four, the service answers each by name with its own model, `precompute status` lists each."""
+32-d one, a label head trained on the corpus next to a classifier folder, and recommendations from
+a user's own two towers (ONNX files over features Parquets). The nightly flow publishes all five,
+the service answers each by name with its own model, `precompute status` lists each."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
@@ -18,7 +21,7 @@ from precompute.pipeline import load_pipeline
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
-from tests.models.tiny import HIDDEN, LABELS, tiny_classifier, tiny_encoder
+from tests.models.tiny import HIDDEN, LABELS, tiny_classifier, tiny_encoder, tiny_towers
 
 PIPELINE = """
 [outputs.minilm]
@@ -46,7 +49,49 @@ input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
 classifier = {{ path = "{classifier}" }}
 top = 2
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
+
+[outputs.picks]
+kind = "recs"
+input = {{ path = "{interactions}" }}
+items = "tiny"
+model = "towers"
+towers = {{ user = "towers/user.onnx", item = "towers/item.onnx", users = {{ path = "users.parquet" }}, items = {{ path = "items.parquet" }} }}
+# Random towers: the popularity prior ranks, so the quality gate has something to pass.
+popularity_weight = 5.0
+min_lift = 0.5
 """
+
+
+def behaviour(corpus: Path, folder: Path) -> Path:
+    """Interactions skewed to the first items (so most-popular has signal), and each user's and
+    item's features for the tiny towers."""
+    ids = [r["id"] for r in pq.read_table(corpus).to_pylist() if r["id"] not in (None, "dup", "empty-text")]
+    rng = np.random.default_rng(5)
+    users = [f"user{n}" for n in range(60)]
+    rows = [
+        {"user_id": user, "item_id": ids[int(i)], "timestamp": t}
+        for user in users
+        for t, i in enumerate(np.unique(np.minimum(rng.zipf(1.5, size=6), len(ids)) - 1))
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "interactions.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "id": users,
+                "age": rng.uniform(18, 80, len(users)),
+                "taste": rng.normal(size=(len(users), 8)).tolist(),
+            }
+        ),
+        folder / "users.parquet",
+    )
+    pq.write_table(
+        pa.table(
+            {"id": ids, "category": rng.integers(0, 10, len(ids)), "price": rng.uniform(1, 100, len(ids))}
+        ),
+        folder / "items.parquet",
+    )
+    tiny_towers(folder / "towers")
+    return folder / "interactions.parquet"
 
 
 @pytest.fixture
@@ -59,6 +104,7 @@ def pipeline_file(
             corpus=small_corpus,
             encoder=tiny_encoder(tmp_path / "tiny-encoder", "bert"),
             classifier=tiny_classifier(tmp_path / "tiny-classifier"),
+            interactions=behaviour(small_corpus, tmp_path),
         )
     )
     env = {
@@ -85,7 +131,11 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         "tiny": "embeddings",
         "sections": "labels",
         "topics": "labels",
+        "picks": "recs",
     }
+    assert outputs["picks"]["towers"]["precision"] in ("int8", "fp32")
+    assert outputs["picks"]["towers"]["users_without_features"] == 0
+    assert outputs["picks"]["validation"]["published"] == "towers+content"
     assert outputs["minilm"]["computed"] == outputs["tiny"]["computed"] == 200
 
     pipeline = load_pipeline(pipeline_file)
@@ -93,7 +143,8 @@ def test_two_models_per_kind_are_published_and_served_by_name(
     assert {name: s.current for name, s in listed.items()} == {
         name: outputs[name]["version"] for name in outputs
     }
-    assert all(s.versions[-1].count == 200 for s in listed.values())
+    assert all(s.versions[-1].count == 200 for name, s in listed.items() if name != "picks")
+    assert listed["picks"].versions[-1].count == 60
 
     rows = [r for r in pq.read_table(small_corpus).to_pylist() if r["id"] not in (None, "dup")][:200]
     sections = {r["section"] for r in rows}
@@ -115,6 +166,9 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         theirs = client.get(f"/v1/labels/topics/{target['id']}").json()
         assert {label["label"] for label in theirs["labels"]} <= set(LABELS) and len(theirs["labels"]) == 2
         assert client.get("/v1/labels/nope/x").status_code == 404
+        picks = client.get("/v1/recs/picks/user0")
+        assert picks.status_code == 200, picks.text
+        assert len(picks.json()["items"]) == 10
 
     for name, dim in (("minilm", 384), ("tiny", HIDDEN)):
         with open_vector_store(pipeline.vector_settings(name, VectorStoreSettings())) as store:

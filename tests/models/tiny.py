@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -93,3 +94,61 @@ def tiny_classifier(folder: Path, multi_label: bool = False) -> Path:
         problem_type="multi_label_classification" if multi_label else "single_label_classification",
     )
     return _save(AutoModelForSequenceClassification.from_config(config), folder)
+
+
+TOWER_DIM = 16
+
+
+class _UserTower(torch.nn.Module):
+    """age [batch] and taste [batch, 8] (floats) -> [batch, TOWER_DIM]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(9, 32), torch.nn.ReLU(), torch.nn.Linear(32, TOWER_DIM)
+        )
+
+    def forward(self, age: torch.Tensor, taste: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([age.unsqueeze(1) / 50, taste], dim=1))
+
+
+class _ItemTower(torch.nn.Module):
+    """category [batch] (an id into an embedding table) and price [batch] -> [batch, TOWER_DIM]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.category = torch.nn.Embedding(10, 8)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(9, 32), torch.nn.ReLU(), torch.nn.Linear(32, TOWER_DIM)
+        )
+
+    def forward(self, category: torch.Tensor, price: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.category(category), price.unsqueeze(1) / 100], dim=1))
+
+
+def tiny_towers(folder: Path) -> tuple[Path, Path]:
+    """(user.onnx, item.onnx): random-initialised towers over the features users_features() and
+    items_features() write, exported as a user's own model would be (nn.Linear as Gemm)."""
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    examples = {
+        "user": (_UserTower(), (torch.ones(2), torch.ones(2, 8)), ["age", "taste"]),
+        "item": (_ItemTower(), (torch.ones(2, dtype=torch.int64), torch.ones(2)), ["category", "price"]),
+    }
+    paths = []
+    for name, (module, example, inputs) in examples.items():
+        path = folder / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the legacy exporter announces its deprecation
+            torch.onnx.export(
+                module.eval(),
+                example,
+                str(path),
+                input_names=inputs,
+                output_names=["vector"],
+                dynamic_axes={**{i: {0: "batch"} for i in inputs}, "vector": {0: "batch"}},
+                opset_version=17,
+                dynamo=False,
+            )
+        paths.append(path)
+    return paths[0], paths[1]

@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from jobs.recs_settings import DEMO_INTERACTIONS
 from models.settings import DEMO_CORPUS
 from precompute.cli import app
 from precompute.pipeline import PipelineError, load_pipeline, schema
-from tests.models.tiny import tiny_encoder
+from tests.models.tiny import tiny_encoder, tiny_towers
 
 CORPUS = f'input = {{ path = "{DEMO_CORPUS}" }}'
 
@@ -158,3 +159,86 @@ def test_check_prints_the_plan_and_refuses_a_bad_file_with_exit_code_2(tmp_path:
     result = runner.invoke(app, ["check", "--pipeline", str(bad)])
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {bad}: outputs.docs.keep: unknown key"
+
+
+def towers_pipeline(tmp_path: Path, towers: str, model: str = "towers") -> Path:
+    """A recs output over the demo's interactions with towers in tmp_path (relative paths)."""
+    user, item = tiny_towers(tmp_path)
+    assert (user.name, item.name) == ("user.onnx", "item.onnx")
+    pq.write_table(
+        pa.table({"user_id": ["u"], "age": [30.0], "taste": [[0.1] * 8]}), tmp_path / "users.parquet"
+    )
+    pq.write_table(pa.table({"item_id": ["i"], "category": [1], "price": [9.5]}), tmp_path / "items.parquet")
+    return write(
+        tmp_path,
+        f'[outputs.embeddings]\nkind = "embeddings"\n{CORPUS}\n'
+        f'[outputs.recs]\nkind = "recs"\ninput = {{ path = "{DEMO_INTERACTIONS}" }}\nitems = "embeddings"\n'
+        f'model = "{model}"\ntowers = {towers}\n',
+    )
+
+
+TOWERS = (
+    '{ user = "user.onnx", item = "item.onnx", users = { path = "users.parquet", id = "user_id" }, '
+    'items = { path = "items.parquet", id = "item_id" } }'
+)
+
+
+def test_a_users_own_towers_are_read_relative_to_the_file_and_checked(tmp_path: Path) -> None:
+    pipeline = load_pipeline(towers_pipeline(tmp_path, TOWERS))
+    pipeline.check()
+    towers = pipeline.outputs["recs"].towers
+    assert towers is not None
+    assert (towers.user, towers.users.path) == (str(tmp_path / "user.onnx"), str(tmp_path / "users.parquet"))
+    assert pipeline.outputs["recs"].input.user == "user_id"  # column names stay names
+    assert pipeline.recs_settings("recs").model == "towers"
+
+
+@pytest.mark.parametrize(
+    ("towers", "model", "where", "message"),
+    [
+        (TOWERS, "auto", "outputs.recs", 'model = "towers" and the towers table go together'),
+        (
+            TOWERS.replace('id = "user_id"', 'id = "uid"'),
+            "towers",
+            "outputs.recs.towers.users",
+            "column 'uid'",
+        ),
+        (
+            TOWERS.replace("users.parquet", "items.parquet"),
+            "towers",
+            "outputs.recs.towers.users",
+            "column 'user_id'",
+        ),
+        (
+            TOWERS.replace('user = "user.onnx"', 'user = "users.parquet"'),
+            "towers",
+            "outputs.recs.towers.user",
+            "users.parquet: not a graph",
+        ),
+        (
+            TOWERS.replace('user = "user.onnx"', 'user = "none.onnx"'),
+            "towers",
+            "outputs.recs.towers.user",
+            "cannot read",
+        ),
+    ],
+)
+def test_towers_that_could_not_run_are_refused_in_one_line(
+    towers: str, model: str, where: str, message: str, tmp_path: Path
+) -> None:
+    path = towers_pipeline(tmp_path, towers, model)
+    with pytest.raises(PipelineError) as raised:
+        load_pipeline(path).check()
+    line = str(raised.value)
+    assert line.startswith(f"{path}: {where}") and message in line and "\n" not in line
+
+
+def test_a_feature_column_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    path = towers_pipeline(tmp_path, TOWERS)
+    pq.write_table(
+        pa.table({"user_id": ["u"], "age": ["old"], "taste": [[0.1] * 8]}), tmp_path / "users.parquet"
+    )
+    with pytest.raises(
+        PipelineError, match=r"outputs\.recs\.towers\.users: column 'age' of .* is string, not numbers"
+    ):
+        load_pipeline(path).check()
