@@ -3,23 +3,27 @@
 
 Every output of the pipeline file is served under its name (`POST /v1/search/{name}`,
 `GET /v1/labels/{name}/{id}`, `GET /v1/recs/{name}/{id}`, `POST /v1/labels/{name}:batchGet`, ...);
-the unnamed routes answer from the first output of each kind. Search embeds the query on
-the request's thread (about 1-2 ms for a short query with the INT8 engine) and searches the
-published version; the store readers follow the version pointers, so a new publication is
-served without a restart. An unnamed route's id that starts with an output's name and a `/`
+the unnamed routes answer from the first output of each kind. A search is answered from the
+query cache (lookup/query_cache.py) on the event loop, else embeds the query (about 1-2 ms
+for a short query with the INT8 engine) and searches the published version on a search
+thread, at most one per core, so key lookups never wait behind an embedding. The store
+readers follow the version pointers, so a new publication is served without a restart. An unnamed route's id that starts with an output's name and a `/`
 reaches that output: such ids are read through the named route.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,6 +33,7 @@ from lookup.errors import Refused, error, unavailable, validated_body
 from lookup.keys import LABELS, RECS, Handler, KeyLookups
 from lookup.metrics import Metrics
 from lookup.openapi import openapi_document
+from lookup.query_cache import QueryCache
 from lookup.search import Encoders, FilterError, Searcher, SearchRequest
 from lookup.settings import ServiceSettings
 from models import EngineSettings, InvalidInputError
@@ -37,7 +42,7 @@ from stores.errors import StoreUnavailableError, VersionNotFoundError
 from stores.key_value_reader import KeyValueReader
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store, version_age
+from stores.vectors import Hit, open_vector_store, version_age
 
 log = logging.getLogger("lookup")
 
@@ -60,17 +65,23 @@ class Service:
         self.store_settings = stores
         self.redis_settings = redis
         self.metrics = Metrics()
+        cache_bytes = int(settings.query_cache_mb * 2**20)
+        self.answers = QueryCache[bytes]("answers", cache_bytes, len, self.metrics)
+        self.vectors = QueryCache[np.ndarray]("vectors", cache_bytes, lambda v: v.nbytes, self.metrics)
+        self.search_threads: anyio.CapacityLimiter | None = None
+        """Searches embedding at once: one per core (made in lifespan: it needs the event loop)."""
         self.searchers: dict[str, Searcher] = {}
         """Embeddings outputs by name; empty until warm."""
         self.keys = KeyLookups(settings, self.metrics, pipeline)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.search_threads = anyio.CapacityLimiter(len(os.sched_getaffinity(0)))
         searchers = {}
         for name in self.pipeline.of_kind("embeddings"):
             store = open_vector_store(self.pipeline.vector_settings(name, self.store_settings))
             engine = self.pipeline.engine_settings(name, self.engine_settings)
-            searcher = Searcher(name, store, self.encoders, engine)
+            searcher = Searcher(name, store, self.encoders, engine, self.vectors)
             await anyio.to_thread.run_sync(searcher.warm, self.settings.warmup_queries)
             searchers[name] = searcher
         self.searchers = searchers
@@ -121,8 +132,16 @@ class Service:
         searcher = self.searchers.get(name)
         if searcher is None:
             return error(503, "warming up", headers={"Retry-After": "1"})
+        key = (req.query, req.k, filter_key(req.filter))
         try:
-            version, hits = await searcher.search(req.query, req.k, req.filter)
+            version = searcher.store.serving()
+            body = self.answers.get_answer(name, version, key)
+            if body is None:
+                hits = await anyio.to_thread.run_sync(
+                    searcher.search, version, req.query, req.k, req.filter, limiter=self.search_threads
+                )
+                body = answer_body(version, hits)
+                self.answers.put_answer(name, version, key, body)
         except InvalidInputError as e:
             return error(422, e.reason, field="query")
         except FilterError as e:
@@ -134,9 +153,7 @@ class Service:
             searcher.health.failed(e)
             return unavailable("vector store", e)
         searcher.health.ok()
-        return JSONResponse(
-            {"version": version, "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits]}
-        )
+        return Response(body, media_type="application/json")
 
     async def healthz(self, request: Request) -> Response:
         """The process is alive."""
@@ -175,7 +192,7 @@ class Service:
         return JSONResponse({"status": "ready", "versions": versions, "engines": engines})
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     def timed(self, route: str, handler: Handler) -> Handler:
         """Latency histogram per route, and optional bearer-token auth on /v1/*."""
@@ -200,6 +217,20 @@ class Service:
 
         wrapped.__doc__ = handler.__doc__
         return wrapped
+
+
+def filter_key(filter: dict[str, str | int | bool] | None) -> tuple[tuple[str, str, object], ...]:
+    """A filter as part of a cache key: True and 1 are equal in Python, not in a payload."""
+    return tuple(sorted((key, type(value).__name__, value) for key, value in (filter or {}).items()))
+
+
+def answer_body(version: str, hits: list[Hit]) -> bytes:
+    return json.dumps(
+        {"version": version, "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits]},
+        ensure_ascii=False,
+        allow_nan=False,
+        separators=(",", ":"),
+    ).encode()
 
 
 def create_app(
@@ -250,4 +281,6 @@ def create_app(
         return JSONResponse(document)
 
     routes.append(Route("/openapi.json", openapi, include_in_schema=False))
-    return Starlette(routes=routes, lifespan=service.lifespan)
+    app = Starlette(routes=routes, lifespan=service.lifespan)
+    app.state.service = service
+    return app

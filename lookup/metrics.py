@@ -1,8 +1,20 @@
-"""Prometheus metrics: sub-millisecond latency buckets, store errors, version age."""
+"""Prometheus metrics: sub-millisecond latency buckets, store errors, version age, the query caches.
+
+With several worker processes (ServiceSettings.workers), `precompute serve` sets
+PROMETHEUS_MULTIPROC_DIR before the workers start: prometheus_client then keeps each process's
+values in files there, and /metrics, whichever worker answers it, sums the counters and
+histograms of all of them (gauges: the largest version age, the summed cache bytes of live
+workers).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 
@@ -25,4 +37,26 @@ class Metrics:
             "Age of the version being served",
             ["output"],
             registry=self.registry,
+            multiprocess_mode="max",
         )
+        self.query_cache = Counter(
+            "precompute_query_cache",
+            "Lookups in the search path's caches (lookup/query_cache.py)",
+            ["cache", "result"],
+            registry=self.registry,
+        )
+        self.query_cache_bytes = Gauge(
+            "precompute_query_cache_bytes",
+            "Bytes held by each query cache",
+            ["cache"],
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+
+    def exposition(self) -> bytes:
+        """The text /metrics answers: every worker's values when there are several."""
+        if MULTIPROCESS_DIR not in os.environ:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from typing import Annotated
 
-import anyio
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from lookup.outages import StoreHealth
+from lookup.query_cache import QueryCache
 from models import Encoder, EngineSettings, load_encoder
 from models.reference_texts import TextSample
 from models.source import ModelSource
@@ -84,18 +85,27 @@ class Encoders:
 class Searcher:
     """One embeddings output: its store, and the encoder of whichever version it serves."""
 
-    def __init__(self, name: str, store: VectorStore, encoders: Encoders, engine: EngineSettings) -> None:
+    def __init__(
+        self,
+        name: str,
+        store: VectorStore,
+        encoders: Encoders,
+        engine: EngineSettings,
+        vectors: QueryCache[np.ndarray],
+    ) -> None:
         self.health = StoreHealth(f"vector store of {name}")
         self.store = store
         self.encoders = encoders
+        self.vectors = vectors
         self.engine = engine
         """The output's engine as the pipeline file states it: a version's own model replaces its model."""
-        self._engines: dict[str, EngineSettings] = {}
-        self._payloads: dict[str, dict[str, str] | None] = {}
+        self._versions: dict[str, tuple[EngineSettings, dict[str, str] | None]] = {}
+        """The served version's engine and payload fields, replaced whole (search threads read it)."""
 
-    def engine_of(self, version: str) -> EngineSettings:
-        engine = self._engines.get(version)
-        if engine is None:
+    def served(self, version: str) -> tuple[EngineSettings, dict[str, str] | None]:
+        """(the engine of the model that made `version`, its payload's field types)."""
+        known = self._versions.get(version)
+        if known is None:
             meta = self.store.meta(version)
             engine = self.engine
             if "model" in meta:  # else written without one (by hand): the file's model
@@ -103,15 +113,17 @@ class Searcher:
                 engine = engine.model_copy(
                     update={"model": model, "reference": TextSample.model_validate(meta["reference"])}
                 )
-            self._engines = {version: engine}  # one version is served at a time
-            self._payloads = {version: meta.get("payload")}
-        return engine
+            known = (engine, meta.get("payload"))
+            self._versions = {version: known}  # one version is served at a time
+        return known
+
+    def engine_of(self, version: str) -> EngineSettings:
+        return self.served(version)[0]
 
     def check_filter(self, version: str, filter: Filter) -> None:
         """Raise FilterError unless each key is a field of the version's payload, with a value of
         its type: a filter on a field that does not exist would match nothing, silently."""
-        self.engine_of(version)
-        fields = self._payloads[version]
+        fields = self.served(version)[1]
         if fields is None:  # a version written without its payload's schema
             return
         for key, value in filter.items():
@@ -134,14 +146,16 @@ class Searcher:
         """Blocking on a model's first query: the engine loads (from the cache, or built)."""
         return self.encoders.get(self.engine_of(version))
 
-    async def search(self, query: str, k: int, filter: Filter | None) -> tuple[str, list[Hit]]:
-        """(version searched, hits). Raises VersionNotFoundError, StoreUnavailableError,
-        InvalidInputError (the query), FilterError."""
-        version = self.store.serving()
-        encoder = self.encoder_for(version) if version in self._engines else None
-        if encoder is None:
-            encoder = await anyio.to_thread.run_sync(self.encoder_for, version)
+    def search(self, version: str, query: str, k: int, filter: Filter | None) -> list[Hit]:
+        """Hits of `version`, on a search thread (the event loop stays free for key lookups): the
+        version's encoder (loaded on a model's first query), the query's vector (cached), the
+        index. Raises VersionNotFoundError, StoreUnavailableError, InvalidInputError (the
+        query), FilterError."""
+        engine = self.engine_of(version)
         if filter:
             self.check_filter(version, filter)
-        vector = encoder.encode_query(query)
-        return version, self.store.search(vector, k, filter, version=version)
+        vector = self.vectors.get((engine.model.hash, query))
+        if vector is None:
+            vector = self.encoders.get(engine).encode_query(query)
+            self.vectors.put((engine.model.hash, query), vector)
+        return self.store.search(vector, k, filter, version=version)

@@ -31,12 +31,20 @@ class ServiceSettings(BaseSettings):
     its previous answer left, else the connection is closed; its body then within this again, else
     408. Idle, half-open and byte-at-a-time clients hold no socket for longer."""
 
+    workers: int = Field(1, ge=1, le=64)
+    """Processes serving the port, each with its own engine (about 100 MB) and store readers:
+    searches embed in parallel across them. bench capacity measures 1 and 2."""
+
     max_connections: int = Field(1000, ge=1)
     """Connections (and requests in flight) beyond this get 503 at once, before any work."""
 
     max_batch_ids: int = Field(500, ge=1)
     """Ids per batchGet: one pipeline of that many reads, and an answer about that many times
     a single one; larger batches hold the event loop (and Redis) longer for everyone else."""
+
+    query_cache_mb: float = Field(32.0, ge=0)
+    """Bytes of each of the two query caches (answers, query vectors; lookup/query_cache.py),
+    per worker process; 0 turns them off."""
 
     warmup_queries: int = Field(20, ge=1)
     """Dummy queries run before /readyz turns ready, so the first real query is not the slowest."""

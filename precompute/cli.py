@@ -274,6 +274,20 @@ def bench_lookup(
     main(tuple(rates or (500.0, 1000.0)), seconds)
 
 
+@bench_app.command("capacity")
+def bench_capacity(
+    rates: Annotated[
+        list[float] | None, typer.Option("--rate", min=1, help="Requests per second, in order (repeatable).")
+    ] = None,
+    seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per rate.")] = 5.0,
+) -> None:
+    """The service under 90% lookups and 10% searches, rate after rate, query cache off and on: the
+    highest rate at which lookups' p99 <= 2 ms and searches' p99 <= 10 ms, and wrk's ceiling."""
+    from bench.capacity import main
+
+    main(tuple(rates or (25.0, 50.0, 100.0, 200.0, 400.0)), seconds)
+
+
 @bench_app.command("scale")
 def bench_scale(
     rows: Annotated[

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -164,3 +166,44 @@ def test_bearer_token_guards_v1_only(encoder, settings, stores, redis, rows) -> 
         ok = client.post("/v1/search", json={"query": "editor"}, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_repeated_search_is_answered_from_the_cache_until_a_new_version(
+    client: TestClient, encoder, stores, rows
+) -> None:
+    service = client.app.state.service
+    query = {"query": rows[3]["title"], "k": 5, "filter": {"section": rows[3]["section"]}}
+    first = client.post("/v1/search", json=query)
+    again = client.post("/v1/search", json=query)
+    assert first.status_code == again.status_code == 200
+    assert again.content == first.content and first.json()["version"] == V1
+    assert (len(service.answers), len(service.vectors)) == (1, 1)
+    metrics = client.get("/metrics").text
+    assert 'precompute_query_cache_total{cache="answers",result="hit"} 1.0' in metrics
+    assert 'precompute_query_cache_bytes{cache="answers"}' in metrics
+
+    write_version(stores, V2, rows[:50], encoder)
+    newer = client.post("/v1/search", json=query).json()
+    assert newer["version"] == V2 and {h["id"] for h in newer["hits"]} <= {r["id"] for r in rows[:50]}
+    assert len(service.answers) == 1  # V1's answer died with V1; the vector (same model) is reused
+    assert 'cache="vectors",result="hit"} 1.0' in client.get("/metrics").text
+
+
+def test_a_filter_true_is_not_the_cached_answer_of_a_filter_1(client: TestClient) -> None:
+    assert client.post("/v1/search", json={"query": "editor", "filter": {"section": 1}}).status_code == 422
+    assert client.post("/v1/search", json={"query": "editor", "filter": {"section": True}}).status_code == 422
+
+
+def test_a_key_lookup_is_answered_while_a_search_is_embedding(client: TestClient) -> None:
+    service = client.app.state.service
+    with ThreadPoolExecutor(2) as pool:
+        with service.encoders._lock:  # the search's thread now waits inside its embedding
+            search = pool.submit(client.post, "/v1/search", json={"query": "a query nobody asked yet"})
+            deadline = time.monotonic() + 30
+            while service.search_threads.borrowed_tokens == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert service.search_threads.borrowed_tokens == 1
+            lookup = pool.submit(client.get, "/v1/labels/some-item")
+            assert lookup.result(timeout=30).status_code == 503  # answered: nothing published
+            assert not search.done()
+        assert search.result(timeout=30).status_code == 200
