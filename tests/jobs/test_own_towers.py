@@ -28,7 +28,7 @@ from models.towers import (
 )
 from precompute.pipeline import InteractionsInput
 from stores.records import decode_ranked
-from tests.jobs.test_recommend import ParquetSink
+from tests.jobs.recs_inputs import ParquetSink
 from tests.models.tiny import tiny_towers
 
 ITEMS, USERS, K = 40, 30, 5

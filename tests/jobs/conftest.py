@@ -1,0 +1,50 @@
+"""The recommendations job tests' inputs: real demo items and interactions, per module."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.content_cache import content_keys
+from jobs.recs_settings import DEMO_INTERACTIONS
+from jobs.recs_state import Items
+from models import Encoder
+from models.settings import DEMO_CORPUS
+from tests.jobs.recs_inputs import BAD_ROWS, ITEMS
+
+
+@pytest.fixture(scope="module")
+def items(encoder: Encoder) -> Items:
+    """The demo's most interacted-with packages, embedded from their real descriptions."""
+    counts = Counter(pq.read_table(DEMO_INTERACTIONS, columns=["item_id"])["item_id"].to_pylist())
+    ids = sorted(item for item, _ in counts.most_common(ITEMS))
+    corpus = {
+        row["id"]: row["text"] for row in pq.read_table(DEMO_CORPUS, columns=["id", "text"]).to_pylist()
+    }
+    texts = [corpus[i] for i in ids]
+    return Items(ids, encoder.encode(texts), content_keys("minilm", texts))
+
+
+@pytest.fixture(scope="module")
+def interactions(items: Items, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real interactions with those items, plus one row of each kind the contract rejects."""
+    ids = set(items.ids)
+    good = [row for row in pq.read_table(DEMO_INTERACTIONS).to_pylist() if row["item_id"] in ids]
+    path = tmp_path_factory.mktemp("interactions") / "interactions.parquet"
+    rows = good + BAD_ROWS
+    users = pa.array(
+        [u.encode() if isinstance(u, str) else u for u in (r["user_id"] for r in rows)], pa.binary()
+    )
+    table = pa.table(
+        {
+            "user_id": users.view(pa.string()),  # a string column holding one row of invalid UTF-8
+            "item_id": pa.array([r["item_id"] for r in rows], pa.string()),
+            "weight": pa.array([r["weight"] for r in rows], pa.float32()),
+        }
+    )
+    pq.write_table(table, path)
+    return path

@@ -1,0 +1,44 @@
+"""What the recommendations job tests share: the sink they write through, the rows the contract rejects."""
+
+from __future__ import annotations
+
+import math
+import sys
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from ray import cloudpickle
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import Datasink
+
+ITEMS = 60
+BAD_ROWS = [
+    {"user_id": None, "item_id": "emacsen-common", "weight": 1.0},
+    {"user_id": "u-null-item", "item_id": None, "weight": 1.0},
+    {"user_id": "u-nan", "item_id": "emacsen-common", "weight": math.nan},
+    {"user_id": "u-negative", "item_id": "emacsen-common", "weight": -1.0},
+    {"user_id": "u-unknown", "item_id": "no-such-package", "weight": 1.0},
+    {"user_id": "u-inf", "item_id": "emacsen-common", "weight": math.inf},
+    {"user_id": b"u-\xff", "item_id": "emacsen-common", "weight": 1.0},  # not UTF-8
+]
+
+
+class ParquetSink(Datasink[None]):
+    """Stands in for the Redis sink a flow passes: each block a Parquet part, read back by the test."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, blocks: Iterable[Block], ctx: Any) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        for block in blocks:
+            pq.write_table(
+                BlockAccessor.for_block(block).to_arrow(), self.path / f"{uuid.uuid4().hex}.parquet"
+            )
+
+
+# Ray's workers cannot import a test module: ship ParquetSink's code with it instead.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -1,0 +1,189 @@
+"""Incremental recommendation runs on real Ray: given the published version, only the users whose
+inputs moved are rescored and the store copies the rest. A module of their own, so that the two
+test processes run them beside the full-run tests (tests/jobs/test_recommend.py), not after them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.content_cache import content_keys
+from jobs.recommend import RECIPE, RecsJobReport, run_recs_job
+from jobs.recs_settings import RecsJobSettings
+from jobs.recs_state import CopyPlan, Items, Previous, model_fingerprint, plan
+from precompute.pipeline import InteractionsInput
+from stores.records import decode_ranked
+from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
+
+MODEL = "minilm"
+
+
+class Run(NamedTuple):
+    report: RecsJobReport
+    written: dict[str, bytes]
+    """What the job wrote through its sink: the rescored users' values."""
+    copy: CopyPlan | None
+
+
+def recs_run(
+    items: Items,
+    interactions: Path,
+    run_dir: Path,
+    previous: Previous | None = None,
+    model: str = "content",
+) -> Run:
+    plans: list[CopyPlan | None] = []
+    report = run_recs_job(
+        InteractionsInput(path=str(interactions)),
+        RecsJobSettings(users_per_block=256, model=model),
+        items,
+        ParquetSink(run_dir / "out"),
+        run_dir,
+        before_write=lambda users, copy: plans.append(copy),
+        items_model=MODEL,
+        previous=previous,
+    )
+    written = {}
+    if (run_dir / "out").exists():
+        table = pq.read_table(run_dir / "out")
+        written = dict(zip(table["id"].to_pylist(), table["value"].to_pylist(), strict=True))
+    return Run(report, written, plans[0])
+
+
+@pytest.fixture(scope="module")
+def published(ray_local, items: Items, interactions: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A full run whose version counts as published: the next runs copy from it."""
+    return recs_run(items, interactions, tmp_path_factory.mktemp("published"))
+
+
+def previous_of(published: Run, users: range = range(10**6)) -> Previous:
+    return Previous("20261124T030000Z-aaaaaa", Path(published.report.rejects_path).parent, users)
+
+
+def assert_same_values(got: dict[str, bytes], want: dict[str, bytes]) -> None:
+    """The same items in the same order, scores equal to fp16's precision: a block of 2 users
+    and one of 256 may sum the matrix product in another order."""
+    assert got.keys() == want.keys()
+    for user, value in got.items():
+        (indices, scores), (want_indices, want_scores) = decode_ranked(value), decode_ranked(want[user])
+        np.testing.assert_array_equal(indices, want_indices)
+        np.testing.assert_allclose(scores, want_scores, atol=2e-3)
+
+
+def good_rows(path: Path) -> list[dict[str, Any]]:
+    table = pq.read_table(path)
+    return table.slice(0, table.num_rows - len(BAD_ROWS)).to_pylist()
+
+
+def histories(path: Path) -> dict[str, list[str]]:
+    held: dict[str, list[str]] = {}
+    for row in good_rows(path):
+        held.setdefault(row["user_id"], []).append(row["item_id"])
+    return held
+
+
+def test_a_rerun_with_nothing_changed_copies_every_user(
+    items: Items, interactions: Path, published: Run, tmp_path: Path
+) -> None:
+    rerun = recs_run(items, interactions, tmp_path, previous_of(published))
+    assert (rerun.report.mode, rerun.report.rescored, rerun.report.copied) == (
+        "incremental",
+        0,
+        published.report.users,
+    )
+    assert rerun.report.mode_reason == "copied from 20261124T030000Z-aaaaaa"
+    assert rerun.copy == CopyPlan("20261124T030000Z-aaaaaa", [])
+    assert rerun.written == {}
+
+
+def test_changed_new_and_gone_users_are_rescored_or_deleted_and_no_one_else(
+    items: Items, interactions: Path, published: Run, tmp_path: Path
+) -> None:
+    held = histories(interactions)
+    changed, gone, *_ = (user for user, items_held in sorted(held.items()) if len(items_held) >= 3)
+    rows = good_rows(interactions)
+    first_of_changed = next(i for i, row in enumerate(rows) if row["user_id"] == changed)
+    rows = [row for i, row in enumerate(rows) if i != first_of_changed and row["user_id"] != gone]
+    rows += [{"user_id": "u-new", "item_id": item, "weight": 1.0} for item in items.ids[:2]]
+    moved = tmp_path / "interactions.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), moved)
+
+    rerun = recs_run(items, moved, tmp_path / "incremental", previous_of(published))
+    assert (rerun.report.mode, rerun.report.rescored) == ("incremental", 2)
+    assert rerun.report.copied == rerun.report.users - 2 == published.report.users - 1 - 1
+    assert rerun.copy == CopyPlan("20261124T030000Z-aaaaaa", [gone])
+    full = recs_run(items, moved, tmp_path / "full")
+    assert_same_values(rerun.written, {user: full.written[user] for user in (changed, "u-new")})
+
+
+def test_an_items_changed_text_rescores_exactly_the_users_who_hold_it(
+    items: Items, interactions: Path, published: Run, tmp_path: Path
+) -> None:
+    edited = len(items.ids) // 2
+    keys = [*items.keys]
+    keys[edited] = content_keys(MODEL, ["a new description"])[0]
+    vectors = items.vectors.copy()
+    vectors[edited] = vectors[edited - 1]
+    rerun = recs_run(Items(items.ids, vectors, keys), interactions, tmp_path, previous_of(published))
+    holders = {user for user, held in histories(interactions).items() if items.ids[edited] in held}
+    assert rerun.report.mode == "incremental" and 0 < len(holders) < rerun.report.users
+    assert set(rerun.written) == holders and rerun.report.rescored == len(holders)
+
+
+def test_users_past_what_the_published_buckets_hold_run_in_full(
+    items: Items, interactions: Path, published: Run, tmp_path: Path
+) -> None:
+    rerun = recs_run(items, interactions, tmp_path, previous_of(published, users=range(10)))
+    assert rerun.report.mode == "full" and rerun.copy is None
+    assert (
+        rerun.report.mode_reason
+        == f"{published.report.users} users outgrow the buckets of 20261124T030000Z-aaaaaa"
+    )
+    assert_same_values(rerun.written, published.written)
+
+
+def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Run, tmp_path: Path) -> None:
+    previous = previous_of(published)
+
+    def scoring(weight: float = 0.4) -> dict[str, object]:
+        return {"model": "content", "trained": None, "content_weight": None, "popularity_weight": weight}
+
+    def reason(items: Items = items, model: str = MODEL, k: int = 10, weight: float = 0.4) -> str:
+        planned = plan(model_fingerprint(model, k, scoring(weight), items.ids, RECIPE), items, previous)
+        return planned.reason if planned.mode == "full" else "incremental"
+
+    added = Items([*items.ids, "zzz-new"], items.vectors, [*items.keys, b"0" * 16])
+    removed = Items(items.ids[1:], items.vectors[1:], items.keys[1:])
+    assert reason() == "incremental"
+    assert reason(k=5) == "k changed from 10 to 5"
+    assert reason(weight=0.2) == "popularity_weight changed from 0.4 to 0.2"
+    assert reason(model="mpnet") == "items_model changed from 'minilm' to 'mpnet'"
+    assert reason(added) == "the items changed: 1 added, 0 removed"
+    assert reason(removed) == "the items changed: 0 added, 1 removed"
+    nothing = Previous(previous.version, tmp_path, previous.users)
+    assert plan(model_fingerprint(MODEL, 10, scoring(), items.ids, RECIPE), items, nothing).reason == (
+        "the published version 20261124T030000Z-aaaaaa left no recs state"
+    )
+
+
+def test_a_collaborative_model_copies_nobody_once_it_is_retrained(
+    items: Items, interactions: Path, tmp_path: Path
+) -> None:
+    """Retrained on other interactions, EASE's item tower moves: every user is rescored. On the
+    same interactions it is the same model, and the rerun copies everyone."""
+    first = recs_run(items, interactions, tmp_path / "first", model="ease")
+    assert first.report.users == len(first.written)
+    previous = Previous("20261124T030000Z-bbbbbb", tmp_path / "first", range(10**6))
+    same = recs_run(items, interactions, tmp_path / "same", previous, model="ease")
+    assert (same.report.mode, same.report.rescored) == ("incremental", 0)
+    rows = good_rows(interactions)[1:]
+    moved = tmp_path / "interactions.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), moved)
+    retrained = recs_run(items, moved, tmp_path / "retrained", previous, model="ease")
+    assert retrained.report.mode == "full"
+    assert retrained.report.mode_reason.startswith("trained changed from")
