@@ -7,8 +7,9 @@ the unnamed routes answer from the first output of each kind. A search is answer
 query cache (lookup/query_cache.py) on the event loop, else embeds the query (about 1-2 ms
 for a short query with the INT8 engine) and searches the published version on a search
 thread, at most one per core, so key lookups never wait behind an embedding. The store
-readers follow the version pointers, so a new publication is served without a restart. An unnamed route's id that starts with an output's name and a `/`
-reaches that output: such ids are read through the named route.
+readers follow the version pointers, so a new publication is served without a restart. An
+unnamed route's id that starts with an output's name and a `/` reaches that output: such ids
+are read through the named route.
 """
 
 from __future__ import annotations
