@@ -62,7 +62,7 @@ class Service:
         self.settings = settings
         self.pipeline = pipeline
         self.engine_settings = engine
-        self.encoders = Encoders()
+        self.encoders = Encoders(settings)
         self.store_settings = stores
         self.redis_settings = redis
         self.metrics = Metrics()
@@ -70,14 +70,16 @@ class Service:
         self.answers = QueryCache[bytes]("answers", cache_bytes, len, self.metrics)
         self.vectors = QueryCache[np.ndarray]("vectors", cache_bytes, lambda v: v.nbytes, self.metrics)
         self.search_threads: anyio.CapacityLimiter | None = None
-        """Searches embedding at once: one per core (made in lifespan: it needs the event loop)."""
+        """Searches at once: one per core, or a batch's rows per core where queries are batched
+        (their threads wait on the batcher). Made in lifespan: it needs the event loop."""
         self.searchers: dict[str, Searcher] = {}
         """Embeddings outputs by name; empty until warm."""
         self.keys = KeyLookups(settings, self.metrics, pipeline)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.search_threads = anyio.CapacityLimiter(len(os.sched_getaffinity(0)))
+        per_core = self.settings.query_batch_rows if self.encoders.batched(self.engine_settings) else 1
+        self.search_threads = anyio.CapacityLimiter(len(os.sched_getaffinity(0)) * per_core)
         searchers = {}
         for name in self.pipeline.of_kind("embeddings"):
             store = open_vector_store(self.pipeline.vector_settings(name, self.store_settings))

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 from pydantic_settings import BaseSettings
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from lookup.metrics import MULTIPROCESS_DIR
 from lookup.settings import ServiceSettings
@@ -30,8 +30,8 @@ from precompute.pipeline import Pipeline
 READY_TIMEOUT_S = 300
 
 
-class DeadlineH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on each request's head (request line and headers):
+class DeadlineHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (llhttp, in C) with a deadline on each request's head (request line and headers):
     uvicorn's keep-alive timeout (ServiceSettings.request_timeout_s), from the connection's
     opening or its previous answer.
 
@@ -94,7 +94,8 @@ def serve(settings: ServiceSettings, pipeline: Pipeline | None = None) -> None:
             workers=settings.workers,
             host=settings.host,
             port=settings.port,
-            http=DeadlineH11Protocol,
+            loop="uvloop",
+            http=DeadlineHttpProtocol,
             timeout_keep_alive=settings.request_timeout_s,  # type: ignore[arg-type]  # a float works: call_later
             limit_concurrency=settings.max_connections,
             log_level="warning",

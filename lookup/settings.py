@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -45,6 +47,17 @@ class ServiceSettings(BaseSettings):
     query_cache_mb: float = Field(32.0, ge=0)
     """Bytes of each of the two query caches (answers, query vectors; lookup/query_cache.py),
     per worker process; 0 turns them off."""
+
+    query_batch: Literal["auto", "on", "off"] = "auto"
+    """Micro-batching of queries that arrive together (lookup/query_batcher.py). auto: on where the
+    query engine runs on a GPU; on CPUs a batch cost more per query than a query alone
+    (`precompute bench query-engines`)."""
+
+    query_batch_rows: int = Field(8, ge=1, le=256)
+    """Queries per batch, at most; every batch has this many rows."""
+
+    query_batch_wait_ms: float = Field(1.0, ge=0, le=100)
+    """How long the first query of a batch waits for others to join."""
 
     warmup_queries: int = Field(20, ge=1)
     """Dummy queries run before /readyz turns ready, so the first real query is not the slowest."""

@@ -68,6 +68,21 @@ def precision_ladder(settings: EngineSettings, device: ConcreteDevice, backend: 
     return ladder[ladder.index(settings.precision) :]
 
 
+def peer_independent(settings: EngineSettings) -> EngineSettings:
+    """`settings` for an engine whose output for one row never depends on the other rows of its
+    batch, as micro-batched queries need: CPU INT8 is dynamic (activation scales per batch: a
+    query's vector moved by up to 0.03 per component beside other queries), so on CPUs FP32;
+    every GPU rung is static (Q/DQ, FP16, FP32)."""
+    if resolve_device(settings) != "cpu" or settings.precision == "fp32":
+        return settings
+    if settings.precision == "int8":
+        raise ModelError(
+            "precision='int8' on CPU is dynamic INT8, whose answers depend on batch peers; "
+            "batched queries need precision='fp32' (or auto)"
+        )
+    return settings.model_copy(update={"precision": "fp32"})
+
+
 def load_encoder(settings: EngineSettings | None = None) -> Encoder:
     """The fastest engine of `settings.model` for this machine that passes the accuracy gate."""
     settings = settings or EngineSettings()

@@ -288,6 +288,17 @@ def bench_capacity(
     main(tuple(rates or (25.0, 50.0, 100.0, 200.0, 400.0)), seconds)
 
 
+@bench_app.command("query-engines")
+def bench_query_engines(
+    queries: Annotated[int, typer.Option(min=16, help="Distinct demo titles embedded.")] = 400,
+) -> None:
+    """Which engine embeds the service's queries: dynamic INT8 one query a call, or FP32 and
+    static INT8 in fixed-shape batches (micro-batching); cost per query and bit-identity."""
+    from bench.query_engines import main
+
+    main(queries)
+
+
 @bench_app.command("scale")
 def bench_scale(
     rows: Annotated[

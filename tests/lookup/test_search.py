@@ -207,3 +207,16 @@ def test_a_key_lookup_is_answered_while_a_search_is_embedding(client: TestClient
             assert lookup.result(timeout=30).status_code == 503  # answered: nothing published
             assert not search.done()
         assert search.result(timeout=30).status_code == 200
+
+
+def test_batched_queries_are_embedded_by_a_static_engine(encoder, settings, stores, redis, rows) -> None:
+    write_version(stores, V1, rows, encoder)
+    app = create_app(ServiceSettings(warmup_queries=2, query_batch="on"), settings, stores, redis)
+    with TestClient(app) as client:
+        assert client.get("/readyz").json()["engines"] == {"embeddings": "onnxruntime/cpu/fp32"}
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(
+                pool.map(lambda r: client.post("/v1/search", json={"query": r["title"], "k": 3}), rows[:8])
+            )
+        for row, answer in zip(rows[:8], answers, strict=True):
+            assert answer.status_code == 200 and answer.json()["hits"][0]["id"] == row["id"]

@@ -1,0 +1,84 @@
+"""Micro-batched queries (lookup/query_batcher.py): a query's vector is the same alone and beside
+any peers, bit for bit, so no user's answer depends on another user's query."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from lookup.query_batcher import QueryBatcher
+from models import EngineSettings, load_encoder
+from models.engine import peer_independent
+from models.errors import InvalidInputError, ModelError
+from models.settings import DEMO_CORPUS
+
+ROWS = 8
+
+
+@pytest.fixture(scope="module")
+def batcher(settings: EngineSettings) -> Iterator[QueryBatcher]:
+    engine = peer_independent(settings).model_copy(update={"streams": 1, "batch_size": ROWS})
+    batcher = QueryBatcher(load_encoder(engine), ROWS, wait_s=0.0)
+    yield batcher
+    batcher.close()
+
+
+@pytest.fixture(scope="module")
+def titles() -> list[str]:
+    """Queries of several length buckets (titles and longer texts)."""
+    table = pq.read_table(DEMO_CORPUS, columns=["title", "text"]).slice(0, 12)
+    return table["title"].to_pylist() + [t[:300] for t in table["text"].to_pylist()]
+
+
+def test_the_batch_engine_is_static_on_cpu(settings: EngineSettings) -> None:
+    assert peer_independent(settings).precision == "fp32"  # CPU INT8 is dynamic
+    with pytest.raises(ModelError, match="depend on batch peers"):
+        peer_independent(settings.model_copy(update={"precision": "int8"}))
+
+
+def test_a_query_has_the_same_vector_alone_and_in_any_batch(batcher: QueryBatcher, titles: list[str]) -> None:
+    ids = [batcher.encoder.tokenizer.ids(t) for t in titles]
+    assert len({batcher.bucket(len(i)) for i in ids}) >= 2
+    alone = [batcher.encode_query(t) for t in titles]  # wait_s = 0: each query is a batch of one
+    for length in {batcher.bucket(len(i)) for i in ids}:
+        same = [k for k, i in enumerate(ids) if batcher.bucket(len(i)) == length]
+        for start in range(0, len(same), ROWS):
+            peers = same[start : start + ROWS]
+            together = batcher.embed([ids[k] for k in peers], length)
+            for row, k in enumerate(peers):
+                assert np.array_equal(together[row], alone[k]), titles[k]
+            reversed_ = batcher.embed([ids[k] for k in reversed(peers)], length)
+            assert np.array_equal(reversed_[::-1], together)
+
+
+def test_concurrent_searches_share_batches_and_get_their_own_vectors(
+    batcher: QueryBatcher, titles: list[str]
+) -> None:
+    alone = {t: batcher.encode_query(t) for t in titles}
+    batcher.wait_s = 0.5  # the first query waits for the others: they arrive together
+    calls = batcher.calls
+    start = threading.Barrier(len(titles))
+
+    def search(text: str) -> np.ndarray:
+        start.wait()
+        return batcher.encode_query(text)
+
+    try:
+        with ThreadPoolExecutor(len(titles)) as pool:
+            together = dict(zip(titles, pool.map(search, titles), strict=True))
+    finally:
+        batcher.wait_s = 0.0
+    assert batcher.calls - calls < len(titles)  # some calls embedded several queries
+    for text in titles:
+        assert np.array_equal(together[text], alone[text]), text
+
+
+def test_a_bad_query_fails_alone(batcher: QueryBatcher) -> None:
+    with pytest.raises(InvalidInputError):
+        batcher.encode_query(b"\xff\xfe")
+    assert batcher.encode_query("still serving").shape == (batcher.encoder.dim,)
