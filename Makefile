@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: demo test redis-server
+.PHONY: demo test redis-server test-tools
 
 $(BIN)/precompute: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version) if sys.version_info < (3, 11) else None'
@@ -17,9 +17,16 @@ $(BIN)/precompute: pyproject.toml
 redis-server:
 	@command -v redis-server >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server)
 
+# The tools tests check monitoring and infra with: Prometheus (promtool, a server, the Pushgateway),
+# docker-compose (config validation only) and Chromium (the run report's screenshot).
+TEST_TOOLS := promtool:prometheus prometheus-pushgateway:prometheus-pushgateway docker-compose:docker-compose chromium:chromium
+test-tools:
+	@missing="$(foreach t,$(TEST_TOOLS),$$(command -v $(firstword $(subst :, ,$(t))) >/dev/null || echo $(lastword $(subst :, ,$(t)))))"; \
+	if [ -n "$$(echo $$missing)" ]; then $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; fi
+
 demo: $(BIN)/precompute redis-server
 	$(BIN)/precompute demo
 
-test: $(BIN)/precompute redis-server
+test: $(BIN)/precompute redis-server test-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 --dist loadscope

@@ -32,6 +32,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from ray.data.datasource import Datasink
 
+from flows.run_metrics import publish_run_metrics
 from flows.validate import Validation, validate_version
 from jobs.content_cache import promote
 from jobs.embed import EmbedJobReport, run_embed_job
@@ -415,6 +416,7 @@ def one_run_at_a_time(work_dir: Path) -> Iterator[None]:
 
 def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> dict[str, Any]:
     engine, labels = EngineSettings(), LabelSettings()
+    started = time.time()
     run = new_version()
     outputs: dict[str, Any] = {}
     failed: dict[str, str] = {}
@@ -504,6 +506,10 @@ def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {run}")
+    finished = time.time()
+    publish_run_metrics(
+        report, spec.path.stem, finished - started, finished, job.work_dir, job.pushgateway_url
+    )
     print(json.dumps(report))
     if failed:
         raise RunFailedError(failed, path)

@@ -27,3 +27,7 @@ class JobSettings(BaseSettings):
     rows mean less padding and fewer calls (`bench pipeline` on the demo corpus: 0.74 of
     the bare engine's speed at 512, 0.82 at 2048), at the cost of a later first output and
     3 MB of vectors a call."""
+
+    pushgateway_url: str | None = None
+    """A Prometheus Pushgateway (http://host:9091) each run pushes its metrics to
+    (flows/run_metrics.py); they are written under `metrics/` in the work directory either way."""

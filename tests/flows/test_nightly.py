@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from flows.nightly import RunFailedError, nightly
 from stores.key_value import KeyValueStore
@@ -59,6 +60,13 @@ def records(output: str, version: str) -> dict[bytes, bytes]:
         }
 
 
+def run_metrics(environment: Path) -> dict[tuple[str, str], float]:
+    """The last run's metrics textfile (flows/run_metrics.py), by (name, output)."""
+    text = (environment / "work" / "metrics" / "nightly.prom").read_text()
+    families = text_string_to_metric_families(text)
+    return {(s.name, s.labels.get("output", "")): s.value for family in families for s in family.samples}
+
+
 def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     prefect_api,
     ray_local,
@@ -87,6 +95,15 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     with KeyValueStore(RedisSettings()) as store:
         assert store.current("labels") == labels["version"]
         assert store.current("recs") == recs["version"]
+    metrics = run_metrics(environment)
+    assert metrics[("precompute_run_success", "")] == 1
+    assert (
+        metrics[("precompute_output_rows", "embeddings")],
+        metrics[("precompute_output_rejects", "labels")],
+    ) == (
+        204,
+        4,
+    )
     longest = max(len(decode_ranked(value)[0]) for value in records("recs", recs["version"]).values())
     assert 10 < longest <= 100
 
@@ -118,6 +135,15 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     third = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
     assert list(third["failed"]) == ["labels"]
     assert third["failed"]["labels"].startswith("label: RejectRatioExceededError: 24 of 224 rows")
+    metrics = run_metrics(environment)
+    assert metrics[("precompute_run_success", "")] == 0
+    assert (
+        metrics[("precompute_output_published", "labels")],
+        metrics[("precompute_output_published", "recs")],
+    ) == (
+        0,
+        1,
+    )
     moved = third["outputs"]["recs"]
     assert (moved["mode"], moved["rescored"], moved["copied"]) == ("incremental", 1, recs["users"] - 2)
     before, after = records("recs", again["version"]), records("recs", moved["version"])
