@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from ray.data.datasource import Datasink
 
 from flows.run_metrics import publish_run_metrics
+from flows.run_page import render
 from flows.validate import Validation, validate_version
 from jobs.content_cache import promote
 from jobs.embed import EmbedJobReport, run_embed_job
@@ -505,7 +506,13 @@ def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> 
     path = report_path(job.work_dir, run)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
+    page = path.with_suffix(".html")
+    try:
+        page.write_text(render(report))
+    except Exception:  # a view of the JSON beside it: a bug here must not fail a run that published
+        log.exception("the run's page %s was not written", page)
     create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {run}")
+    create_link_artifact(page.as_uri(), link_text=f"run {run} report", key="nightly-run-page")
     finished = time.time()
     publish_run_metrics(
         report, spec.path.stem, finished - started, finished, job.work_dir, job.pushgateway_url

@@ -25,6 +25,13 @@ class GateResult:
     """Classifiers: share of texts whose top label is FP32's."""
     texts_from: str = ""
     """The input the held-out texts were drawn from."""
+    cosine_histogram: list[int] | None = None
+    """Texts per bin of COSINE_BINS (the first bin also holds everything below it): the run
+    report draws it, since a mean can hide a tail of poor texts."""
+
+
+COSINE_BINS = [round(0.9 + 0.005 * i, 3) for i in range(21)]
+"""Bin edges from 0.90 to 1.00."""
 
 
 def row_cosine(embeddings: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -51,6 +58,9 @@ def cosine_gate(
         mean_cosine=mean,
         min_cosine=worst,
         texts_from=texts_from,
+        cosine_histogram=np.histogram(np.clip(cosine, COSINE_BINS[0], COSINE_BINS[-1]), COSINE_BINS)[
+            0
+        ].tolist(),
     )
 
 

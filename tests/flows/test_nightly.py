@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,6 +67,18 @@ def run_metrics(environment: Path) -> dict[tuple[str, str], float]:
     text = (environment / "work" / "metrics" / "nightly.prom").read_text()
     families = text_string_to_metric_families(text)
     return {(s.name, s.labels.get("output", "")): s.value for family in families for s in family.samples}
+
+
+def screenshot(page: Path, png: Path) -> Path:
+    """The page as headless Chromium draws it (`make test` installs Debian's chromium)."""
+    chromium = shutil.which("chromium")
+    assert chromium is not None, "chromium is not on PATH: `make test` installs it"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1200,2400",
+         f"--screenshot={png}", page.as_uri()],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return png
 
 
 def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
@@ -144,6 +158,15 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
         0,
         1,
     )
+    page = environment / "work" / "reports" / f"{third['run']}.html"
+    html = page.read_text()
+    assert (
+        "1 output(s) failed" in html
+        and "RejectRatioExceededError" in html
+        and "Rejected rows by reason" in html
+    )
+    shot = screenshot(page, environment / "report.png")
+    assert shot.stat().st_size > 30_000  # drawn: a blank page is a few kB
     moved = third["outputs"]["recs"]
     assert (moved["mode"], moved["rescored"], moved["copied"]) == ("incremental", 1, recs["users"] - 2)
     before, after = records("recs", again["version"]), records("recs", moved["version"])
