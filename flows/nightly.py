@@ -35,6 +35,7 @@ from ray.data.datasource import Datasink
 from flows.run_metrics import publish_run_metrics
 from flows.run_page import render
 from flows.validate import Validation, validate_version
+from jobs import progress
 from jobs.content_cache import promote
 from jobs.embed import EmbedJobReport, run_embed_job
 from jobs.labels import LabelsJobReport, run_labels_job
@@ -179,7 +180,7 @@ def label(
         vocabulary,
         job.work_dir,
         lambda sink, run_dir, size: run_labels_job(
-            corpus, job, labels, engine, sink, run_dir, before_write=size, cache_dir=cache_dir
+            corpus, job, labels, engine, sink, run_dir, before_write=size, cache_dir=cache_dir, output=output
         ),
     )
     promote(cache_dir, Path(labelled.staged))
@@ -255,6 +256,7 @@ def recommend(
                 items_model=items_model,
                 previous=previous,
                 own=own,
+                output=output,
             )
         good = valid_interactions(interactions_table(interactions), items.ids)
         quality = evaluate(good, items.vectors, recs, own=own)
@@ -451,11 +453,13 @@ def run_outputs(spec: Pipeline, job: JobSettings, keep_versions: int | None) -> 
         start = time.perf_counter()
         staged = job.work_dir / "runs" / name / version / "embeddings"
         now_at("validate")
-        validation = validate(version, stores, staged, spec.outputs[name].min_recall)
+        with progress.stage(name, "check index"):
+            validation = validate(version, stores, staged, spec.outputs[name].min_recall)
         seconds["validate_version"] = round(time.perf_counter() - start, 2)
         start = time.perf_counter()
         now_at("publish")
-        publish(version, stores)
+        with progress.stage(name, "publish"):
+            publish(version, stores)
         seconds["publish"] = round(time.perf_counter() - start, 2)
         now_at("collect garbage")
         return embeddings_report(embedded, validation, collect_garbage(name, stores, job), seconds)

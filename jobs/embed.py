@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.actor import ActorHandle
 
+from jobs import progress
 from jobs.content_cache import KEY, join_previous, promote, uncached, with_content_keys
 from jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from jobs.ray_session import actor_pool, ray_session
@@ -52,8 +54,9 @@ class EmbedJobReport:
 class EmbedActor:
     """One engine per actor; it encodes only the rows the cache join left without a vector."""
 
-    def __init__(self, engine: EngineSettings) -> None:
+    def __init__(self, engine: EngineSettings, counter: ActorHandle | None = None) -> None:
         self.encoder = load_encoder(engine)
+        self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         missing = uncached(batch, EMBEDDING)
@@ -63,6 +66,7 @@ class EmbedActor:
         if missing.any():
             texts = batch["text"].to_pylist()
             vectors[missing] = self.encoder.encode([t for t, m in zip(texts, missing, strict=True) if m])
+        progress.add(self.counter, batch.num_rows)
         return (
             batch.drop_columns([c for c in ("text", EMBEDDING) if c in batch.column_names])
             .append_column(EMBEDDING, embeddings_column(vectors))
@@ -128,7 +132,8 @@ def run_embed_job(
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
         rejects_path = run_dir / "rejects.parquet"
-        good, rows, rejects = validated_corpus(corpus, rejects_path)
+        with progress.stage(output, "validate"):
+            good, rows, rejects = validated_corpus(corpus, rejects_path)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -140,17 +145,19 @@ def run_embed_job(
         keyed = good.map_batches(
             with_content_keys, fn_kwargs={"identity": engine.model.hash}, batch_format="pyarrow"
         )
-        join_previous(keyed, rows - rejects, cache_dir, [EMBEDDING]).map_batches(
-            EmbedActor,
-            fn_constructor_kwargs={"engine": engine},
-            batch_size=settings.rows_per_batch,
-            batch_format="pyarrow",
-            **actor_pool(settings.actors, gpus),
-        ).write_datasink(sink)
+        with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
+            join_previous(keyed, rows - rejects, cache_dir, [EMBEDDING]).map_batches(
+                EmbedActor,
+                fn_constructor_kwargs={"engine": engine, "counter": counter},
+                batch_size=settings.rows_per_batch,
+                batch_format="pyarrow",
+                **actor_pool(settings.actors, gpus),
+            ).write_datasink(sink)
         seconds["embed"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    loaded = load_version(store, version, sink.run_dir, version_meta(engine))
+    with progress.stage(output, "load"):
+        loaded = load_version(store, version, sink.run_dir, version_meta(engine))
     seconds["load"] = time.perf_counter() - start
     promote(cache_dir, sink.run_dir)
     return EmbedJobReport(

@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.actor import ActorHandle
 from ray.data.datasource import Datasink
 
+from jobs import progress
 from jobs.content_cache import KEY, join_previous, uncached, with_content_keys
 from jobs.ray_session import actor_pool, ray_session
 from jobs.settings import JobSettings
@@ -86,8 +88,15 @@ class LabelActor:
     """One labeler per actor, the one prepare_labeler gated; it labels only the rows the cache
     join left without a value: (id, text, key[, value]) rows in, (id, key, value, computed) out."""
 
-    def __init__(self, labels: LabelSettings, engine: EngineSettings, report: LabelerReport) -> None:
+    def __init__(
+        self,
+        labels: LabelSettings,
+        engine: EngineSettings,
+        report: LabelerReport,
+        counter: ActorHandle | None = None,
+    ) -> None:
         self.labeler = open_labeler(labels, engine, report)
+        self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         missing = uncached(batch, VALUE)
@@ -97,6 +106,7 @@ class LabelActor:
             indices, scores = self.labeler.label([t for t, m in zip(texts, missing, strict=True) if m])
             fresh = iter(encode_ranked(indices, scores))
             values = [next(fresh) if m else v for v, m in zip(values, missing, strict=True)]
+        progress.add(self.counter, batch.num_rows)
         return pa.table(
             {
                 "id": pa.array([str(i) for i in batch["id"].to_pylist()], pa.string()),
@@ -123,6 +133,7 @@ def run_labels_job(
     work_dir: Path,
     before_write: Callable[[int], None] | None = None,
     cache_dir: Path | None = None,
+    output: str = "labels",
 ) -> LabelsJobReport:
     """Top labels of every valid corpus row, written through `sink`.
 
@@ -131,6 +142,7 @@ def run_labels_job(
     before_write: called with the number of records once validation counted them, for a
     store that sizes a version up front (create_version(rows=)).
     cache_dir: the cache whose unchanged rows are reused; None labels every row.
+    output: the output's name, for the progress lines (jobs/progress.py).
     """
     rejects_path = work_dir / "rejects.parquet"
     seconds: dict[str, float] = {}
@@ -138,7 +150,8 @@ def run_labels_job(
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
         start = time.perf_counter()
-        good, rows, rejects = validated_corpus(corpus, rejects_path)
+        with progress.stage(output, "validate"):
+            good, rows, rejects = validated_corpus(corpus, rejects_path)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -153,22 +166,29 @@ def run_labels_job(
         )
         if cache_dir is not None:
             keyed = join_previous(keyed, rows - rejects, cache_dir, [VALUE])
-        values = keyed.map_batches(
-            LabelActor,
-            fn_constructor_kwargs={"labels": labels, "engine": engine, "report": report},
-            batch_size=settings.rows_per_batch,
-            batch_format="pyarrow",
-            **actor_pool(settings.actors, gpus),
-        ).materialize()
+        with progress.stage(output, "label", rows - rejects, counted=True) as counter:
+            values = keyed.map_batches(
+                LabelActor,
+                fn_constructor_kwargs={
+                    "labels": labels,
+                    "engine": engine,
+                    "report": report,
+                    "counter": counter,
+                },
+                batch_size=settings.rows_per_batch,
+                batch_format="pyarrow",
+                **actor_pool(settings.actors, gpus),
+            ).materialize()
         seconds["label"] = time.perf_counter() - start
         samples = {row["id"]: row[VALUE] for row in values.take(SAMPLES)}
 
         start = time.perf_counter()
         staging = StagingSink(work_dir / STAGED)
-        values.write_datasink(staging)
-        if before_write:
-            before_write(rows - rejects)
-        values.select_columns(["id", VALUE]).write_datasink(sink)
+        with progress.stage(output, "write"):
+            values.write_datasink(staging)
+            if before_write:
+                before_write(rows - rejects)
+            values.select_columns(["id", VALUE]).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     return LabelsJobReport(
         rows=rows,

@@ -31,9 +31,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import ray
 import torch
+from ray.actor import ActorHandle
 from ray.data.datasource import Datasink
 from ray.data.expressions import col
 
+from jobs import progress
 from jobs.ray_session import actor_pool, ray_session
 from jobs.recs_models import OwnTowers, Seen, Towers, resolve, rows_of, train_towers
 from jobs.recs_settings import RecsJobSettings
@@ -319,14 +321,23 @@ def recommend_users(towers: Towers, ranker: BlockedTopK, seen: Seen) -> tuple[np
 class TopKActor:
     """Holds the model's towers, the prior and the score buffer; scores a block of users per call."""
 
-    def __init__(self, towers: ray.ObjectRef, prior: np.ndarray | None, k: int, block: int) -> None:
+    def __init__(
+        self,
+        towers: ray.ObjectRef,
+        prior: np.ndarray | None,
+        k: int,
+        block: int,
+        counter: ActorHandle | None = None,
+    ) -> None:
         # Ray sets OMP_NUM_THREADS=1 in an actor with under one CPU; the matmul wants every core.
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.towers: Towers = ray.get(towers)
         self.ranker = BlockedTopK(self.towers.items, k, block, prior)
+        self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         indices, scores = recommend_users(self.towers, self.ranker, seen_of(batch))
+        progress.add(self.counter, batch.num_rows)
         return pa.table({"id": batch["id"], "value": pa.array(ranked_values(indices, scores), pa.binary())})
 
 
@@ -357,12 +368,14 @@ def run_recs_job(
     items_model: str = "",
     previous: Previous | None = None,
     own: OwnTowers | None = None,
+    output: str = "recs",
 ) -> RecsJobReport:
     """Top-k items for every user with a valid interaction: all of them, or with `previous` (the
     published version) only those whose inputs moved since, written through `sink`.
 
     items_model: the identity of the model that embedded the items (part of the model fingerprint).
     own: the towers model's vectors (jobs/own_towers.py), for settings.model "towers".
+    output: the output's name, for the progress lines (jobs/progress.py).
     before_write: called with the number of records (users) and, in an incremental run, the
     copy plan (the version to copy, the users gone since), once the users to rescore are scored
     and before the first write: a store creates the version there, and copies it (the sink then
@@ -439,26 +452,29 @@ def run_recs_job(
         start = time.perf_counter()
         values = None
         if rescored:
-            values = to_score.map_batches(
-                TopKActor,
-                fn_constructor_kwargs={
-                    "towers": ray.put(towers),
-                    "prior": prior,
-                    "k": settings.k,
-                    "block": settings.users_per_block,
-                },
-                batch_size=settings.users_per_block,
-                batch_format="pyarrow",
-                **actor_pool(settings.actors, gpus),
-            ).materialize()
+            with progress.stage(output, "top-k", rescored, counted=True) as counter:
+                values = to_score.map_batches(
+                    TopKActor,
+                    fn_constructor_kwargs={
+                        "towers": ray.put(towers),
+                        "prior": prior,
+                        "k": settings.k,
+                        "block": settings.users_per_block,
+                        "counter": counter,
+                    },
+                    batch_size=settings.users_per_block,
+                    batch_format="pyarrow",
+                    **actor_pool(settings.actors, gpus),
+                ).materialize()
         seconds["recommend"] = time.perf_counter() - start
         samples = {row["id"]: row["value"] for row in values.take(SAMPLES)} if values else {}
 
         start = time.perf_counter()
-        if before_write:
-            before_write(users.num_rows, copy)
-        if values:
-            values.write_datasink(sink)
+        with progress.stage(output, "write"):
+            if before_write:
+                before_write(users.num_rows, copy)
+            if values:
+                values.write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     towers_report = None
     if own is not None:

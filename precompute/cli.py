@@ -34,6 +34,11 @@ PipelineOption = Annotated[
     ),
 ]
 
+VerboseOption = Annotated[
+    bool,
+    typer.Option("--verbose", help="Prefect's, Ray's and the jobs' logs on the terminal, not in a file."),
+]
+
 
 def checked_pipeline(path: str | None, inputs_and_models: bool = True) -> Pipeline:
     """The pipeline file, validated and (`inputs_and_models`: reading every input's schema and
@@ -51,29 +56,25 @@ def checked_pipeline(path: str | None, inputs_and_models: bool = True) -> Pipeli
 
 
 @app.command()
-def demo() -> None:
+def demo(verbose: VerboseOption = False) -> None:
     """Run the nightly flow on the demo corpus, start the service, answer a few real queries."""
     from precompute.demo import main
 
-    main()
+    main(verbose=verbose)
 
 
 @app.command()
-def run(pipeline: PipelineOption = None) -> None:
+def run(pipeline: PipelineOption = None, verbose: VerboseOption = False) -> None:
     """Run the nightly flow now: every output of the pipeline file, each validated and published.
 
-    One line per output; logs and tracebacks go to a file under the work directory. Exit code 2:
-    the pipeline file or an input is refused before any job; 1: an output failed (the others
-    are published)."""
+    A progress line per stage, then a table; logs and tracebacks go to a file under the work
+    directory. Exit code 2: the pipeline file or an input is refused before any job; 1: an output
+    failed (one line each; the others are published)."""
     checked = checked_pipeline(pipeline)
-    from precompute.terminal_run import run_logged
+    from precompute.terminal_run import print_summary, run_logged
 
-    report, log = run_logged(checked)
-    for output, fields in report["outputs"].items():
-        print(
-            f"{output}: published {fields['version']} ({fields['rows']} rows, {fields['rejects']} rejected)"
-        )
-    print(f"report: {report['path']}, log: {log}")
+    report, log = run_logged(checked, verbose)
+    print_summary(report, log)
 
 
 @app.command()

@@ -20,7 +20,7 @@ from lookup.server import running
 from lookup.settings import ServiceSettings
 from precompute.outputs import render, status
 from precompute.pipeline import load_pipeline
-from precompute.terminal_run import run_logged
+from precompute.terminal_run import print_summary, run_logged
 from stores.redis_server import redis_server
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
@@ -74,15 +74,15 @@ def summary(report: dict) -> str:
     )
 
 
-def main(top_k: int = 3) -> None:
+def main(top_k: int = 3, verbose: bool = False) -> None:
     pipeline = load_pipeline()
     pipeline.check()
     with redis_for_demo(JobSettings().work_dir):
         print("running the nightly flow on the demo data (a few minutes on 2 cores the first time)")
-        report, log = run_logged(pipeline)
-        print(
-            f"\n{summary(report)}\nrun report: {report['path']}\nPrefect's, Ray's and the jobs' output: {log}"
-        )
+        report, log = run_logged(pipeline, verbose)
+        print()
+        print_summary(report, log)
+        print(f"\n{summary(report)}")
         with running(ServiceSettings(), pipeline=pipeline) as base, httpx.Client(base_url=base) as http:
             print(f"\nlookup service at {base}: {http.get('/readyz').json()}")
             for query in QUERIES:

@@ -1,0 +1,112 @@
+"""How far a job's stage is: rows done of total, rows/s, ETA, as log records a terminal draws.
+
+A job runs each stage inside `stage(output, name, total)`. Where it counts rows, its inference
+actors `add` each batch's rows to a counter actor (fire and forget: nothing waits on it), and
+a thread on the driver logs a `precompute.progress` record once a second (DEBUG) and one
+when the stage ends (INFO). precompute/terminal_run.py draws them as one live line per stage;
+anywhere else only the end of each stage reaches the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import ray
+from ray.actor import ActorHandle
+
+LOG = logging.getLogger("precompute.progress")
+INTERVAL_S = 1.0
+
+
+@ray.remote(num_cpus=0)
+class RowCounter:
+    def __init__(self) -> None:
+        self._rows = 0
+
+    def add(self, rows: int) -> None:
+        self._rows += rows
+
+    def rows(self) -> int:
+        return self._rows
+
+
+def add(counter: ActorHandle | None, rows: int) -> None:
+    """Count `rows` as done: an inference actor calls this per batch (fire and forget)."""
+    if counter is not None:
+        counter.add.remote(rows)
+
+
+@dataclass(frozen=True)
+class Progress:
+    output: str
+    stage: str
+    seconds: float
+    rows: int | None = None
+    """Rows done; None where the stage counts none (or the count could not be read)."""
+    total: int | None = None
+    ended: bool = False
+    failed: bool = False
+
+    def line(self) -> str:
+        head = f"{self.output} {self.stage}"
+        if self.failed:
+            return f"{head}: failed after {self.seconds:.0f} s"
+        if self.rows is None or not self.total:
+            return f"{head}: {'done in ' if self.ended else ''}{self.seconds:.1f} s"
+        rate = self.rows / self.seconds if self.seconds > 0 else 0.0
+        if self.ended:
+            return f"{head}: {self.rows:,} rows in {self.seconds:.1f} s ({rate:,.0f} rows/s)"
+        eta = f"{(self.total - self.rows) / rate:.0f} s" if rate > 0 else "-"
+        return (
+            f"{head}: {self.rows:,}/{self.total:,} rows ({self.rows / self.total:.0%}), "
+            f"{rate:,.0f} rows/s, ETA {eta}"
+        )
+
+
+@contextmanager
+def stage(
+    output: str, name: str, total: int | None = None, counted: bool = False
+) -> Iterator[ActorHandle | None]:
+    """Report the stage while it runs; yields the counter its actors add rows to (if `counted`)."""
+    counter = RowCounter.remote() if counted else None  # type: ignore[attr-defined]
+    start = time.monotonic()
+    stop = threading.Event()
+
+    def rows() -> int | None:
+        if counter is None:
+            return None
+        try:
+            return ray.get(counter.rows.remote(), timeout=INTERVAL_S)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            return None
+
+    def report(level: int, **end: bool) -> None:
+        progress = Progress(output, name, time.monotonic() - start, rows(), total, **end)
+        LOG.log(level, "%s", progress.line(), extra={"progress": progress})
+
+    def tick() -> None:
+        while not stop.wait(INTERVAL_S):
+            if LOG.isEnabledFor(logging.DEBUG):
+                report(logging.DEBUG)
+
+    thread = threading.Thread(target=tick, name=f"progress-{output}-{name}", daemon=True)
+    thread.start()
+    failed = False
+    try:
+        yield counter
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        stop.set()
+        thread.join()
+        if counter is not None and not failed:
+            ray.get(counter.add.remote(0))  # behind it in the actor's queue: most writers' last adds
+        report(logging.INFO, ended=True, failed=failed)
+        if counter is not None:
+            ray.kill(counter)
