@@ -102,8 +102,9 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
 
 
 def test_actors_only_encode_and_never_load_a_cache() -> None:
-    """The cache is joined to the rows inside the dataset: an actor is handed no cache to load."""
-    assert list(inspect.signature(EmbedActor).parameters) == ["engine"]
+    """The cache is joined to the rows inside the dataset: an actor is handed no cache to load
+    (its engine, and the counter of rows done for the progress line)."""
+    assert list(inspect.signature(EmbedActor).parameters) == ["engine", "counter"]
 
 
 def test_too_many_rejects_fail_before_inference(
