@@ -37,6 +37,7 @@ from lookup.openapi import openapi_document
 from lookup.query_cache import QueryCache
 from lookup.search import Encoders, FilterError, Searcher, SearchRequest
 from lookup.settings import ServiceSettings
+from lookup.shared_answers import SharedAnswers
 from models import EngineSettings, InvalidInputError
 from precompute.pipeline import Pipeline, load_pipeline
 from stores.errors import StoreUnavailableError, VersionNotFoundError
@@ -75,6 +76,8 @@ class Service:
         self.searchers: dict[str, Searcher] = {}
         """Embeddings outputs by name; empty until warm."""
         self.keys = KeyLookups(settings, self.metrics, pipeline)
+        self.shared: SharedAnswers | None = None
+        """Answers in Redis, shared by replicas (ServiceSettings.query_cache_redis); made in lifespan."""
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -89,9 +92,16 @@ class Service:
             searchers[name] = searcher
         self.searchers = searchers
         self.keys.reader = KeyValueReader(self.redis_settings)
+        if self.settings.query_cache_redis:
+            self.shared = SharedAnswers(
+                self.redis_settings, self.settings.query_cache_redis_ttl_s, self.metrics
+            )
         log.info("serving on http://%s:%d: %s", self.settings.host, self.settings.port, await self.served())
         yield
         await self.keys.reader.aclose()
+        if self.shared is not None:
+            await self.shared.aclose()
+            self.shared = None
         self.keys.reader = None
         for searcher in self.searchers.values():
             searcher.store.close()
@@ -139,12 +149,18 @@ class Service:
         try:
             version = searcher.store.serving()
             body = self.answers.get_answer(name, version, key)
+            if body is None and self.shared is not None:
+                body = await self.shared.get(name, version, key)
+                if body is not None:
+                    self.answers.put_answer(name, version, key, body)
             if body is None:
                 hits = await anyio.to_thread.run_sync(
                     searcher.search, version, req.query, req.k, req.filter, limiter=self.search_threads
                 )
                 body = answer_body(version, hits)
                 self.answers.put_answer(name, version, key, body)
+                if self.shared is not None:
+                    await self.shared.put(name, version, key, body)
         except InvalidInputError as e:
             return error(422, e.reason, field="query")
         except FilterError as e:

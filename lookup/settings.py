@@ -48,6 +48,13 @@ class ServiceSettings(BaseSettings):
     """Bytes of each of the two query caches (answers, query vectors; lookup/query_cache.py),
     per worker process; 0 turns them off."""
 
+    query_cache_redis: bool = False
+    """Also keep answers in Redis (the key lookups' server; lookup/shared_answers.py), so replicas
+    share what any one computed: a search that misses this process's cache looks there first."""
+
+    query_cache_redis_ttl_s: int = Field(3600, ge=1)
+    """How long an answer stays in Redis: this bounds the cache there (answers per hour x size)."""
+
     query_batch: Literal["auto", "on", "off"] = "auto"
     """Micro-batching of queries that arrive together (lookup/query_batcher.py). auto: on where the
     query engine runs on a GPU; on CPUs a batch cost more per query than a query alone

@@ -44,20 +44,25 @@ class _Entry:
     meta: dict[str, Any]
 
 
+def async_client(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
+    """A client for the service's event loop: short timeouts, one immediate retry."""
+    options: dict[str, Any] = {
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.socket_timeout,
+        # One immediate retry replaces a pooled connection a restart broke; more would
+        # hold the request while Redis is down, when a quick 503 is the answer.
+        "retry": Retry(NoBackoff(), 1),
+    }
+    cls = RedisCluster if settings.cluster else aioredis.Redis
+    return cls.from_url(settings.url, **options)
+
+
 class KeyValueReader:
     """For the ASGI service; use one instance from one event loop (redis.asyncio connections are bound to it)."""
 
     def __init__(self, settings: RedisSettings | None = None) -> None:
         self.settings = settings or RedisSettings()
-        options: dict[str, Any] = {
-            "socket_timeout": self.settings.socket_timeout,
-            "socket_connect_timeout": self.settings.socket_timeout,
-            # One immediate retry replaces a pooled connection a restart broke; more would
-            # hold the request while Redis is down, when a quick 503 is the answer.
-            "retry": Retry(NoBackoff(), 1),
-        }
-        cls = RedisCluster if self.settings.cluster else aioredis.Redis
-        self._client = cls.from_url(self.settings.url, **options)
+        self._client = async_client(self.settings)
         self._published: dict[str, str] = {}
         """The version each output's pointer named last time: where the next read looks first."""
         self._entries: dict[tuple[str, str], _Entry] = {}

@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 from lookup.app import create_app
 from lookup.settings import ServiceSettings
 from models.settings import DEMO_CORPUS
+from stores.redis_server import free_port
 from stores.redis_settings import RedisSettings
 from stores.vector_settings import VectorStoreSettings
 from stores.vectors import open_vector_store
@@ -220,3 +221,27 @@ def test_batched_queries_are_embedded_by_a_static_engine(encoder, settings, stor
             )
         for row, answer in zip(rows[:8], answers, strict=True):
             assert answer.status_code == 200 and answer.json()["hits"][0]["id"] == row["id"]
+
+
+def test_replicas_share_answers_through_redis(encoder, settings, stores, redis, rows) -> None:
+    write_version(stores, V1, rows, encoder)
+    shared = ServiceSettings(warmup_queries=2, query_cache_redis=True)
+    query = {"query": rows[7]["title"], "k": 5}
+    with TestClient(create_app(shared, settings, stores, redis)) as first:
+        computed = first.post("/v1/search", json=query)
+    with TestClient(create_app(shared, settings, stores, redis)) as second:  # its own caches are empty
+        again = second.post("/v1/search", json=query)
+        metrics = second.get("/metrics").text
+    assert computed.status_code == again.status_code == 200 and again.content == computed.content
+    assert 'precompute_query_cache_total{cache="answers_redis",result="hit"} 1.0' in metrics
+    assert 'cache="vectors",result="miss"} 0.0' in metrics  # the second replica embedded nothing
+
+
+def test_a_search_is_answered_when_the_shared_cache_is_down(encoder, settings, stores, rows) -> None:
+    write_version(stores, V1, rows, encoder)
+    down = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)  # nothing listens
+    app = create_app(ServiceSettings(warmup_queries=2, query_cache_redis=True), settings, stores, down)
+    with TestClient(app) as client:
+        answer = client.post("/v1/search", json={"query": rows[2]["title"], "k": 3})
+        assert answer.status_code == 200 and answer.json()["hits"][0]["id"] == rows[2]["id"]
+        assert 'cache="answers_redis",result="error"} 2.0' in client.get("/metrics").text  # its get and put
