@@ -83,7 +83,10 @@ def main(top_k: int = 3, verbose: bool = False) -> None:
         print()
         print_summary(report, log)
         print(f"\n{summary(report)}")
-        with running(ServiceSettings(), pipeline=pipeline) as base, httpx.Client(base_url=base) as http:
+        with (
+            running(ServiceSettings(), pipeline=pipeline, log=log) as base,
+            httpx.Client(base_url=base) as http,
+        ):
             print(f"\nlookup service at {base}: {http.get('/readyz').json()}")
             for query in QUERIES:
                 answer = http.post("/v1/search", json={"query": query, "k": top_k}).json()
