@@ -29,4 +29,4 @@ demo: $(BIN)/precompute redis-server
 
 test: $(BIN)/precompute redis-server test-tools
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 4 --dist loadscope --durations=15
+	$(BIN)/python -m pytest -n 2 --dist loadscope --durations=15
