@@ -9,6 +9,7 @@ anywhere else only the end of each stage reaches the log.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 LOG = logging.getLogger("precompute.progress")
 INTERVAL_S = 1.0
@@ -73,7 +76,10 @@ def stage(
     output: str, name: str, total: int | None = None, counted: bool = False
 ) -> Iterator[ActorHandle | None]:
     """Report the stage while it runs; yields the counter its actors add rows to (if `counted`)."""
-    counter = RowCounter.remote() if counted else None  # type: ignore[attr-defined]
+    counter = None
+    if counted:  # on the driver's node: a worker node lost mid-stage must not take the count with it
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        counter = RowCounter.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
     start = time.monotonic()
     stop = threading.Event()
 
@@ -82,7 +88,7 @@ def stage(
             return None
         try:
             return ray.get(counter.rows.remote(), timeout=INTERVAL_S)
-        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+        except (GetTimeoutError, RayActorError):
             return None
 
     def report(level: int, **end: bool) -> None:
@@ -106,7 +112,8 @@ def stage(
         stop.set()
         thread.join()
         if counter is not None and not failed:
-            ray.get(counter.add.remote(0))  # behind it in the actor's queue: most writers' last adds
+            with contextlib.suppress(RayActorError):  # progress never fails a stage
+                ray.get(counter.add.remote(0))  # behind it in the actor's queue: most writers' last adds
         report(logging.INFO, ended=True, failed=failed)
         if counter is not None:
             ray.kill(counter)

@@ -175,7 +175,8 @@ def test_int8_is_static_with_explicit_qdq_and_auto_takes_the_fastest_engine_that
     assert [g.precision for g in engines.gates] == ["fp32", "int8"]
     assert engines.gates[0].overlap == 1.0
     passing = [g for g in engines.gates if g.passed]
-    assert engines.precision == min(passing, key=lambda g: g.seconds).precision
+    fastest = min(g.seconds for g in passing)
+    assert engines.precision in {g.precision for g in passing if g.seconds == fastest}  # a tie: either
 
     ops = {node.op_type for node in onnx.load_from_string(choose("int8", 0.01).user).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Gemm"} <= ops
