@@ -1,5 +1,5 @@
-"""Join the Ray cluster named in settings, or start a local Ray for this process; the
-resources every inference actor pool asks for."""
+"""Join the Ray cluster named in settings, or start a local Ray for this process; how Ray Data
+reads Parquet; the resources every inference actor pool asks for."""
 
 from __future__ import annotations
 
@@ -12,12 +12,21 @@ from typing import Any
 
 import psutil
 import ray
-from ray.data import ActorPoolStrategy
+from ray.data import ActorPoolStrategy, DataContext
 
 LOCAL_START_ATTEMPTS = 3
 """Ray waits a fixed 30 s for a local node's raylet to register, too little on a loaded machine."""
 
 log = logging.getLogger(__name__)
+
+
+def worker_pool(num_cpus: int) -> dict[str, int]:
+    """Ray's system config for a node's pool of worker processes. By default Ray kills an idle
+    worker after 1 s once a node runs more workers than CPUs (actors count), so on a small node
+    each stage of a run starts new ones, each about 3 s of CPU to import Ray Data, pandas and
+    pyarrow: a 200-row nightly run on 2 CPUs started about 40. Kept a minute, up to four per
+    CPU, they are reused from stage to stage."""
+    return {"num_workers_soft_limit": 4 * num_cpus, "idle_worker_killing_time_threshold_ms": 60_000}
 
 
 def start_local(num_cpus: int, **options: Any) -> None:
@@ -27,7 +36,13 @@ def start_local(num_cpus: int, **options: Any) -> None:
         try:
             # "local": never join the cluster `ray start` or a test cluster recorded in
             # /tmp/ray/ray_current_cluster, which a plain ray.init() would.
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                _system_config=worker_pool(num_cpus),
+                **options,
+            )
             return
         except Exception as e:
             stop_local()
@@ -57,7 +72,12 @@ def _is_ray(process: psutil.Process) -> bool:
 
 @contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
-    """A caller that already initialised Ray (a test, a flow) keeps its session and owns its shutdown."""
+    """A caller that already initialised Ray (a test, a flow) keeps its session and owns its shutdown.
+
+    Parquet is read through Ray Data's first datasource: its second (2.60's default) starts 32
+    FooterReader actors, one process each, for every read, to fetch the footers of what here is
+    a handful of files."""
+    DataContext.get_current().use_datasource_v2 = False
     if ray.is_initialized():
         yield
         return

@@ -98,7 +98,7 @@ def ray_cluster() -> Iterator[Cluster]:
     )
     from ray.cluster_utils import Cluster
 
-    from jobs.ray_session import start_local, stop_local
+    from jobs.ray_session import start_local, stop_local, worker_pool
 
     had_local = ray.is_initialized()
     stop_local()
@@ -119,7 +119,11 @@ def ray_cluster() -> Iterator[Cluster]:
                 wait=False,
                 num_cpus=0,
                 include_dashboard=False,
-                _system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+                _system_config={
+                    "health_check_period_ms": 1000,
+                    "health_check_failure_threshold": 3,
+                    **worker_pool(2),
+                },
             )
             for _ in range(2):
                 cluster.add_node(wait=False, num_cpus=2)
