@@ -13,6 +13,7 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import ray
 import yaml
 
 INFRA = Path(__file__).parents[2] / "infra"
@@ -59,6 +60,8 @@ def test_each_manifest_is_valid(name: str, resource: dict) -> None:
     spec = resource["spec"]
     groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
     assert set(spec) == {"rayVersion", "headGroupSpec", "workerGroupSpecs"}
+    minor = spec["rayVersion"].rsplit(".", 1)[0]
+    assert ray.__version__.startswith(f"{minor}.")  # the Ray pyproject.toml pins, and these tests ran
     for group in groups:
         template = {
             "apiVersion": "v1",
