@@ -112,6 +112,7 @@ def ray_cluster() -> Iterator[Cluster]:
         enable_token_auth_by_default()
         ensure_token_if_auth_enabled(None, create_token_if_missing=True)
         cluster = Cluster()
+        node_cpus = 2
         try:
             # Generous: nodes start slowly on a loaded machine. A lost node is declared dead
             # after 3 failed health checks a second apart (Ray's defaults: 5, 3 s apart).
@@ -122,11 +123,11 @@ def ray_cluster() -> Iterator[Cluster]:
                 _system_config={
                     "health_check_period_ms": 1000,
                     "health_check_failure_threshold": 3,
-                    **worker_pool(2),
+                    **worker_pool(node_cpus),  # the worker nodes': the head runs none
                 },
             )
             for _ in range(2):
-                cluster.add_node(wait=False, num_cpus=2)
+                cluster.add_node(wait=False, num_cpus=node_cpus)
             cluster.wait_for_nodes(timeout=180)
             yield cluster
         finally:
