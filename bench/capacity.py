@@ -36,18 +36,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
-
-from bench.load import CLIENT_THREADS, get, http, open_loop, percentiles, post_json
-from bench.lookup import labels, publish, recs
-from lookup.server import running
-from lookup.settings import ServiceSettings
-from models import load_encoder
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
-from stores.redis_server import free_port, redis_server
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import new_version, open_vector_store
+from precompute.bench.load import CLIENT_THREADS, get, http, open_loop, percentiles, post_json
+from precompute.bench.lookup import labels, publish, recs
+from precompute.lookup.server import running
+from precompute.lookup.settings import ServiceSettings
+from precompute.models import load_encoder
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.redis_server import free_port, redis_server
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import new_version, open_vector_store
 
 SEARCH_SHARE = 0.10
 ZIPF_S = 1.1

@@ -16,13 +16,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from precompute.models import Encoder, EngineSettings, load_encoder
+from precompute.models.gate import row_cosine
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.models.source import read_encoder
 from sentence_transformers import SentenceTransformer
-
-from models import Encoder, EngineSettings, load_encoder
-from models.gate import row_cosine
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
-from models.source import read_encoder
 
 WARMUP_TEXTS = 64
 

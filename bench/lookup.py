@@ -24,18 +24,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import redis
-
-from bench.load import CLIENT_THREADS, Connect, get, http, open_loop, percentiles
-from lookup.server import running
-from lookup.settings import ServiceSettings
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
-from stores.key_value import KeyValueStore
-from stores.records import encode_ranked
-from stores.redis_server import free_port, redis_server
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import new_version
+from precompute.bench.load import CLIENT_THREADS, Connect, get, http, open_loop, percentiles
+from precompute.lookup.server import running
+from precompute.lookup.settings import ServiceSettings
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.records import encode_ranked
+from precompute.stores.redis_server import free_port, redis_server
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import new_version
 
 LABELS_PER_ITEM = 3
 RECS_PER_USER = 10

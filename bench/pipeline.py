@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from precompute.jobs.embed import run_embed_job
+from precompute.jobs.settings import JobSettings
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 
-from jobs.embed import run_embed_job
-from jobs.settings import JobSettings
-from models import EngineSettings, load_encoder
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
 from precompute.pipeline import CorpusInput
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
 
 
 def main(corpus: str | None = None) -> dict[str, object]:

@@ -38,15 +38,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import redis
-
-from bench.load import CLIENT_THREADS, open_loop, percentiles
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
-from stores.key_value import KeyValueStore
-from stores.key_value_reader import KeyValueReader
-from stores.records import encode_ranked
-from stores.redis_server import redis_server
-from stores.redis_settings import RedisSettings
+from precompute.bench.load import CLIENT_THREADS, open_loop, percentiles
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.records import encode_ranked
+from precompute.stores.redis_server import redis_server
+from precompute.stores.redis_settings import RedisSettings
 
 OUTPUT = "recs"
 MSET_BATCH = 1000

@@ -20,17 +20,16 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
-
-from lookup.query_batcher import QueryBatcher
-from lookup.search import QUERY_ENGINE
-from models import EngineSettings, load_encoder
-from models.backends import BuildSpec
-from models.backends.onnxruntime import OnnxRuntimeRunner
-from models.encoder import Encoder, EngineReport
-from models.engine import _Builder, peer_independent
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
-from models.tokenize import TextTokenizer
+from precompute.lookup.query_batcher import QueryBatcher
+from precompute.lookup.search import QUERY_ENGINE
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.backends import BuildSpec
+from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
+from precompute.models.encoder import Encoder, EngineReport
+from precompute.models.engine import _Builder, peer_independent
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.models.tokenize import TextTokenizer
 
 ROWS = 8
 

@@ -27,24 +27,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-
-from bench.recs_data import DATASETS, load
-from jobs import content_cache
-from jobs.embedding_cache import EMBEDDING, embeddings_of
-from jobs.recommend import BlockedTopK, popularity_prior, seen_by_user
-from jobs.recs_models import train_towers
-from jobs.recs_quality import (
+from precompute.bench.recs_data import DATASETS, load
+from precompute.jobs import content_cache
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
+from precompute.jobs.recommend import BlockedTopK, popularity_prior, seen_by_user
+from precompute.jobs.recs_models import train_towers
+from precompute.jobs.recs_quality import (
     RecsQuality,
     evaluate,
     interactions_table,
     valid_interactions,
 )
-from jobs.recs_settings import RecsJobSettings
-from jobs.settings import JobSettings
-from jobs.staging import committed_dataset
-from models import EngineSettings, load_encoder
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.settings import JobSettings
+from precompute.jobs.staging import committed_dataset
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+
 from precompute.pipeline import load_pipeline
 
 DEFAULT = "ml-1m"

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.scale_data import write_inputs
-from bench.scale_model import small_encoder
-from models.hardware import device_fingerprint
+from precompute.bench.scale_data import write_inputs
+from precompute.bench.scale_model import small_encoder
+from precompute.models.hardware import device_fingerprint
 
 SIZES = (10_000, 100_000, 1_000_000)
 RERUN_SHARE = 0.01
@@ -181,7 +181,7 @@ def run_size(size_dir: Path, rows: int, model: Path, rerun: bool) -> list[Run]:
         "PRECOMPUTE_JOB_WORK_DIR": str(size_dir / "work"),
         "PRECOMPUTE_QDRANT_PATH": str(size_dir / "qdrant"),
     }
-    command = [sys.executable, "-m", "bench.scale_run", str(size_dir)]
+    command = [sys.executable, "-m", "precompute.bench.scale_run", str(size_dir)]
     if rerun:
         command += ["--rerun-share", str(RERUN_SHARE)]
     print(

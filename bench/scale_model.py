@@ -14,9 +14,8 @@ import shutil
 from pathlib import Path
 
 import torch
+from precompute.models.source import TOKENIZER_FILES, bundled_encoder
 from transformers import BertConfig, BertModel
-
-from models.source import TOKENIZER_FILES, bundled_encoder
 
 HIDDEN = 64
 LAYERS = 2

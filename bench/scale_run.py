@@ -1,4 +1,4 @@
-"""One size of `precompute bench scale`, in a process of its own: `python -m bench.scale_run SIZE_DIR`.
+"""One size of `precompute bench scale`, in a process of its own: `python -m precompute.bench.scale_run SIZE_DIR`.
 
 Runs the real nightly flow on SIZE_DIR/precompute.toml with a throwaway redis-server, the
 work directory and the Qdrant edge store under SIZE_DIR (set by the parent through
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from bench.scale_data import change_inputs
-from bench.scale_memory import PeakRss, disk_bytes, redis_used_memory
-from stores.redis_server import redis_server
+from precompute.bench.scale_data import change_inputs
+from precompute.bench.scale_memory import PeakRss, disk_bytes, redis_used_memory
+from precompute.stores.redis_server import redis_server
 
 # As `precompute run` does (precompute/cli.py): Prefect's temporary server, offline, on a loaded machine.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -49,10 +49,11 @@ def task_seconds(flow_run_id: UUID) -> dict[str, float]:
 
 def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
     # Imported here, after the Prefect settings above are in the environment.
-    from flows.nightly import RunFailedError, nightly
-    from jobs.settings import JobSettings
+    from precompute.flows.nightly import RunFailedError, nightly
+    from precompute.jobs.settings import JobSettings
+    from precompute.stores.vector_settings import VectorStoreSettings
+
     from precompute.run_log import output_to_file
-    from stores.vector_settings import VectorStoreSettings
 
     before = redis_used_memory(redis_url)
     start = time.perf_counter()

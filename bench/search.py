@@ -19,18 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from precompute.bench.load import CLIENT_THREADS, http, open_loop, percentiles, post_json
+from precompute.lookup.server import running
+from precompute.lookup.settings import ServiceSettings
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.redis_server import free_port
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 from qdrant_client import QdrantClient, models
 from sentence_transformers import SentenceTransformer
-
-from bench.load import CLIENT_THREADS, http, open_loop, percentiles, post_json
-from lookup.server import running
-from lookup.settings import ServiceSettings
-from models import EngineSettings, load_encoder
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
-from stores.redis_server import free_port
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
 
 VERSION = "20000101T000000Z-bench0"
 K = 10

@@ -32,14 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.qdrant_edge_store import QdrantEdgeStore
+from precompute.stores.qdrant_server_store import QdrantServerStore
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import VectorStore
 from qdrant_client import QdrantClient
-
-from models.hardware import device_fingerprint
-from models.settings import DEMO_CORPUS
-from stores.qdrant_edge_store import QdrantEdgeStore
-from stores.qdrant_server_store import QdrantServerStore
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import VectorStore
 
 VERSION = "20261122T031500-bench"
 WARMUP_QUERIES = 20
@@ -55,7 +54,7 @@ CACHE = Path(tempfile.gettempdir()) / "precompute-bench-vectors"
 
 def embed(texts: Sequence[str], titles: Sequence[str]) -> tuple[np.ndarray, np.ndarray, str]:
     """Real embeddings: random vectors give misleadingly low HNSW recall (STACK.md)."""
-    from models import load_encoder
+    from precompute.models import load_encoder
 
     with load_encoder() as encoder:
         return encoder.encode(texts), encoder.encode(titles), f"encoder {encoder.report.precision}"

@@ -26,42 +26,42 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prefect import flow, task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.tasks import exponential_backoff
-from ray.data.datasource import Datasink
-
-from flows.run_metrics import publish_run_metrics
-from flows.run_page import render
-from flows.validate import Validation, validate_version
-from jobs import progress
-from jobs.content_cache import promote
-from jobs.embed import EmbedJobReport, run_embed_job
-from jobs.labels import LabelsJobReport, run_labels_job
-from jobs.own_towers import own_towers
-from jobs.ray_session import ray_session
-from jobs.recommend import RecsJobReport, run_recs_job
-from jobs.recs_quality import (
+from precompute.flows.run_metrics import publish_run_metrics
+from precompute.flows.run_page import render
+from precompute.flows.validate import Validation, validate_version
+from precompute.jobs import progress
+from precompute.jobs.content_cache import promote
+from precompute.jobs.embed import EmbedJobReport, run_embed_job
+from precompute.jobs.labels import LabelsJobReport, run_labels_job
+from precompute.jobs.own_towers import own_towers
+from precompute.jobs.ray_session import ray_session
+from precompute.jobs.recommend import RecsJobReport, run_recs_job
+from precompute.jobs.recs_quality import (
     RecsQuality,
     beats_most_popular,
     evaluate,
     interactions_table,
     valid_interactions,
 )
-from jobs.recs_settings import RecsJobSettings
-from jobs.recs_state import CopyPlan, Previous, bucket_fit, staged_items
-from jobs.settings import JobSettings
-from models import EngineSettings
-from models.labels import LabelSettings, label_names
-from models.towers import TowersSpec
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_state import CopyPlan, Previous, bucket_fit, staged_items
+from precompute.jobs.settings import JobSettings
+from precompute.models import EngineSettings
+from precompute.models.labels import LabelSettings, label_names
+from precompute.models.towers import TowersSpec
+from precompute.stores.errors import StoreUnavailableError
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import new_version, open_vector_store
+from prefect import flow, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+from ray.data.datasource import Datasink
+
 from precompute.pipeline import CorpusInput, InteractionsInput, Pipeline, load_pipeline
 from precompute.run_log import failure_line, root_cause
-from stores.errors import StoreUnavailableError
-from stores.key_value import KeyValueStore
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import new_version, open_vector_store
 
 Job = TypeVar("Job", LabelsJobReport, RecsJobReport)
 

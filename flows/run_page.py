@@ -17,9 +17,8 @@ from typing import Any
 import pyarrow.parquet as pq
 from jinja2 import Environment, StrictUndefined
 from markupsafe import Markup, escape
-
-from jobs.validate import REASON
-from models.gate import COSINE_BINS
+from precompute.jobs.validate import REASON
+from precompute.models.gate import COSINE_BINS
 
 TOP_REASONS = 10
 GATE_FIELDS = {

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from jobs.embedding_cache import EMBEDDING, embeddings_of
-from jobs.staging import committed_dataset
-from stores.vectors import VectorStore
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
+from precompute.jobs.staging import committed_dataset
+from precompute.stores.vectors import VectorStore
 
 K = 10
 TIE = 1e-5

@@ -21,18 +21,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import ray
+from precompute.jobs import progress
+from precompute.jobs.content_cache import KEY, join_previous, promote, uncached, with_content_keys
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
+from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.settings import JobSettings
+from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset
+from precompute.jobs.validate import validated_corpus
+from precompute.models import EngineSettings, load_encoder
+from precompute.stores.vectors import VectorStore
 from ray.actor import ActorHandle
 
-from jobs import progress
-from jobs.content_cache import KEY, join_previous, promote, uncached, with_content_keys
-from jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
-from jobs.ray_session import actor_pool, ray_session
-from jobs.settings import JobSettings
-from jobs.staging import COMPUTED, StagingSink, committed_dataset
-from jobs.validate import validated_corpus
-from models import EngineSettings, load_encoder
 from precompute.pipeline import CorpusInput
-from stores.vectors import VectorStore
 
 NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
 LOAD_BATCH = 256

@@ -24,19 +24,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import ray
+from precompute.jobs import progress
+from precompute.jobs.content_cache import KEY, join_previous, uncached, with_content_keys
+from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.settings import JobSettings
+from precompute.jobs.staging import COMPUTED, StagingSink
+from precompute.jobs.validate import validated_corpus
+from precompute.models import EngineSettings
+from precompute.models.labels import LabelerReport, LabelSettings, load_labeler, open_labeler
+from precompute.stores.records import encode_ranked
 from ray.actor import ActorHandle
 from ray.data.datasource import Datasink
 
-from jobs import progress
-from jobs.content_cache import KEY, join_previous, uncached, with_content_keys
-from jobs.ray_session import actor_pool, ray_session
-from jobs.settings import JobSettings
-from jobs.staging import COMPUTED, StagingSink
-from jobs.validate import validated_corpus
-from models import EngineSettings
-from models.labels import LabelerReport, LabelSettings, load_labeler, open_labeler
 from precompute.pipeline import CorpusInput
-from stores.records import encode_ranked
 
 SAMPLES = 5
 VALUE = "value"

@@ -21,14 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import ray
-from ray.data.expressions import col
-
-from jobs.ray_session import actor_pool
-from jobs.recs_models import OwnTowers, rows_of
-from jobs.validate import REASON, duplicate_ids, id_key, quarantine
-from models.backends.base import ConcreteDevice
-from models.text_columns import lossless, utf8_errors
-from models.towers import (
+from precompute.jobs.ray_session import actor_pool
+from precompute.jobs.recs_models import OwnTowers, rows_of
+from precompute.jobs.validate import REASON, duplicate_ids, id_key, quarantine
+from precompute.models.backends.base import ConcreteDevice
+from precompute.models.text_columns import lossless, utf8_errors
+from precompute.models.towers import (
     GATE_ITEMS,
     FeaturesInput,
     TowerEngines,
@@ -39,6 +37,7 @@ from models.towers import (
     feature_reasons,
     same_dim,
 )
+from ray.data.expressions import col
 
 KEY = "key"
 VECTOR = "vector"

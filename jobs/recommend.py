@@ -31,15 +31,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import ray
 import torch
-from ray.actor import ActorHandle
-from ray.data.datasource import Datasink
-from ray.data.expressions import col
-
-from jobs import progress
-from jobs.ray_session import actor_pool, ray_session
-from jobs.recs_models import OwnTowers, Seen, Towers, resolve, rows_of, train_towers
-from jobs.recs_settings import RecsJobSettings
-from jobs.recs_state import (
+from precompute.jobs import progress
+from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.recs_models import OwnTowers, Seen, Towers, resolve, rows_of, train_towers
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_state import (
     FINGERPRINT,
     CopyPlan,
     Items,
@@ -50,10 +46,14 @@ from jobs.recs_state import (
     rescore,
     stage,
 )
-from jobs.validate import REASON, id_key, quarantine
-from models.text_columns import lossless, utf8_errors
+from precompute.jobs.validate import REASON, id_key, quarantine
+from precompute.models.text_columns import lossless, utf8_errors
+from precompute.stores.records import RANKED, encode_ranked
+from ray.actor import ActorHandle
+from ray.data.datasource import Datasink
+from ray.data.expressions import col
+
 from precompute.pipeline import InteractionsInput
-from stores.records import RANKED, encode_ranked
 
 USER, ITEM, WEIGHT = "user_id", "item_id", "weight"
 INDEX, ITEMS, WEIGHTS = "item_index", "items", "weights"

@@ -31,9 +31,8 @@ from typing import Literal, NamedTuple, Protocol
 import numpy as np
 import scipy.sparse as sp
 import torch
+from precompute.jobs.recs_settings import RecsJobSettings
 from threadpoolctl import threadpool_limits
-
-from jobs.recs_settings import RecsJobSettings
 
 
 class Seen(NamedTuple):

@@ -25,8 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
-
-from jobs.recommend import (
+from precompute.jobs.recommend import (
     INDEX,
     USER,
     WEIGHT,
@@ -38,9 +37,18 @@ from jobs.recommend import (
     seen_by_user,
     tag_rejects,
 )
-from jobs.recs_models import ITEM_ITEM_MAX_ITEMS, BlendTowers, OwnTowers, Seen, Towers, resolve, train_towers
-from jobs.recs_settings import RecsJobSettings
-from jobs.validate import REASON
+from precompute.jobs.recs_models import (
+    ITEM_ITEM_MAX_ITEMS,
+    BlendTowers,
+    OwnTowers,
+    Seen,
+    Towers,
+    resolve,
+    train_towers,
+)
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.validate import REASON
+
 from precompute.pipeline import InteractionsInput
 
 MAX_USERS = 5000

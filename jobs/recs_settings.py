@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from precompute.models.settings import DEMO_CORPUS
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from models.settings import DEMO_CORPUS
 
 DEMO_INTERACTIONS = DEMO_CORPUS.with_name("interactions.parquet")
 

@@ -31,10 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from jobs.content_cache import KEY
-from jobs.embedding_cache import EMBEDDING, embeddings_of
-from jobs.staging import committed_dataset
+from precompute.jobs.content_cache import KEY
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
+from precompute.jobs.staging import committed_dataset
 
 STATE = "recs_state"
 MODEL, ITEMS_FILE, USERS_FILE = "model.json", "items.parquet", "users.parquet"

@@ -10,11 +10,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray
+from precompute.models.errors import InvalidInputError, ModelError
+from precompute.models.text_columns import as_text, lossless, readable, utf8_errors
+from precompute.models.tokenize import check_text
 from ray.data.expressions import col
 
-from models.errors import InvalidInputError, ModelError
-from models.text_columns import as_text, lossless, readable, utf8_errors
-from models.tokenize import check_text
 from precompute.pipeline import CorpusInput
 
 REASON = "reject_reason"

@@ -24,27 +24,27 @@ from contextlib import asynccontextmanager
 
 import anyio
 import numpy as np
+from precompute.lookup.errors import Refused, error, unavailable, validated_body
+from precompute.lookup.keys import LABELS, RECS, Handler, KeyLookups
+from precompute.lookup.metrics import Metrics
+from precompute.lookup.openapi import openapi_document
+from precompute.lookup.query_cache import QueryCache
+from precompute.lookup.search import Encoders, FilterError, Searcher, SearchRequest
+from precompute.lookup.settings import ServiceSettings
+from precompute.lookup.shared_answers import SharedAnswers
+from precompute.models import EngineSettings, InvalidInputError
+from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
+from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import Hit, open_vector_store, version_age
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from lookup.errors import Refused, error, unavailable, validated_body
-from lookup.keys import LABELS, RECS, Handler, KeyLookups
-from lookup.metrics import Metrics
-from lookup.openapi import openapi_document
-from lookup.query_cache import QueryCache
-from lookup.search import Encoders, FilterError, Searcher, SearchRequest
-from lookup.settings import ServiceSettings
-from lookup.shared_answers import SharedAnswers
-from models import EngineSettings, InvalidInputError
 from precompute.pipeline import Pipeline, load_pipeline
-from stores.errors import StoreUnavailableError, VersionNotFoundError
-from stores.key_value_reader import KeyValueReader
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import Hit, open_vector_store, version_age
 
 log = logging.getLogger("lookup")
 

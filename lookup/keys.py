@@ -14,18 +14,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from precompute.lookup.errors import Refused, error, unavailable, validated_body
+from precompute.lookup.metrics import Metrics
+from precompute.lookup.outages import StoreHealth
+from precompute.lookup.settings import ServiceSettings
+from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
+from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.records import RANKED
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from lookup.errors import Refused, error, unavailable, validated_body
-from lookup.metrics import Metrics
-from lookup.outages import StoreHealth
-from lookup.settings import ServiceSettings
 from precompute.pipeline import Pipeline
-from stores.errors import StoreUnavailableError, VersionNotFoundError
-from stores.key_value_reader import KeyValueReader
-from stores.records import RANKED
 
 Handler = Callable[[Request], Awaitable[Response]]
 VOCABULARIES_PER_OUTPUT = 2

@@ -23,8 +23,7 @@ import time
 from concurrent.futures import Future
 
 import numpy as np
-
-from models.encoder import Encoder
+from precompute.models.encoder import Encoder
 
 BUCKET_TOKENS = 16
 """A query's ids are padded to the next multiple of this: few shapes, little padding."""

@@ -13,18 +13,17 @@ import threading
 from typing import Annotated, Protocol
 
 import numpy as np
+from precompute.lookup.outages import StoreHealth
+from precompute.lookup.query_batcher import QueryBatcher
+from precompute.lookup.query_cache import QueryCache
+from precompute.lookup.settings import ServiceSettings
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.encoder import EngineReport
+from precompute.models.engine import peer_independent, resolve_device
+from precompute.models.reference_texts import TextSample
+from precompute.models.source import ModelSource
+from precompute.stores.vectors import Filter, Hit, VectorStore
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
-
-from lookup.outages import StoreHealth
-from lookup.query_batcher import QueryBatcher
-from lookup.query_cache import QueryCache
-from lookup.settings import ServiceSettings
-from models import EngineSettings, load_encoder
-from models.encoder import EngineReport
-from models.engine import peer_independent, resolve_device
-from models.reference_texts import TextSample
-from models.source import ModelSource
-from stores.vectors import Filter, Hit, VectorStore
 
 WARMUP_TEXT = "warm-up query for the engine and the index"
 

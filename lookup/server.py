@@ -20,11 +20,11 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from precompute.lookup.metrics import MULTIPROCESS_DIR
+from precompute.lookup.settings import ServiceSettings
 from pydantic_settings import BaseSettings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from lookup.metrics import MULTIPROCESS_DIR
-from lookup.settings import ServiceSettings
 from precompute.pipeline import Pipeline
 
 READY_TIMEOUT_S = 300
@@ -89,7 +89,7 @@ def serve(settings: ServiceSettings, pipeline: Pipeline | None = None) -> None:
         if settings.workers > 1:  # before the workers import prometheus_client (lookup/metrics.py)
             os.environ[MULTIPROCESS_DIR] = metrics
         uvicorn.run(
-            "lookup.app:create_app",
+            "precompute.lookup.app:create_app",
             factory=True,
             workers=settings.workers,
             host=settings.host,

@@ -14,11 +14,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable
 
+from precompute.lookup.metrics import Metrics
+from precompute.stores.key_value_reader import async_client
+from precompute.stores.redis_settings import RedisSettings
 from redis.exceptions import RedisError
-
-from lookup.metrics import Metrics
-from stores.key_value_reader import async_client
-from stores.redis_settings import RedisSettings
 
 CACHE = "answers_redis"
 

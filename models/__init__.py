@@ -7,9 +7,9 @@ reference (gate.py) and returns an `Encoder` (encoder.py) that turns texts into
 embeddings.
 """
 
-from models.encoder import Encoder
-from models.engine import load_encoder
-from models.errors import InvalidInputError, ModelError
-from models.settings import EngineSettings
+from precompute.models.encoder import Encoder
+from precompute.models.engine import load_encoder
+from precompute.models.errors import InvalidInputError, ModelError
+from precompute.models.settings import EngineSettings
 
 __all__ = ["Encoder", "EngineSettings", "InvalidInputError", "ModelError", "load_encoder"]

@@ -8,10 +8,9 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from models.backends.base import Runner
-from models.gate import GateResult
-from models.tokenize import Batch, TextTokenizer
+from precompute.models.backends.base import Runner
+from precompute.models.gate import GateResult
+from precompute.models.tokenize import Batch, TextTokenizer
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-
-from models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
-from models.encoder import Encoder, EngineReport, encode_texts
-from models.engine_cache import EngineCache
-from models.errors import GateFailedError, ModelError
-from models.gate import GateResult, agreement_gate, cosine_gate, row_cosine
-from models.hardware import detect_device, device_fingerprint
-from models.reference_texts import reference_texts, texts_digest
-from models.settings import EngineSettings
-from models.tokenize import TextTokenizer
+from precompute.models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
+from precompute.models.encoder import Encoder, EngineReport, encode_texts
+from precompute.models.engine_cache import EngineCache
+from precompute.models.errors import GateFailedError, ModelError
+from precompute.models.gate import GateResult, agreement_gate, cosine_gate, row_cosine
+from precompute.models.hardware import detect_device, device_fingerprint
+from precompute.models.reference_texts import reference_texts, texts_digest
+from precompute.models.settings import EngineSettings
+from precompute.models.tokenize import TextTokenizer
 
 LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
     "cpu": ("int8", "fp32"),
@@ -130,7 +129,7 @@ class _Builder:
     def onnx(self, variant: str) -> Path:
         """The FP32 export, or a quantized graph derived from it."""
         if variant == "fp32":
-            from models.export import export_onnx  # torch is imported only to export
+            from precompute.models.export import export_onnx  # torch is imported only to export
 
             key = {"model": self.model}
             source = self.settings.model
@@ -142,7 +141,9 @@ class _Builder:
         key = {"model": self.model, "variant": variant, "quantizer": f"onnxruntime {ort.__version__}"}
 
         def quantize(directory: Path) -> None:
-            from models.quantize import QUANTIZERS  # onnxruntime's quantization tools: 0.35 s to import
+            from precompute.models.quantize import (
+                QUANTIZERS,  # onnxruntime's quantization tools: 0.35 s to import
+            )
 
             calibration = reference_texts(
                 self.settings.reference, "calibration", self.settings.calibration_texts
@@ -204,7 +205,7 @@ def reference_embeddings(settings: EngineSettings, texts: list[str]) -> np.ndarr
     gate (cosine or agreement here, label agreement in labels.py) scores against the same reference."""
 
     def compute(directory: Path) -> None:
-        from models.backends.torch import TorchRunner
+        from precompute.models.backends.torch import TorchRunner
 
         tokenizer = TextTokenizer(settings.model)
         with TorchRunner(settings.model, Path(), "cpu", 1) as reference:

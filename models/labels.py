@@ -5,7 +5,7 @@ encoder: exported with its softmax (or sigmoid) in the graph, quantized, and gat
 top-label agreement with its own FP32 self (models/engine.py). The rest of this module is
 the other option, a head trained on the corpus's own label column:
 
-    python -m models.labels    # train (or find cached) and print held-out accuracy
+    python -m precompute.models.labels    # train (or find cached) and print held-out accuracy
 
 The head is softmax regression on FP32 embeddings of the labelled corpus (the gate's
 held-out texts excluded), exported to ONNX (Gemm + Softmax) and cached like an engine,
@@ -37,11 +37,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from models.encoder import Encoder, EngineReport
-from models.engine import (
+from precompute.models.encoder import Encoder, EngineReport
+from precompute.models.engine import (
     gate_texts,
     load_encoder,
     precision_ladder,
@@ -49,9 +46,9 @@ from models.engine import (
     resolve_backend,
     resolve_device,
 )
-from models.engine_cache import EngineCache
-from models.errors import GateFailedError, ModelError
-from models.reference_texts import (
+from precompute.models.engine_cache import EngineCache
+from precompute.models.errors import GateFailedError, ModelError
+from precompute.models.reference_texts import (
     SPLIT_SLOT,
     TextSample,
     reference_texts,
@@ -59,7 +56,9 @@ from models.reference_texts import (
     split_slot,
     texts_digest,
 )
-from models.settings import DEMO_CORPUS, EngineSettings
+from precompute.models.settings import DEMO_CORPUS, EngineSettings
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 RECIPE = "softmax-regression/lbfgs/l2-1e-4/v1"
 HEAD_FILE = "head.onnx"

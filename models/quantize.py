@@ -29,9 +29,8 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 from onnxruntime.transformers import optimizer
 from onnxruntime.transformers.float16 import convert_float_to_float16
-
-from models.source import INPUT_NAMES, ModelSource
-from models.tokenize import TextTokenizer
+from precompute.models.source import INPUT_NAMES, ModelSource
+from precompute.models.tokenize import TextTokenizer
 
 CALIBRATION_BATCH = 8
 

@@ -13,10 +13,9 @@ from typing import Literal
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from precompute.models.errors import ModelError
+from precompute.models.text_columns import decodable_rows
 from pydantic import BaseModel, ConfigDict
-
-from models.errors import ModelError
-from models.text_columns import decodable_rows
 
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
 

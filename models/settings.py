@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from precompute.models.reference_texts import TextSample
+from precompute.models.source import ModelSource, bundled_encoder
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from models.reference_texts import TextSample
-from models.source import ModelSource, bundled_encoder
 
 Backend = Literal["auto", "onnxruntime", "tensorrt", "torch"]
 Device = Literal["auto", "cpu", "cuda"]

@@ -18,9 +18,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from precompute.models.errors import ModelError
 from pydantic import BaseModel, ConfigDict
-
-from models.errors import ModelError
 
 Pooling = Literal["mean", "cls", "max"]
 Task = Literal["embed", "classify"]

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from precompute.models.errors import InvalidInputError, ModelError
+from precompute.models.source import ModelSource
 from tokenizers import Tokenizer
-
-from models.errors import InvalidInputError, ModelError
-from models.source import ModelSource
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,10 @@ import numpy as np
 import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.compute as pc
+from precompute.models.backends.base import ConcreteDevice
+from precompute.models.engine_cache import EngineCache
+from precompute.models.errors import ModelError
 from pydantic import BaseModel, ConfigDict, Field
-
-from models.backends.base import ConcreteDevice
-from models.engine_cache import EngineCache
-from models.errors import ModelError
 
 GATE_K = 10
 LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {"cpu": ("int8", "fp32"), "cuda": ("int8", "fp16", "fp32")}

@@ -109,7 +109,7 @@ def schedule(
     """
     from prefect.deployments.runner import EntrypointType
 
-    from flows.nightly import nightly
+    from precompute.flows.nightly import nightly
 
     checked = checked_pipeline(pipeline)
     nightly.serve(
@@ -131,8 +131,8 @@ def status(
     from precompute.outputs import as_json as to_json
     from precompute.outputs import render
     from precompute.outputs import status as read_status
-    from stores.redis_settings import RedisSettings
-    from stores.vector_settings import VectorStoreSettings
+    from precompute.stores.redis_settings import RedisSettings
+    from precompute.stores.vector_settings import VectorStoreSettings
 
     # Which versions are served needs the file's outputs and stores, not its inputs and models.
     statuses = read_status(checked_pipeline(pipeline, False), VectorStoreSettings(), RedisSettings())
@@ -149,9 +149,9 @@ def rollback(
 ) -> None:
     """Serve an earlier version of one output, in one atomic switch; the others are untouched."""
     from precompute.outputs import rollback as roll_back
-    from stores.errors import StoreError
-    from stores.redis_settings import RedisSettings
-    from stores.vector_settings import VectorStoreSettings
+    from precompute.stores.errors import StoreError
+    from precompute.stores.redis_settings import RedisSettings
+    from precompute.stores.vector_settings import VectorStoreSettings
 
     checked = checked_pipeline(pipeline)
     if output not in checked.outputs:
@@ -170,8 +170,8 @@ def rollback(
 @app.command()
 def serve(pipeline: PipelineOption = None) -> None:
     """Serve every output of the pipeline file (PRECOMPUTE_SERVICE_* settings) until interrupted."""
-    from lookup.server import serve as serve_forever
-    from lookup.settings import ServiceSettings
+    from precompute.lookup.server import serve as serve_forever
+    from precompute.lookup.settings import ServiceSettings
 
     serve_forever(ServiceSettings(), checked_pipeline(pipeline))
 
@@ -179,7 +179,7 @@ def serve(pipeline: PipelineOption = None) -> None:
 @engine_app.command("build")
 def engine_build() -> None:
     """Export, quantize, build and gate the encoder engine (PRECOMPUTE_ENGINE_* settings); print the report."""
-    from models import load_encoder
+    from precompute.models import load_encoder
 
     with load_encoder() as encoder:
         print(json.dumps(asdict(encoder.report), indent=2))
@@ -200,7 +200,7 @@ def bench_embed(
     ] = None,
 ) -> None:
     """Our best engine against sentence-transformers FP32 (PyTorch): docs/s, ratio, cosine to FP32."""
-    from bench.embed import main
+    from precompute.bench.embed import main
 
     main(docs, repeats, corpus, model)
 
@@ -211,7 +211,7 @@ def bench_search(
     requests: Annotated[int, typer.Option(min=50, help="Timed requests after warm-up.")] = 400,
 ) -> None:
     """Search p50/p99 through the service at a fixed rate, against sentence-transformers + qdrant-client local."""
-    from bench.search import main
+    from precompute.bench.search import main
 
     main(rate, requests)
 
@@ -223,7 +223,7 @@ def bench_pipeline(
     ] = None,
 ) -> None:
     """The Ray Data embedding job's docs/s against the bare engine's, in one run."""
-    from bench.pipeline import main
+    from precompute.bench.pipeline import main
 
     main(corpus)
 
@@ -240,7 +240,7 @@ def bench_vectors(
     ] = None,
 ) -> None:
     """Qdrant edge, FP32 and INT8, against exact numpy search: load, HNSW build, p50/p99, recall@10, memory, disk."""
-    from bench.vector_store import main
+    from precompute.bench.vector_store import main
 
     main(docs, queries, points=points)
 
@@ -257,7 +257,7 @@ def bench_publish(
 ) -> None:
     """Versioned Redis publish (records/s, bytes per record) against redis-py MSET of the same values,
     and the p99 of reads while the old version is collected."""
-    from bench.publish import main
+    from precompute.bench.publish import main
 
     main(records, k=k, repeats=repeats, reader_rate=reader_rate)
 
@@ -270,7 +270,7 @@ def bench_lookup(
     seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per rate and side.")] = 10.0,
 ) -> None:
     """Key-lookup p50/p99 through the service at fixed rates, against a bare redis-py GET."""
-    from bench.lookup import main
+    from precompute.bench.lookup import main
 
     main(tuple(rates or (500.0, 1000.0)), seconds)
 
@@ -284,7 +284,7 @@ def bench_capacity(
 ) -> None:
     """The service under 90% lookups and 10% searches, rate after rate, query cache off and on: the
     highest rate at which lookups' p99 <= 2 ms and searches' p99 <= 10 ms, and wrk's ceiling."""
-    from bench.capacity import main
+    from precompute.bench.capacity import main
 
     main(tuple(rates or (25.0, 50.0, 100.0, 200.0, 400.0)), seconds)
 
@@ -295,7 +295,7 @@ def bench_query_engines(
 ) -> None:
     """Which engine embeds the service's queries: dynamic INT8 one query a call, or FP32 and
     static INT8 in fixed-shape batches (micro-batching); cost per query and bit-identity."""
-    from bench.query_engines import main
+    from precompute.bench.query_engines import main
 
     main(queries)
 
@@ -322,7 +322,7 @@ def bench_scale(
     ] = True,
 ) -> None:
     """Every nightly stage at growing sizes: seconds, rows/s, growth exponents, peak memory, a 1% rerun."""
-    from bench.scale import MIN_ROWS, main
+    from precompute.bench.scale import MIN_ROWS, main
 
     try:
         sizes = [int(n.replace("_", "")) for n in rows.split(",") if n.strip()]
@@ -346,6 +346,6 @@ def bench_recs(
 ) -> None:
     """Held-out HR@10 / NDCG@10 of the published model against item-kNN, content and most-popular on
     public data; GFLOP/s of the top-k step against a plain GEMM."""
-    from bench.recs import main
+    from precompute.bench.recs import main
 
     main(datasets, repeats)

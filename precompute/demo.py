@@ -15,15 +15,15 @@ import httpx
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs.settings import JobSettings
-from lookup.server import running
-from lookup.settings import ServiceSettings
+from precompute.jobs.settings import JobSettings
+from precompute.lookup.server import running
+from precompute.lookup.settings import ServiceSettings
 from precompute.outputs import render, status
 from precompute.pipeline import load_pipeline
+from precompute.stores.redis_server import redis_server
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.terminal_run import print_summary, run_logged
-from stores.redis_server import redis_server
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
 USERS = 2

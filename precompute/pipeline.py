@@ -38,16 +38,23 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic._internal._utils import deep_update
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
-from jobs.recs_settings import RecsJobSettings
-from models.errors import ModelError
-from models.labels import LabelSettings
-from models.reference_texts import TextSample
-from models.settings import EngineSettings, Precision
-from models.source import BUNDLED_PACKAGE, ModelSource, Pooling, package_folder, read_classifier, read_encoder
-from models.text_columns import TEXT_TYPES
-from models.towers import TowerSession, TowersSpec, column_problem, same_dim
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.models.errors import ModelError
+from precompute.models.labels import LabelSettings
+from precompute.models.reference_texts import TextSample
+from precompute.models.settings import EngineSettings, Precision
+from precompute.models.source import (
+    BUNDLED_PACKAGE,
+    ModelSource,
+    Pooling,
+    package_folder,
+    read_classifier,
+    read_encoder,
+)
+from precompute.models.text_columns import TEXT_TYPES
+from precompute.models.towers import TowerSession, TowersSpec, column_problem, same_dim
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
 
 SHIPPED = Path(__file__).resolve().parents[1] / "precompute.toml"
 FILE_NAME = "precompute.toml"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from models.engine import precision_ladder, resolve_backend, resolve_device
-from models.engine_cache import EngineCache
+from precompute.models.engine import precision_ladder, resolve_backend, resolve_device
+from precompute.models.engine_cache import EngineCache
 from precompute.pipeline import Pipeline
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
 
 
 def engine_line(pipeline: Pipeline, name: str) -> str:

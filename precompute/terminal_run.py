@@ -21,9 +21,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from flows.nightly import RunFailedError, nightly, report_path
-from jobs.progress import LOG, Progress
-from jobs.settings import JobSettings
+from precompute.flows.nightly import RunFailedError, nightly, report_path
+from precompute.jobs.progress import LOG, Progress
+from precompute.jobs.settings import JobSettings
 from precompute.pipeline import Pipeline
 from precompute.run_log import failure_line, output_to_file
 

@@ -5,9 +5,9 @@ engines implement it in-process (qdrant_edge_store.py) and on a server
 (qdrant_server_store.py), chosen by `VectorStoreSettings` (vector_settings.py).
 """
 
-from stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import Hit, VectorStore, open_vector_store
+from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import Hit, VectorStore, open_vector_store
 
 __all__ = [
     "Hit",

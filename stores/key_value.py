@@ -25,12 +25,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.cluster import RedisCluster
-from redis.retry import Retry
-
-from stores.errors import PublishValidationError, StoreError, VersionNotFoundError
-from stores.redis_settings import (
+from precompute.stores.errors import PublishValidationError, StoreError, VersionNotFoundError
+from precompute.stores.redis_settings import (
     OutputKeys,
     RedisSettings,
     bucket_of,
@@ -39,10 +35,13 @@ from stores.redis_settings import (
     output_keys,
     unavailable_as_store_error,
 )
-from stores.vectors import check_version
+from precompute.stores.vectors import check_version
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 if TYPE_CHECKING:
-    from stores.key_value_sink import KeyValueSink
+    from precompute.stores.key_value_sink import KeyValueSink
 
 COUNT_CHUNK = 1000
 """Buckets per HLEN round trip when counting a version."""
@@ -236,7 +235,7 @@ class KeyValueStore:
 
     def sink(self, output: str, version: str) -> KeyValueSink:
         """A Ray Datasink writing into `version`, which create_version must have registered."""
-        from stores.key_value_sink import KeyValueSink  # Ray Data: 0.5 s to import, for jobs only
+        from precompute.stores.key_value_sink import KeyValueSink  # Ray Data: 0.5 s to import, for jobs only
 
         return KeyValueSink(self.settings, check_output(output), check_version(version))
 

@@ -19,18 +19,17 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
-from stores.errors import StoreUnavailableError, VersionNotFoundError
-from stores.redis_settings import (
+from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
+from precompute.stores.redis_settings import (
     OutputKeys,
     RedisSettings,
     bucket_of,
     output_keys,
     unavailable_as_store_error,
 )
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 SWITCHES = 3
 """Pointer moves followed within one call before giving up with a retryable error."""

@@ -7,12 +7,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
+from precompute.stores.errors import StoreError
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.redis_settings import RedisSettings, output_keys
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
-
-from stores.errors import StoreError
-from stores.key_value import KeyValueStore
-from stores.redis_settings import RedisSettings, output_keys
 
 
 class KeyValueSink(Datasink[int]):

@@ -52,10 +52,9 @@ from typing import Any
 
 import numpy as np
 import qdrant_edge as qe
-
-from stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
-from stores.vectors import (
+from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
+from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
+from precompute.stores.vectors import (
     ID_KEY,
     UPSERT_BATCH,
     Filter,

@@ -24,13 +24,9 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from qdrant_client import QdrantClient, models
-from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
-from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
-
-from stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
-from stores.vectors import (
+from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
+from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
+from precompute.stores.vectors import (
     ID_KEY,
     UPSERT_BATCH,
     Filter,
@@ -43,6 +39,9 @@ from stores.vectors import (
     point_id,
     with_id,
 )
+from qdrant_client import QdrantClient, models
+from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 HNSW_M = 16
 FINALIZED_KEY = "precompute_finalized"

@@ -14,8 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import redis
-
-from stores.errors import StoreError
+from precompute.stores.errors import StoreError
 
 START_TIMEOUT_S = 10.0
 CLUSTER_SLOTS = 16384

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from precompute.stores.errors import StoreUnavailableError
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.exceptions import (
@@ -34,8 +35,6 @@ from redis.exceptions import (
     TimeoutError,
     TryAgainError,
 )
-
-from stores.errors import StoreUnavailableError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 UNAVAILABLE = (ConnectionError, TimeoutError, ClusterDownError, TryAgainError, RedisClusterException)

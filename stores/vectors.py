@@ -18,9 +18,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import numpy as np
-
-from stores.errors import StoreError, VersionNotFoundError
-from stores.vector_settings import VectorStoreSettings
+from precompute.stores.errors import StoreError, VersionNotFoundError
+from precompute.stores.vector_settings import VectorStoreSettings
 
 ITEM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "precompute:item")
 """Qdrant point ids must be unsigned ints or UUIDs: item ids map to uuid5(ITEM_NAMESPACE, id)."""
@@ -231,9 +230,9 @@ class VectorStore(ABC):
 def open_vector_store(settings: VectorStoreSettings) -> VectorStore:
     """The store `settings.type` names; each engine is imported only when chosen."""
     if settings.type == "edge":
-        from stores.qdrant_edge_store import QdrantEdgeStore
+        from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 
         return QdrantEdgeStore(settings)
-    from stores.qdrant_server_store import QdrantServerStore
+    from precompute.stores.qdrant_server_store import QdrantServerStore
 
     return QdrantServerStore(settings)

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from models import Encoder, EngineSettings, load_encoder
-from models.settings import DEMO_CORPUS
+from precompute.models import Encoder, EngineSettings, load_encoder
+from precompute.models.settings import DEMO_CORPUS
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
@@ -76,7 +75,7 @@ def prefect_api() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def ray_local() -> None:
     """One local Ray for the run, on 2 CPUs like the development machines (STACK.md's hang)."""
-    from jobs.ray_session import start_local, stop_local
+    from precompute.jobs.ray_session import start_local, stop_local
 
     start_local(**LOCAL_RAY)
     yield
@@ -92,13 +91,12 @@ def ray_cluster() -> Iterator[Cluster]:
     process joins one Ray at a time, so the run's local Ray is stopped meanwhile and started again.
     One cluster per module: its tests that take a node away run last."""
     import ray
+    from precompute.jobs.ray_session import start_local, stop_local, worker_pool
     from ray._private.authentication.authentication_token_setup import (
         enable_token_auth_by_default,
         ensure_token_if_auth_enabled,
     )
     from ray.cluster_utils import Cluster
-
-    from jobs.ray_session import start_local, stop_local, worker_pool
 
     had_local = ray.is_initialized()
     stop_local()
@@ -158,7 +156,7 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One real redis-server for the run, on a free port (`make test` installs redis-server)."""
-    from stores.redis_server import redis_server
+    from precompute.stores.redis_server import redis_server
 
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from models.backends.base import BuildSpec, ConcreteDevice, ConcretePrecision, Runner
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, ConcretePrecision, Runner
 
 
 def _onnxruntime() -> type[Runner]:
-    from models.backends.onnxruntime import OnnxRuntimeRunner
+    from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
 
     return OnnxRuntimeRunner
 
 
 def _tensorrt() -> type[Runner]:
-    from models.backends.tensorrt import TensorRTRunner
+    from precompute.models.backends.tensorrt import TensorRTRunner
 
     return TensorRTRunner
 
 
 def _torch() -> type[Runner]:
-    from models.backends.torch import TorchRunner
+    from precompute.models.backends.torch import TorchRunner
 
     return TorchRunner
 

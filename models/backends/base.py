@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
-
-from models.errors import ModelError
-from models.source import ModelSource
+from precompute.models.errors import ModelError
+from precompute.models.source import ModelSource
 
 ConcreteDevice = Literal["cpu", "cuda"]
 ConcretePrecision = Literal["int8", "fp16", "fp32"]

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-
-from models.backends.base import BuildSpec, ConcreteDevice, Runner
-from models.errors import BackendUnavailableError
-from models.source import INPUT_NAMES, ModelSource
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, Runner
+from precompute.models.errors import BackendUnavailableError
+from precompute.models.source import INPUT_NAMES, ModelSource
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 

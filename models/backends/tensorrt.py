@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from models.backends.base import BuildSpec, ConcreteDevice, Runner
-from models.errors import BackendUnavailableError, ModelError
-from models.source import INPUT_NAMES, OUTPUT_NAME, ModelSource
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, Runner
+from precompute.models.errors import BackendUnavailableError, ModelError
+from precompute.models.source import INPUT_NAMES, OUTPUT_NAME, ModelSource
 
 WORKSPACE_BYTES = 4 << 30
 

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from models.backends.base import BuildSpec, ConcreteDevice, Runner
-from models.errors import BackendUnavailableError
-from models.export import load_reference
-from models.source import ModelSource
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, Runner
+from precompute.models.errors import BackendUnavailableError
+from precompute.models.export import load_reference
+from precompute.models.source import ModelSource
 
 
 class TorchRunner(Runner):

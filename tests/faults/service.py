@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from precompute.lookup.server import running
+from precompute.lookup.settings import ServiceSettings
+from precompute.models import Encoder, EngineSettings
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.redis_server import free_port
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
 
-from lookup.server import running
-from lookup.settings import ServiceSettings
-from models import Encoder, EngineSettings
-from models.settings import DEMO_CORPUS
-from stores.redis_server import free_port
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
 from tests.lookup.test_keys import publish_both
 from tests.lookup.test_search import write_version
 

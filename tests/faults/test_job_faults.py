@@ -18,15 +18,14 @@ from urllib.parse import urlparse
 import pyarrow.parquet as pq
 import pytest
 import redis
-
-from flows.nightly import nightly
-from models.settings import DEMO_CORPUS
-from stores.errors import VersionNotFoundError
-from stores.key_value import KeyValueStore
-from stores.redis_server import redis_server
-from stores.redis_settings import RedisSettings, output_keys
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
+from precompute.flows.nightly import nightly
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.errors import VersionNotFoundError
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.redis_server import redis_server
+from precompute.stores.redis_settings import RedisSettings, output_keys
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 
 LABELS = """
 [outputs.labels]

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 import pytest
+from precompute.flows.nightly import nightly
+from precompute.jobs.content_cache import previous_run
+from precompute.jobs.staging import committed_dataset
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 
-from flows.nightly import nightly
-from jobs.content_cache import previous_run
-from jobs.staging import committed_dataset
-from models.settings import DEMO_CORPUS
-from stores.key_value import KeyValueStore
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
 from tests.flows.conftest import CONTENT_RECS
 
 if TYPE_CHECKING:

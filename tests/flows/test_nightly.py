@@ -11,14 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from precompute.flows.nightly import RunFailedError, nightly
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.records import decode_ranked
+from precompute.stores.redis_settings import RedisSettings, output_keys
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 from prometheus_client.parser import text_string_to_metric_families
 
-from flows.nightly import RunFailedError, nightly
-from stores.key_value import KeyValueStore
-from stores.records import decode_ranked
-from stores.redis_settings import RedisSettings, output_keys
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
 from tests.flows.conftest import CONTENT_RECS
 
 

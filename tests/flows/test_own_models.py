@@ -11,16 +11,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from precompute.flows.nightly import nightly
+from precompute.lookup.app import create_app
+from precompute.lookup.settings import ServiceSettings
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 from starlette.testclient import TestClient
 
-from flows.nightly import nightly
-from lookup.app import create_app
-from lookup.settings import ServiceSettings
 from precompute.outputs import status
 from precompute.pipeline import load_pipeline
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
 from tests.models.tiny import HIDDEN, LABELS, tiny_classifier, tiny_encoder, tiny_towers
 
 PIPELINE = """

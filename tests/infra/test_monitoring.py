@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from precompute.flows.run_metrics import JOB, publish_run_metrics
+from precompute.models import EngineSettings
+from precompute.stores.redis_server import free_port
 
-from flows.run_metrics import JOB, publish_run_metrics
-from models import EngineSettings
-from stores.redis_server import free_port
 from tests.faults.service import published_service
 from tests.lookup.test_keys import ITEMS
 

@@ -11,15 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from precompute.flows.validate import staged_vectors
+from precompute.jobs.embed import EmbedActor, run_embed_job
+from precompute.jobs.settings import JobSettings
+from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
+from precompute.jobs.validate import RejectRatioExceededError
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import VectorStore, open_vector_store
 
-from flows.validate import staged_vectors
-from jobs.embed import EmbedActor, run_embed_job
-from jobs.settings import JobSettings
-from jobs.staging import COMPUTED, committed_dataset, committed_parts
-from jobs.validate import RejectRatioExceededError
 from precompute.pipeline import CorpusInput
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import VectorStore, open_vector_store
 
 
 @pytest.fixture

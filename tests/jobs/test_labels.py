@@ -11,17 +11,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from precompute.jobs.content_cache import promote
+from precompute.jobs.labels import LabelsJobReport, labeler_identity, run_labels_job
+from precompute.jobs.settings import JobSettings
+from precompute.jobs.validate import RejectRatioExceededError
+from precompute.models.labels import LabelerReport, LabelSettings, load_labeler
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.records import decode_ranked
+from precompute.stores.redis_settings import RedisSettings
 
-from jobs.content_cache import promote
-from jobs.labels import LabelsJobReport, labeler_identity, run_labels_job
-from jobs.settings import JobSettings
-from jobs.validate import RejectRatioExceededError
-from models.labels import LabelerReport, LabelSettings, load_labeler
 from precompute.pipeline import CorpusInput
-from stores.key_value import KeyValueStore
-from stores.key_value_reader import KeyValueReader
-from stores.records import decode_ranked
-from stores.redis_settings import RedisSettings
 
 VERSION = "20261123T010000Z-label0"
 LABELS = LabelSettings(max_train_texts=400)

@@ -11,13 +11,12 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.own_towers import own_towers
-from jobs.recommend import run_recs_job
-from jobs.recs_quality import evaluate, valid_interactions
-from jobs.recs_settings import RecsJobSettings
-from jobs.recs_state import Items
-from models.towers import (
+from precompute.jobs.own_towers import own_towers
+from precompute.jobs.recommend import run_recs_job
+from precompute.jobs.recs_quality import evaluate, valid_interactions
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_state import Items
+from precompute.models.towers import (
     FeaturesInput,
     TowerEngines,
     TowerInput,
@@ -26,8 +25,9 @@ from models.towers import (
     column_problem,
     feature_reasons,
 )
+from precompute.stores.records import decode_ranked
+
 from precompute.pipeline import InteractionsInput
-from stores.records import decode_ranked
 from tests.jobs.recs_inputs import ParquetSink
 from tests.models.tiny import tiny_towers
 

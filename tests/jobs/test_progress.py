@@ -9,9 +9,9 @@ import time
 
 import pyarrow as pa
 import ray
+from precompute.jobs import progress
 from ray.actor import ActorHandle
 
-from jobs import progress
 from precompute.terminal_run import progress_on
 
 

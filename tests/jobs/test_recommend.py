@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from precompute.jobs.recommend import Seen, run_recs_job, top_k
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.validate import RejectRatioExceededError
+from precompute.stores.records import decode_ranked
 
-from jobs.recommend import Seen, run_recs_job, top_k
-from jobs.recs_settings import RecsJobSettings
-from jobs.validate import RejectRatioExceededError
 from precompute.pipeline import InteractionsInput
-from stores.records import decode_ranked
 from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
 
 

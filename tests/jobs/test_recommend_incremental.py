@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from precompute.jobs.content_cache import content_keys
+from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
+from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_state import CopyPlan, Items, Previous, model_fingerprint, plan
+from precompute.stores.records import decode_ranked
 
-from jobs.content_cache import content_keys
-from jobs.recommend import RECIPE, RecsJobReport, run_recs_job
-from jobs.recs_settings import RecsJobSettings
-from jobs.recs_state import CopyPlan, Items, Previous, model_fingerprint, plan
 from precompute.pipeline import InteractionsInput
-from stores.records import decode_ranked
 from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
 
 MODEL = "minilm"

@@ -7,11 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-
-from jobs.recommend import BlockedTopK, recommend_users
-from jobs.recs_models import Seen, train_towers
-from jobs.recs_quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
-from jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recommend import BlockedTopK, recommend_users
+from precompute.jobs.recs_models import Seen, train_towers
+from precompute.jobs.recs_quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
+from precompute.jobs.recs_settings import RecsJobSettings
 
 IDS = ["a0", "a1", "b0", "b1", "cold", "popular"]
 A0, A1, B0, B1, COLD, POPULAR = range(6)

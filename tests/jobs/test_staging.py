@@ -9,8 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-
-from jobs.staging import MANIFEST, StagingSink, UncommittedError, committed_dataset, committed_parts
+from precompute.jobs.staging import (
+    MANIFEST,
+    StagingSink,
+    UncommittedError,
+    committed_dataset,
+    committed_parts,
+)
 
 
 def test_a_write_commits_its_parts_and_deletes_what_no_task_returned(ray_local, tmp_path: Path) -> None:

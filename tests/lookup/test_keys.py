@@ -14,15 +14,14 @@ from urllib.parse import urlparse
 
 import numpy as np
 import pytest
+from precompute.lookup.app import create_app
+from precompute.lookup.settings import ServiceSettings
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.records import encode_ranked
+from precompute.stores.redis_server import redis_server
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
 from starlette.testclient import TestClient
-
-from lookup.app import create_app
-from lookup.settings import ServiceSettings
-from stores.key_value import KeyValueStore
-from stores.records import encode_ranked
-from stores.redis_server import redis_server
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 LABEL_NAMES = ["games", "python", "editors", "libs", 'say "hi"']

@@ -10,12 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from lookup.query_batcher import QueryBatcher
-from models import EngineSettings, load_encoder
-from models.engine import peer_independent
-from models.errors import InvalidInputError, ModelError
-from models.settings import DEMO_CORPUS
+from precompute.lookup.query_batcher import QueryBatcher
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.engine import peer_independent
+from precompute.models.errors import InvalidInputError, ModelError
+from precompute.models.settings import DEMO_CORPUS
 
 ROWS = 8
 

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from precompute.lookup.app import create_app
+from precompute.lookup.settings import ServiceSettings
+from precompute.models.settings import DEMO_CORPUS
+from precompute.stores.redis_server import free_port
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 from starlette.testclient import TestClient
-
-from lookup.app import create_app
-from lookup.settings import ServiceSettings
-from models.settings import DEMO_CORPUS
-from stores.redis_server import free_port
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 

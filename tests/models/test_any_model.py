@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
+from precompute.models.errors import ModelError
+from precompute.models.labels import LabelSettings, load_labeler
+from precompute.models.source import read_classifier, read_encoder
+from precompute.models.tokenize import TextTokenizer
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoModelForSequenceClassification
 
-from models import EngineSettings, load_encoder
-from models.backends.onnxruntime import OnnxRuntimeRunner
-from models.errors import ModelError
-from models.labels import LabelSettings, load_labeler
-from models.source import read_classifier, read_encoder
-from models.tokenize import TextTokenizer
 from tests.models.tiny import ARCHITECTURES, HIDDEN, LABELS, tiny_classifier, tiny_encoder
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from models import Encoder, InvalidInputError
+from precompute.models import Encoder, InvalidInputError
 
 
 @pytest.mark.parametrize(

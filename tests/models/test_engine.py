@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from models import EngineSettings, InvalidInputError, ModelError, load_encoder
-from models.errors import BackendUnavailableError
+from precompute.models import EngineSettings, InvalidInputError, ModelError, load_encoder
+from precompute.models.errors import BackendUnavailableError
 
 
 def test_auto_picks_onnxruntime_int8_on_a_cpu(encoder) -> None:

@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-
-from models import EngineSettings, load_encoder
-from models.engine_cache import EngineCache
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.engine_cache import EngineCache
 
 
 def test_miss_builds_then_hit_reuses(tmp_path: Path) -> None:

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
+from precompute.models.backends.torch import TorchRunner
+from precompute.models.source import bundled_encoder
+from precompute.models.tokenize import TextTokenizer
 from sentence_transformers import SentenceTransformer
-
-from models.backends.onnxruntime import OnnxRuntimeRunner
-from models.backends.torch import TorchRunner
-from models.source import bundled_encoder
-from models.tokenize import TextTokenizer
 
 
 def test_fp32_onnx_runtime_matches_pytorch(bundled_cache: dict[str, Path], corpus_texts) -> None:

@@ -9,11 +9,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
-
-from models import EngineSettings, load_encoder
-from models.gate import cosine_gate
-from models.quantize import QUANTIZERS, int8_dynamic
-from models.source import ModelSource
+from precompute.models import EngineSettings, load_encoder
+from precompute.models.gate import cosine_gate
+from precompute.models.quantize import QUANTIZERS, int8_dynamic
+from precompute.models.source import ModelSource
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from models.engine_cache import EngineCache
-from models.errors import ModelError
-from models.labels import (
+from precompute.models.engine_cache import EngineCache
+from precompute.models.errors import ModelError
+from precompute.models.labels import (
     LABELS_FILE,
     LabelHead,
     LabelSettings,
@@ -22,8 +21,8 @@ from models.labels import (
     top_of,
     train_head,
 )
-from models.reference_texts import TextSample, split_slot
-from models.settings import DEMO_CORPUS
+from precompute.models.reference_texts import TextSample, split_slot
+from precompute.models.settings import DEMO_CORPUS
 
 EMBEDDING_DIM = 384
 

@@ -8,15 +8,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
-from models.backends.onnxruntime import OnnxRuntimeRunner
-from models.encoder import encode_texts
-from models.gate import row_cosine
-from models.quantize import QUANTIZERS
-from models.reference_texts import reference_texts
-from models.settings import EngineSettings
-from models.source import bundled_encoder
-from models.tokenize import TextTokenizer
+from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
+from precompute.models.encoder import encode_texts
+from precompute.models.gate import row_cosine
+from precompute.models.quantize import QUANTIZERS
+from precompute.models.reference_texts import reference_texts
+from precompute.models.settings import EngineSettings
+from precompute.models.source import bundled_encoder
+from precompute.models.tokenize import TextTokenizer
 
 
 @pytest.fixture(scope="module")

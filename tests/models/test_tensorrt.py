@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from models.backends.base import BuildSpec
-from models.backends.tensorrt import TensorRTRunner, seq_buckets
-from models.backends.torch import TorchRunner
-from models.errors import ModelError
-from models.export import export_onnx
-from models.tokenize import TextTokenizer
+from precompute.models.backends.base import BuildSpec
+from precompute.models.backends.tensorrt import TensorRTRunner, seq_buckets
+from precompute.models.backends.torch import TorchRunner
+from precompute.models.errors import ModelError
+from precompute.models.export import export_onnx
+from precompute.models.tokenize import TextTokenizer
 
 pytest.importorskip(
     "tensorrt",

@@ -9,9 +9,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
-from bench.scale import RESOLUTION_S, STAGES, exponent, main, summary
-from bench.scale_data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
+from precompute.bench.scale import RESOLUTION_S, STAGES, exponent, main, summary
+from precompute.bench.scale_data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
 
 ROWS = 400
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.records import encode_ranked
+from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
 from typer.testing import CliRunner
 
 from precompute.cli import app
-from stores.key_value import KeyValueStore
-from stores.records import encode_ranked
-from stores.redis_settings import RedisSettings
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import open_vector_store
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 

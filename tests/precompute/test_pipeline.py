@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from precompute.jobs.recs_settings import DEMO_INTERACTIONS
+from precompute.models.settings import DEMO_CORPUS
 from typer.testing import CliRunner
 
-from jobs.recs_settings import DEMO_INTERACTIONS
-from models.settings import DEMO_CORPUS
 from precompute.cli import app
 from precompute.pipeline import PipelineError, load_pipeline, schema
 from tests.models.tiny import tiny_encoder, tiny_towers
@@ -44,7 +44,7 @@ def test_an_environment_variable_overrides_one_field(monkeypatch: pytest.MonkeyP
 
 
 def test_vector_quantization_is_set_per_output_over_the_machine_wide_setting(tmp_path: Path) -> None:
-    from stores.vector_settings import VectorStoreSettings
+    from precompute.stores.vector_settings import VectorStoreSettings
 
     body = f'[outputs.a]\nkind = "embeddings"\n{CORPUS}\nquantization = "int8"\n'
     pipeline = load_pipeline(write(tmp_path, body + f'[outputs.b]\nkind = "embeddings"\n{CORPUS}\n'))

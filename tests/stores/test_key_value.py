@@ -19,13 +19,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import redis
-
-from stores.errors import PublishValidationError, StoreError, StoreUnavailableError, VersionNotFoundError
-from stores.key_value import KeyValueStore
-from stores.key_value_reader import KeyValueReader
-from stores.records import decode_ranked, encode_ranked
-from stores.redis_server import redis_server
-from stores.redis_settings import RedisSettings
+from precompute.stores.errors import (
+    PublishValidationError,
+    StoreError,
+    StoreUnavailableError,
+    VersionNotFoundError,
+)
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.records import decode_ranked, encode_ranked
+from precompute.stores.redis_server import redis_server
+from precompute.stores.redis_settings import RedisSettings
 
 N = 250
 K = 10

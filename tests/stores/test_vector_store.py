@@ -19,16 +19,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import qdrant_edge as qe
+from precompute.flows.validate import validate_version
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
+from precompute.jobs.staging import commit
+from precompute.stores.errors import StoreError, VersionNotFoundError
+from precompute.stores.qdrant_edge_store import QdrantEdgeStore
+from precompute.stores.qdrant_server_store import QdrantServerStore
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import VectorStore, open_vector_store
 from qdrant_client import QdrantClient
-
-from flows.validate import validate_version
-from jobs.embedding_cache import EMBEDDING, embeddings_column
-from jobs.staging import commit
-from stores.errors import StoreError, VersionNotFoundError
-from stores.qdrant_edge_store import QdrantEdgeStore
-from stores.qdrant_server_store import QdrantServerStore
-from stores.vector_settings import VectorStoreSettings
-from stores.vectors import VectorStore, open_vector_store
 
 DIM = 16
 N = 60
