@@ -53,7 +53,7 @@ def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
     from precompute.jobs.settings import JobSettings
     from precompute.stores.vector_settings import VectorStoreSettings
 
-    from precompute.run_log import output_to_file
+    from precompute.cli.run_log import output_to_file
 
     before = redis_used_memory(redis_url)
     start = time.perf_counter()

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
+from precompute.flows.failures import failure_line, root_cause
 from precompute.flows.run_metrics import publish_run_metrics
 from precompute.flows.run_page import render
 from precompute.flows.validate import Validation, validate_version
@@ -61,7 +62,6 @@ from prefect.tasks import exponential_backoff
 from ray.data.datasource import Datasink
 
 from precompute.pipeline import CorpusInput, InteractionsInput, Pipeline, load_pipeline
-from precompute.run_log import failure_line, root_cause
 
 Job = TypeVar("Job", LabelsJobReport, RecsJobReport)
 

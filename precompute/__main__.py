@@ -1,5 +1,5 @@
 """`python -m precompute`: the same CLI, for subprocesses that must use this interpreter."""
 
-from precompute.cli import app
+from precompute.cli.main import app
 
 app()

@@ -19,7 +19,7 @@ from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
 from starlette.testclient import TestClient
 
-from precompute.outputs import status
+from precompute.cli.status import status
 from precompute.pipeline import load_pipeline
 from tests.models.tiny import HIDDEN, LABELS, tiny_classifier, tiny_encoder, tiny_towers
 

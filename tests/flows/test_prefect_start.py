@@ -1,6 +1,6 @@
 """The embedded default holds on a busy machine: a flow run through the CLI's settings starts
 Prefect's temporary API server while every core is busy (its default 20 s start-up timeout
-failed whole runs before any work on loaded machines; precompute/cli.py gives it 180 s)."""
+failed whole runs before any work on loaded machines; flows/__init__.py gives it 180 s)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 FLOW = """
-import precompute.cli  # sets the start-up timeout, as every `precompute` command does
+import precompute.flows  # sets the start-up timeout, as every `precompute` command does
 from prefect import flow
 
 @flow

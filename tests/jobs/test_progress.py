@@ -12,7 +12,7 @@ import ray
 from precompute.jobs import progress
 from ray.actor import ActorHandle
 
-from precompute.terminal_run import progress_on
+from precompute.cli.terminal import progress_on
 
 
 class Collect(logging.Handler):

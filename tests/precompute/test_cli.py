@@ -15,7 +15,7 @@ from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
 from typer.testing import CliRunner
 
-from precompute.cli import app
+from precompute.cli.main import app
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 

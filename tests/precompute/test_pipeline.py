@@ -12,7 +12,7 @@ from precompute.jobs.recs_settings import DEMO_INTERACTIONS
 from precompute.models.settings import DEMO_CORPUS
 from typer.testing import CliRunner
 
-from precompute.cli import app
+from precompute.cli.main import app
 from precompute.pipeline import PipelineError, load_pipeline, schema
 from tests.models.tiny import tiny_encoder, tiny_towers
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from precompute.models.engine import precision_ladder, resolve_backend, resolve_device
 from precompute.models.engine_cache import EngineCache
-from precompute.pipeline import Pipeline
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
+
+from precompute.pipeline import Pipeline
 
 
 def engine_line(pipeline: Pipeline, name: str) -> str:

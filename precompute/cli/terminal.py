@@ -17,15 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from precompute.flows.failures import failure_line
+from precompute.flows.nightly import RunFailedError, nightly, report_path
+from precompute.jobs.progress import LOG, Progress
+from precompute.jobs.settings import JobSettings
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from precompute.flows.nightly import RunFailedError, nightly, report_path
-from precompute.jobs.progress import LOG, Progress
-from precompute.jobs.settings import JobSettings
+from precompute.cli.run_log import output_to_file
 from precompute.pipeline import Pipeline
-from precompute.run_log import failure_line, output_to_file
 
 PLAIN_INTERVAL_S = 10.0
 

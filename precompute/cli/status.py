@@ -11,12 +11,13 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from precompute.pipeline import Pipeline
 from precompute.stores.errors import StoreUnavailableError
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store, version_age
+
+from precompute.pipeline import Pipeline
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""A run's log file, and the one line a user reads about each failure.
+"""A run's log file.
 
 Prefect, Ray and the jobs log to the terminal by default, and a failure arrives there as pages
 of framed tracebacks with the cause inside a Ray or Prefect wrapper. `precompute run` sends all
 of that, tracebacks included, to one file per run and prints its own lines instead: one per
-output, one per failure.
+output, one per failure (flows/failures.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
-
-from ray.exceptions import RayTaskError, UserCodeException
-
-MAX_LINE = 400
 
 
 @contextmanager
@@ -49,21 +45,3 @@ def output_to_file(directory: Path) -> Iterator[tuple[Path, TextIO, TextIO]]:
                 os.close(original)
             out.close()
             err.close()
-
-
-def root_cause(error: BaseException) -> BaseException:
-    """The exception user code raised, out of Ray's wrappers (a task's, a Ray Data UDF's)."""
-    while True:
-        if isinstance(error, RayTaskError) and error.cause is not None:
-            error = error.cause
-        elif isinstance(error, UserCodeException) and error.__cause__ is not None:
-            error = error.__cause__
-        else:
-            return error
-
-
-def failure_line(error: BaseException) -> str:
-    """`Type: message` of the root cause, on one line and bounded."""
-    cause = root_cause(error)
-    line = " ".join(f"{type(cause).__name__}: {cause}".split())
-    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."

@@ -14,16 +14,16 @@ from pathlib import Path
 import httpx
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
 from precompute.jobs.settings import JobSettings
 from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
-from precompute.outputs import render, status
-from precompute.pipeline import load_pipeline
 from precompute.stores.redis_server import redis_server
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.terminal_run import print_summary, run_logged
+
+from precompute.cli.status import render, status
+from precompute.cli.terminal import print_summary, run_logged
+from precompute.pipeline import load_pipeline
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
 USERS = 2
