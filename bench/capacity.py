@@ -36,17 +36,19 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
+
 from precompute.bench.load import CLIENT_THREADS, get, http, open_loop, percentiles, post_json
 from precompute.bench.lookup import labels, publish, recs
+from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
 from precompute.models import load_encoder
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.redis_server import free_port, redis_server
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import new_version, open_vector_store
+from precompute.stores.vectors import open_vector_store
+from precompute.stores.versions import new_version
 
 SEARCH_SHARE = 0.10
 ZIPF_S = 1.1
@@ -186,7 +188,7 @@ def wrk_run(
 
 
 def publish_corpus(stores: VectorStoreSettings, corpus: list[dict]) -> None:
-    with load_encoder() as encoder, open_vector_store(stores) as store:
+    with load_encoder(demo_engine()) as encoder, open_vector_store(stores, "corpus") as store:
         version = new_version()
         store.create_version(version, encoder.dim)
         store.upsert(

@@ -16,12 +16,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from precompute.models import Encoder, EngineSettings, load_encoder
+from sentence_transformers import SentenceTransformer
+
+from precompute.demo_data import DEMO_CORPUS, demo_engine
+from precompute.models import Encoder, Engine, load_encoder
 from precompute.models.gate import row_cosine
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
+from precompute.models.reference_texts import TextSample
 from precompute.models.source import read_encoder
-from sentence_transformers import SentenceTransformer
 
 WARMUP_TEXTS = 64
 
@@ -37,7 +39,7 @@ def mean_tokens(encoder: Encoder, texts: Sequence[str]) -> float:
     return sum(int(b.attention_mask.sum()) for b in batches) / len(texts)
 
 
-def run(texts: Sequence[str], repeats: int, settings: EngineSettings) -> dict[str, object]:
+def run(texts: Sequence[str], repeats: int, settings: Engine) -> dict[str, object]:
     encoder = load_encoder(settings)
     baseline = SentenceTransformer(str(settings.model.folder), device="cpu")
     baseline.max_seq_length = settings.model.max_seq_length
@@ -85,12 +87,10 @@ def run(texts: Sequence[str], repeats: int, settings: EngineSettings) -> dict[st
 
 def main(docs: int, repeats: int, corpus: str | None = None, model: str | None = None) -> dict[str, object]:
     """`model`: a sentence-transformers folder (default: the bundled model); gated on `corpus`."""
-    settings = EngineSettings()
     path = corpus or str(DEMO_CORPUS)
-    update: dict[str, object] = {"reference": settings.reference.model_copy(update={"path": path})}
+    settings = demo_engine(reference=TextSample(path=path))
     if model is not None:
-        update["model"] = read_encoder(Path(model))
-    settings = settings.model_copy(update=update)
+        settings = settings.replace(model=read_encoder(Path(model)))
     texts = pq.read_table(path, columns=["text"])["text"].to_pylist()[:docs]
     result = run(texts, repeats, settings)
     print(f"model {result['model']}")

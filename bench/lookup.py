@@ -24,17 +24,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import redis
+
 from precompute.bench.load import CLIENT_THREADS, Connect, get, http, open_loop, percentiles
+from precompute.demo_data import DEMO_CORPUS
 from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.records import encode_ranked
 from precompute.stores.redis_server import free_port, redis_server
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import new_version
+from precompute.stores.versions import new_version
 
 LABELS_PER_ITEM = 3
 RECS_PER_USER = 10
@@ -67,7 +68,7 @@ def publish(settings: RedisSettings, output: str, ids: list[str], values: list[b
     with KeyValueStore(settings) as store:
         store.create_version(output, version, len(ids), {"vocabulary": vocabulary})
         store.write(output, version, ids, values)
-        store.publish(output, version, {ids[0]: values[0]})
+        store.publish(output, version, 2, {ids[0]: values[0]})
     return version
 
 

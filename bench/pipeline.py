@@ -14,20 +14,20 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
+from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.jobs.embed import run_embed_job
+from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.settings import JobSettings
-from precompute.models import EngineSettings, load_encoder
+from precompute.models import load_encoder
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
 
-from precompute.pipeline import CorpusInput
-
 
 def main(corpus: str | None = None) -> dict[str, object]:
-    engine, job = EngineSettings(), JobSettings()
     source = CorpusInput(path=corpus or str(DEMO_CORPUS))
+    engine, job = demo_engine(reference=source.sample()), JobSettings()
     texts = pq.read_table(source.path, columns=["text"])["text"].to_pylist()
 
     with load_encoder(engine) as encoder:
@@ -38,7 +38,7 @@ def main(corpus: str | None = None) -> dict[str, object]:
 
     with tempfile.TemporaryDirectory() as tmp:
         stores = VectorStoreSettings(type="edge", path=Path(tmp) / "qdrant")
-        with open_vector_store(stores) as store:
+        with open_vector_store(stores, "bench") as store:
             report = run_embed_job(
                 "bench", store, source, job.model_copy(update={"work_dir": Path(tmp)}), engine
             )

@@ -38,9 +38,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import redis
+
 from precompute.bench.load import CLIENT_THREADS, open_loop, percentiles
+from precompute.demo_data import DEMO_CORPUS
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
 from precompute.stores.records import encode_ranked
@@ -56,6 +57,8 @@ KEY_SAMPLE = 20_000
 READ_IDS = 100_000
 """Ids of the published version the reader draws from (a random sample of them)."""
 IDLE_S = 3.0
+KEEP = 2
+"""Versions kept besides the published one, as an output keeps by default."""
 ADMIN_TIMEOUT_S = 600.0
 """The bench's own client: FLUSHALL of 10M keys takes seconds, past redis-py's default timeout."""
 CHUNK_S = 1.0
@@ -168,12 +171,12 @@ def reads_during_gc(
     client = redis.Redis.from_url(url, socket_timeout=ADMIN_TIMEOUT_S)
     client.flushall(asynchronous=False)
     versions = [f"20261122T031500Z-gc{n}" for n in range(2)]
-    with KeyValueStore(settings.model_copy(update={"keep_versions": 1})) as store:
+    with KeyValueStore(settings) as store:
         for version in versions:
             store.create_version(OUTPUT, version, len(ids))
             for start in range(0, len(ids), block):
                 store.write(OUTPUT, version, ids[start : start + block], values[start : start + block])
-            store.publish(OUTPUT, version, {ids[0]: values[0]})
+            store.publish(OUTPUT, version, 1, {ids[0]: values[0]})
     memory_two_versions = used_memory(client)
     picks = np.random.default_rng(1).integers(0, len(ids), size=min(READ_IDS, len(ids)))
     ready, stop = tmp / "reader-ready", tmp / "reader-stop"
@@ -185,8 +188,8 @@ def reads_during_gc(
             time.sleep(0.05)
         time.sleep(IDLE_S)
         gc_start = time.perf_counter()
-        with KeyValueStore(settings.model_copy(update={"keep_versions": 0})) as store:
-            deleted = store.collect_garbage(OUTPUT)
+        with KeyValueStore(settings) as store:
+            deleted = store.collect_garbage(OUTPUT, 0)
         gc_end = time.perf_counter()
         time.sleep(CHUNK_S)
         stop.touch()
@@ -235,7 +238,7 @@ def main(
                 store.create_version(OUTPUT, version, records_n)
                 for start in range(0, records_n, block):
                     store.write(OUTPUT, version, ids[start : start + block], values[start : start + block])
-                store.publish(OUTPUT, version, samples)
+                store.publish(OUTPUT, version, KEEP, samples)
                 return f"{settings.prefix}:{OUTPUT}:{version}:*"
 
             def baseline() -> str:

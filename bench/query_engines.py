@@ -20,24 +20,25 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
+
+from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.lookup.query_batcher import QueryBatcher
 from precompute.lookup.search import QUERY_ENGINE
-from precompute.models import EngineSettings, load_encoder
+from precompute.models import Engine, load_encoder
 from precompute.models.backends import BuildSpec
 from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
 from precompute.models.encoder import Encoder, EngineReport
 from precompute.models.engine import _Builder, peer_independent
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
 from precompute.models.tokenize import TextTokenizer
 
 ROWS = 8
 
 
-def static_int8(settings: EngineSettings) -> Encoder:
+def static_int8(settings: Engine) -> Encoder:
     """The calibrated Q/DQ graph (built for GPUs) on ONNX Runtime's CPU kernels."""
     builder = _Builder(settings, "cpu", OnnxRuntimeRunner, BuildSpec(ROWS, settings.model.max_seq_length))
-    runner = OnnxRuntimeRunner(settings.model, builder.onnx("int8-qdq"), "cpu", 1)
+    runner = OnnxRuntimeRunner(builder.onnx("int8-qdq"), "cpu", 1)
     report = EngineReport("onnxruntime", "cpu", "int8-static", "", False)
     return Encoder(runner, TextTokenizer(settings.model), ROWS, 1, report)
 
@@ -78,7 +79,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main(queries: int = 400) -> dict[str, object]:
-    settings = EngineSettings()
+    settings = demo_engine()
     titles = pq.read_table(DEMO_CORPUS, columns=["title"])["title"].to_pylist()
     texts = list(dict.fromkeys(titles))[:queries]
     result: dict[str, object] = {
@@ -89,7 +90,7 @@ def main(queries: int = 400) -> dict[str, object]:
         "engines": {},
     }
     engines: dict[str, dict[str, object]] = result["engines"]  # type: ignore[assignment]
-    with load_encoder(settings.model_copy(update=QUERY_ENGINE)) as served:
+    with load_encoder(settings.replace(**QUERY_ENGINE)) as served:
         for text in texts[:20]:
             served.encode_query(text)
         times, vectors = [], []
@@ -99,7 +100,7 @@ def main(queries: int = 400) -> dict[str, object]:
             times.append(time.perf_counter() - t0)
         baseline = median_ms(times)
         served_vectors = np.array(vectors)
-    fp32 = peer_independent(settings).model_copy(update={"streams": 1, "threads": 1, "batch_size": ROWS})
+    fp32 = peer_independent(settings).replace(streams=1, threads=1, batch_size=ROWS)
     reference = None
     for name, encoder in (
         ("fp32, batched", load_encoder(fp32)),

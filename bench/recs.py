@@ -27,10 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
 from precompute.bench.recs_data import DATASETS, load
+from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.jobs import content_cache
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
-from precompute.jobs.recommend import BlockedTopK, popularity_prior, seen_by_user
+from precompute.jobs.recommend import popularity_prior, seen_by_user
 from precompute.jobs.recs_models import train_towers
 from precompute.jobs.recs_quality import (
     RecsQuality,
@@ -38,13 +40,12 @@ from precompute.jobs.recs_quality import (
     interactions_table,
     valid_interactions,
 )
-from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import committed_dataset
-from precompute.models import EngineSettings, load_encoder
+from precompute.jobs.topk import BlockedTopK
+from precompute.models import load_encoder
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
-
 from precompute.pipeline import load_pipeline
 
 DEFAULT = "ml-1m"
@@ -52,7 +53,7 @@ DEFAULT = "ml-1m"
 
 def item_embeddings(texts: list[str]) -> tuple[np.ndarray, str]:
     """(vectors, where they came from)."""
-    engine = EngineSettings()
+    engine = demo_engine()
     keys = content_cache.content_keys(engine.model.hash, texts)
     cache = {}
     if previous := content_cache.previous_run(JobSettings().work_dir / "cache" / "embeddings"):
@@ -89,7 +90,7 @@ def demo_data() -> tuple[list[str], np.ndarray, pa.Table, str]:
 
 def public_data(name: str, cache: Path) -> tuple[list[str], np.ndarray, pa.Table, str]:
     items, interactions = load(name, cache)
-    with load_encoder(EngineSettings()) as encoder:
+    with load_encoder(demo_engine()) as encoder:
         vectors = encoder.encode(items["text"].to_pylist())
         report = encoder.report
     source = f"titles, years and genres computed by {report.backend}/{report.device}/{report.precision}"
@@ -113,7 +114,7 @@ def print_quality(name: str, quality: RecsQuality, rows: int) -> None:
 
 
 def speed(
-    ids: list[str], vectors: np.ndarray, good: pa.Table, settings: RecsJobSettings, repeats: int, block: int
+    ids: list[str], vectors: np.ndarray, good: pa.Table, settings: RecsSpec, repeats: int, block: int
 ) -> dict[str, object]:
     """GFLOP/s of the published model's top-k over every user against a plain GEMM of the same shapes."""
     seen = seen_by_user(good)
@@ -153,9 +154,9 @@ def main(
     cache: Path | None = None,
 ) -> dict[str, object]:
     """datasets: demo and names of bench/recs_data.DATASETS; the last one's speed is measured."""
-    settings = RecsJobSettings()
-    block = block or settings.users_per_block
-    cache = cache or JobSettings().work_dir / "datasets"
+    settings, job = RecsSpec(), JobSettings()
+    block = block or job.users_per_block
+    cache = cache or job.work_dir / "datasets"
     names = datasets.split(",")
     if unknown := set(names) - {"demo", *DATASETS}:
         raise ValueError(f"unknown data sets {sorted(unknown)}: choose from demo, {', '.join(DATASETS)}")

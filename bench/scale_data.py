@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from precompute.models.settings import DEMO_CORPUS
+
+from precompute.demo_data import DEMO_CORPUS
 
 ZIPF_EXPONENT = 1.0
 """Item popularity ∝ 1 / rank^s; s = 1 is the classic long tail of catalogue sales."""

@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from precompute.models.source import TOKENIZER_FILES, bundled_encoder
 from transformers import BertConfig, BertModel
+
+from precompute.models.source import TOKENIZER_FILES, bundled_encoder
 
 HIDDEN = 64
 LAYERS = 2

@@ -49,11 +49,10 @@ def task_seconds(flow_run_id: UUID) -> dict[str, float]:
 
 def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
     # Imported here, after the Prefect settings above are in the environment.
+    from precompute.cli.run_log import output_to_file
     from precompute.flows.nightly import RunFailedError, nightly
     from precompute.jobs.settings import JobSettings
     from precompute.stores.vector_settings import VectorStoreSettings
-
-    from precompute.cli.run_log import output_to_file
 
     before = redis_used_memory(redis_url)
     start = time.perf_counter()

@@ -19,23 +19,24 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from qdrant_client import QdrantClient, models
+from sentence_transformers import SentenceTransformer
+
 from precompute.bench.load import CLIENT_THREADS, http, open_loop, percentiles, post_json
+from precompute.demo_data import DEMO_CORPUS, demo_engine
+from precompute.lookup.search import QUERY_ENGINE
 from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
-from precompute.models import EngineSettings, load_encoder
+from precompute.models import load_encoder
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.redis_server import free_port
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
-from qdrant_client import QdrantClient, models
-from sentence_transformers import SentenceTransformer
 
 VERSION = "20000101T000000Z-bench0"
 K = 10
 TIE = 1e-6
-SERVICE_ENGINE = EngineSettings(graph="query", streams=1, threads=1)
-"""As lookup/app.py opens it."""
+
 
 
 def through_service(
@@ -59,21 +60,22 @@ def main(rate: float, requests: int) -> dict[str, object]:
     queries = [corpus[i]["title"] for i in rng.choice(len(corpus), size=requests)]
     ids = [row["id"] for row in corpus]
 
-    reference = SentenceTransformer(str(EngineSettings().model.folder), device="cpu")
-    reference.max_seq_length = EngineSettings().model.max_seq_length
+    engine = demo_engine()
+    reference = SentenceTransformer(str(engine.model.folder), device="cpu")
+    reference.max_seq_length = engine.model.max_seq_length
     fp32_docs = reference.encode([r["text"] for r in corpus], batch_size=16, normalize_embeddings=True)
     fp32_queries = reference.encode(queries, batch_size=16, normalize_embeddings=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         stores = VectorStoreSettings(type="edge", path=Path(tmp) / "qdrant")
-        with load_encoder() as encoder, open_vector_store(stores) as store:
+        with load_encoder(engine) as encoder, open_vector_store(stores, "corpus") as store:
             vectors = encoder.encode([r["text"] for r in corpus])
             store.create_version(VERSION, encoder.dim)
             store.upsert(VERSION, ids, vectors, [{"title": r["title"]} for r in corpus])
             store.finalize(VERSION)
             store.publish(VERSION)
         # Each query alone on the service's engine (dynamic INT8 depends on batch peers).
-        with load_encoder(SERVICE_ENGINE) as encoder:
+        with load_encoder(engine.replace(**QUERY_ENGINE)) as encoder:
             int8_queries = np.stack([encoder.encode_query(query) for query in queries])
 
         service = ServiceSettings(port=free_port(), warmup_queries=50)

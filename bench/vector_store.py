@@ -32,13 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from qdrant_client import QdrantClient
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.models.hardware import device_fingerprint
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.qdrant_server_store import QdrantServerStore
-from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vector_settings import Quantization, VectorStoreSettings
 from precompute.stores.vectors import VectorStore
-from qdrant_client import QdrantClient
 
 VERSION = "20261122T031500-bench"
 WARMUP_QUERIES = 20
@@ -54,9 +55,10 @@ CACHE = Path(tempfile.gettempdir()) / "precompute-bench-vectors"
 
 def embed(texts: Sequence[str], titles: Sequence[str]) -> tuple[np.ndarray, np.ndarray, str]:
     """Real embeddings: random vectors give misleadingly low HNSW recall (STACK.md)."""
+    from precompute.demo_data import demo_engine
     from precompute.models import load_encoder
 
-    with load_encoder() as encoder:
+    with load_encoder(demo_engine()) as encoder:
         return encoder.encode(texts), encoder.encode(titles), f"encoder {encoder.report.precision}"
 
 
@@ -158,10 +160,10 @@ def rss_kb() -> int:
     return 0
 
 
-def reader_rss_mb(settings: VectorStoreSettings, queries: np.ndarray, k: int) -> float:
+def reader_rss_mb(settings: VectorStoreSettings, name: str, queries: np.ndarray, k: int) -> float:
     """In a fresh process (spawned): resident MB gained by opening the published version and answering."""
     before = rss_kb()
-    with QdrantEdgeStore(settings) as store:
+    with QdrantEdgeStore(settings, name) as store:
         for q in queries:
             store.search(q, k)
         return round((rss_kb() - before) / 1024, 1)
@@ -181,9 +183,10 @@ def run_backend(
     query_sections: list[str],
     truth: dict[str, list[set[int]]],
     k: int,
+    quantization: Quantization = "none",
 ) -> dict[str, object]:
     start = time.perf_counter()
-    store.create_version(VERSION, docs.shape[1])
+    store.create_version(VERSION, docs.shape[1], quantization=quantization)
     for first in range(0, len(ids), SYNTH_CHUNK):  # payload dicts a chunk at a time
         rows = slice(first, first + SYNTH_CHUNK)
         store.upsert(VERSION, ids[rows], docs[rows], [{"section": s} for s in sections[rows]])
@@ -251,33 +254,32 @@ def main(docs: int = 5000, queries: int = 200, k: int = 10, points: int | None =
     )
     print(f"numpy exact (baseline): {json.dumps(results['numpy exact (baseline)'])}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-vectors-") as tmp:
-        edge = VectorStoreSettings(path=Path(tmp) / "edge", name="bench")
-        backends: dict[str, VectorStoreSettings | Callable[[], VectorStore]] = {
-            "qdrant-edge (HNSW)": edge,
-            "qdrant-edge (HNSW, INT8)": edge.model_copy(
-                update={"name": "bench-int8", "quantization": "int8"}
-            ),
+        edge = VectorStoreSettings(path=Path(tmp) / "edge")
+        # (settings, collection, quantization) of an edge store, or a store of another kind.
+        backends: dict[str, tuple[VectorStoreSettings, str, Quantization] | Callable[[], VectorStore]] = {
+            "qdrant-edge (HNSW)": (edge, "bench", "none"),
+            "qdrant-edge (HNSW, INT8)": (edge, "bench-int8", "int8"),
         }
         if points == len(real_ids):
             # Qdrant's default threshold (10 MB), under which the demo corpus is scanned exactly.
-            backends["qdrant-edge, exact scan"] = edge.model_copy(
-                update={"name": "bench-scan", "full_scan_threshold_kb": 10_000}
-            )
+            scan = edge.model_copy(update={"full_scan_threshold_kb": 10_000})
+            backends["qdrant-edge, exact scan"] = (scan, "bench-scan", "none")
         if points <= LOCAL_MODE_MAX:
             backends["qdrant-client local (path)"] = lambda: QdrantServerStore(
-                edge, client=QdrantClient(path=str(Path(tmp) / "local"))
+                edge, "bench", client=QdrantClient(path=str(Path(tmp) / "local"))
             )
         spawn = multiprocessing.get_context("spawn")
         for name, how in backends.items():
-            with QdrantEdgeStore(how) if isinstance(how, VectorStoreSettings) else how() as store:
+            settings, collection, quantization = how if isinstance(how, tuple) else (edge, "", "none")
+            with QdrantEdgeStore(settings, collection) if isinstance(how, tuple) else how() as store:
                 results[name] = run_backend(
-                    store, ids, vectors, sections, query_vectors, query_sections, truth, k
+                    store, ids, vectors, sections, query_vectors, query_sections, truth, k, quantization
                 )
-            if isinstance(how, VectorStoreSettings):
-                results[name]["disk_mb"] = disk_mb(how.path / how.name / VERSION)
+            if isinstance(how, tuple):
+                results[name]["disk_mb"] = disk_mb(settings.path / collection / VERSION)
                 with ProcessPoolExecutor(1, mp_context=spawn) as reader:
                     results[name]["reader_rss_mb"] = reader.submit(
-                        reader_rss_mb, how, query_vectors, k
+                        reader_rss_mb, settings, collection, query_vectors, k
                     ).result()
             else:
                 results[name]["disk_mb"] = disk_mb(Path(tmp) / "local")

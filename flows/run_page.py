@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from jinja2 import Environment, StrictUndefined
 from markupsafe import Markup, escape
+
 from precompute.jobs.validate import REASON
 from precompute.models.gate import COSINE_BINS
 
@@ -137,23 +138,17 @@ def output_view(name: str, fields: dict[str, Any]) -> dict[str, Any]:
         "version": fields.get("version"),
         "rows": fields.get("rows", "-"),
         "rejects": fields.get("rejects", "-"),
-        "reused": fields.get("reused", fields.get("copied", "-")),
-        "computed": fields.get("computed", fields.get("rescored", "-")),
+        "reused": fields.get("reused", "-"),
+        "computed": fields.get("computed", "-"),
         "deleted": fields.get("deleted_versions", []),
         "rejects_path": fields.get("rejects_path", ""),
         "reasons": rejects_by_reason(fields.get("rejects_path", "")) if fields.get("rejects") else [],
         "gates": [{**GATE_FIELDS, **gate} for gate in fields.get("gate", [])],
         "recall": fields.get("validation", {}).get("recall_at_10"),
         "models": [],
-        "rates": {},
-        "rate_unit": "rows/s",
+        "rates": fields.get("rates", {}),
+        "rate_unit": fields.get("rate_unit", "rows/s"),
     }
-    if fields["kind"] == "embeddings" and "docs_per_s" in fields:
-        view["rates"] = fields["docs_per_s"]
-    elif fields["kind"] == "labels" and "docs_per_s" in fields:
-        view["rates"] = {"label": fields["docs_per_s"]}
-    elif fields["kind"] == "recs" and "users_per_s" in fields:
-        view["rates"], view["rate_unit"] = {"top-k": fields["users_per_s"]}, "users/s"
     if models := fields.get("validation", {}).get("models"):
         quality = fields["validation"]
         view["quality"] = quality

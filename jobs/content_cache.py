@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import ray
+
 from precompute.jobs.staging import committed_parts, is_committed
 
 POINTER = "CURRENT"

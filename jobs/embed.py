@@ -21,21 +21,24 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import ray
-from precompute.jobs import progress
+from ray.actor import ActorHandle
+
+from precompute.jobs import progress, work_dir
 from precompute.jobs.content_cache import KEY, join_previous, promote, uncached, with_content_keys
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
+from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset
 from precompute.jobs.validate import validated_corpus
-from precompute.models import EngineSettings, load_encoder
+from precompute.models import Engine, load_encoder
+from precompute.stores.vector_settings import Quantization
 from precompute.stores.vectors import VectorStore
-from ray.actor import ActorHandle
-
-from precompute.pipeline import CorpusInput
 
 NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
 LOAD_BATCH = 256
+STAGED = "embeddings"
+"""The folder of a run's committed (id, content key, embedding, payload) parts."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class EmbedJobReport:
 class EmbedActor:
     """One engine per actor; it encodes only the rows the cache join left without a vector."""
 
-    def __init__(self, engine: EngineSettings, counter: ActorHandle | None = None) -> None:
+    def __init__(self, engine: Engine, counter: ActorHandle | None = None) -> None:
         self.encoder = load_encoder(engine)
         self.counter = counter
 
@@ -74,7 +77,7 @@ class EmbedActor:
         )
 
 
-def version_meta(engine: EngineSettings) -> dict[str, Any]:
+def version_meta(engine: Engine) -> dict[str, Any]:
     """What a version records of its model: a reader embeds queries with the same one."""
     return {"model": engine.model.model_dump(mode="json"), "reference": engine.reference.model_dump()}
 
@@ -88,12 +91,15 @@ def payload_kind(kind: pa.DataType) -> str:
     return "bool" if pa.types.is_boolean(kind) else str(kind)
 
 
-def load_version(store: VectorStore, version: str, run_dir: Path, meta: dict[str, Any]) -> int:
+def load_version(
+    store: VectorStore, version: str, run_dir: Path, meta: dict[str, Any], quantization: Quantization = "none"
+) -> int:
     """Bulk-load staged parts into a new, unpublished version; index it; return its count."""
     parts = committed_dataset(run_dir)
     payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
     payload = {c: payload_kind(parts.schema.field(c).type) for c in payload_columns}
-    store.create_version(version, parts.schema.field(EMBEDDING).type.list_size, {**meta, "payload": payload})
+    dim = parts.schema.field(EMBEDDING).type.list_size
+    store.create_version(version, dim, {**meta, "payload": payload}, quantization)
     for batch in parts.to_batches(batch_size=LOAD_BATCH):
         table = pa.Table.from_batches([batch])
         ids = [str(i) for i in table["id"].to_pylist()]
@@ -103,7 +109,7 @@ def load_version(store: VectorStore, version: str, run_dir: Path, meta: dict[str
 
 
 @ray.remote
-def prepare_engine(engine: EngineSettings) -> dict[str, Any]:
+def prepare_engine(engine: Engine) -> dict[str, Any]:
     """Build (or find cached) and gate the engine once, before the actors fan out."""
     with load_encoder(engine) as encoder:
         return asdict(encoder.report)
@@ -114,24 +120,25 @@ def run_embed_job(
     store: VectorStore,
     corpus: CorpusInput,
     settings: JobSettings,
-    engine: EngineSettings,
+    engine: Engine,
     output: str = "embeddings",
+    quantization: Quantization = "none",
 ) -> EmbedJobReport:
     """Embed the corpus into a new, unpublished store version; publishing is the caller's step.
 
     Staged parts go to `runs/<output>/<version>`; the previous run's are the cache (`cache/<output>`),
     joined to the rows inside the dataset: no process holds it whole.
     """
-    run_dir = settings.work_dir / "runs" / output / version
-    cache_dir = settings.work_dir / "cache" / output
+    run = work_dir.run_dir(settings.work_dir, output, version)
+    cache = work_dir.cache_dir(settings.work_dir, output)
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
-        gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
+        gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         # The engine is built and gated while the rows are validated: on a cold cache that
         # takes minutes, and it reads no row of the corpus.
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
-        rejects_path = run_dir / "rejects.parquet"
+        rejects_path = run / "rejects.parquet"
         with progress.stage(output, "validate"):
             good, rows, rejects = validated_corpus(corpus, rejects_path)
         seconds["validate"] = time.perf_counter() - start
@@ -141,12 +148,12 @@ def run_embed_job(
         seconds["engine"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        sink = StagingSink(run_dir / "embeddings")
+        sink = StagingSink(run / STAGED)
         keyed = good.map_batches(
             with_content_keys, fn_kwargs={"identity": engine.model.hash}, batch_format="pyarrow"
         )
         with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
-            join_previous(keyed, rows - rejects, cache_dir, [EMBEDDING]).map_batches(
+            join_previous(keyed, rows - rejects, cache, [EMBEDDING]).map_batches(
                 EmbedActor,
                 fn_constructor_kwargs={"engine": engine, "counter": counter},
                 batch_size=settings.rows_per_batch,
@@ -157,9 +164,9 @@ def run_embed_job(
 
     start = time.perf_counter()
     with progress.stage(output, "load"):
-        loaded = load_version(store, version, sink.run_dir, version_meta(engine))
+        loaded = load_version(store, version, sink.run_dir, version_meta(engine), quantization)
     seconds["load"] = time.perf_counter() - start
-    promote(cache_dir, sink.run_dir)
+    promote(cache, sink.run_dir)
     return EmbedJobReport(
         version=version,
         rows=rows,

@@ -24,19 +24,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.actor import ActorHandle
+from ray.data.datasource import Datasink
+
 from precompute.jobs import progress
 from precompute.jobs.content_cache import KEY, join_previous, uncached, with_content_keys
+from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink
 from precompute.jobs.validate import validated_corpus
-from precompute.models import EngineSettings
-from precompute.models.labels import LabelerReport, LabelSettings, load_labeler, open_labeler
+from precompute.models import Engine
+from precompute.models.label_head import LabelTask
+from precompute.models.labels import LabelerReport, load_labeler, open_labeler
 from precompute.stores.records import encode_ranked
-from ray.actor import ActorHandle
-from ray.data.datasource import Datasink
-
-from precompute.pipeline import CorpusInput
 
 SAMPLES = 5
 VALUE = "value"
@@ -65,7 +66,7 @@ class LabelsJobReport:
 
 
 def labeler_identity(
-    labels: LabelSettings, engine: EngineSettings, report: LabelerReport, vocabulary: list[str]
+    labels: LabelTask, engine: Engine, report: LabelerReport, vocabulary: list[str]
 ) -> str:
     """Everything a value depends on besides the text: the encoder's (or classifier's) hash; the
     trained head's cache entry, named by its key (model, training rows, column, recipe); the
@@ -79,7 +80,7 @@ def labeler_identity(
         "model": engine.model.hash,
         "head": Path(report.head_dir).name if report.head_dir else "",
         "vocabulary": vocabulary,
-        "top": labels.top,
+        "top": labels.policy.top,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -90,8 +91,8 @@ class LabelActor:
 
     def __init__(
         self,
-        labels: LabelSettings,
-        engine: EngineSettings,
+        labels: LabelTask,
+        engine: Engine,
         report: LabelerReport,
         counter: ActorHandle | None = None,
     ) -> None:
@@ -118,7 +119,7 @@ class LabelActor:
 
 
 @ray.remote
-def prepare_labeler(labels: LabelSettings, engine: EngineSettings) -> tuple[LabelerReport, list[str]]:
+def prepare_labeler(labels: LabelTask, engine: Engine) -> tuple[LabelerReport, list[str]]:
     """Train the head (on a cache miss), build the engine and gate the labeler once; (report, vocabulary)."""
     with load_labeler(labels, engine) as labeler:
         return labeler.report, labeler.labels
@@ -127,8 +128,8 @@ def prepare_labeler(labels: LabelSettings, engine: EngineSettings) -> tuple[Labe
 def run_labels_job(
     corpus: CorpusInput,
     settings: JobSettings,
-    labels: LabelSettings,
-    engine: EngineSettings,
+    labels: LabelTask,
+    engine: Engine,
     sink: Datasink,
     work_dir: Path,
     before_write: Callable[[int], None] | None = None,
@@ -147,7 +148,7 @@ def run_labels_job(
     rejects_path = work_dir / "rejects.parquet"
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
-        gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.device != "cpu"
+        gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
         start = time.perf_counter()
         with progress.stage(output, "validate"):

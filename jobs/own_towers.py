@@ -21,27 +21,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import ray
+from ray.data.expressions import col
+
 from precompute.jobs.ray_session import actor_pool
 from precompute.jobs.recs_models import OwnTowers, rows_of
 from precompute.jobs.validate import REASON, duplicate_ids, id_key, quarantine
 from precompute.models.backends.base import ConcreteDevice
+from precompute.models.settings import EngineSettings
 from precompute.models.text_columns import lossless, utf8_errors
 from precompute.models.towers import (
     GATE_ITEMS,
+    ROWS_PER_CALL,
     FeaturesInput,
+    Signature,
     TowerEngines,
     TowerInput,
-    TowerSession,
     TowersSpec,
     choose_engines,
     feature_reasons,
+    feeds,
+    open_tower,
     same_dim,
 )
-from ray.data.expressions import col
 
 KEY = "key"
 VECTOR = "vector"
-ROWS_PER_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -74,13 +78,16 @@ def tag_feature_rejects(batch: pa.Table, inputs: list[TowerInput], duplicates: s
 
 
 class TowerActor:
-    """Holds one tower's session; feature rows -> (key, vector)."""
+    """Holds one tower's engine (its node's, built from the gated graph); feature rows -> (key, vector)."""
 
-    def __init__(self, graph: ray.ObjectRef, device: ConcreteDevice) -> None:
-        self.session = TowerSession(ray.get(graph), device)
+    def __init__(
+        self, graph: ray.ObjectRef, inputs: list[TowerInput], machine: EngineSettings, device: ConcreteDevice
+    ) -> None:
+        self.runner = open_tower(ray.get(graph), machine, device)
+        self.inputs = inputs
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        vectors = self.session(batch)
+        vectors = self.runner.infer(feeds(batch, self.inputs))
         flat = pa.array(vectors.ravel(), pa.float32())
         return pa.table({KEY: batch[KEY], VECTOR: pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
 
@@ -103,6 +110,7 @@ def tower_vectors(
     features: FeaturesInput,
     graph: bytes,
     inputs: list[TowerInput],
+    machine: EngineSettings,
     device: ConcreteDevice,
     rejects_path: Path,
     noun: str,
@@ -120,8 +128,8 @@ def tower_vectors(
     rejects = quarantine(rejected, rows, features.max_reject_ratio, rejects_path, noun)
     vectors = tagged.filter(expr=col(REASON).is_null()).map_batches(
         TowerActor,
-        fn_constructor_kwargs={"graph": ray.put(graph), "device": device},
-        batch_size=ROWS_PER_BATCH,
+        fn_constructor_kwargs={"graph": ray.put(graph), "inputs": inputs, "machine": machine, "device": device},
+        batch_size=ROWS_PER_CALL,
         batch_format="pyarrow",
         **actor_pool(1, device == "cuda"),
     )
@@ -142,19 +150,19 @@ def aligned(tower: Tower, ids: list[str], dim: int) -> tuple[np.ndarray, int]:
     return matrix, int((~has).sum())
 
 
-def own_towers(spec: TowersSpec, item_ids: list[str], work_dir: Path, cache_dir: Path) -> OwnTowers:
+def own_towers(spec: TowersSpec, item_ids: list[str], work_dir: Path, machine: EngineSettings) -> OwnTowers:
     """The towers model of a run (item vectors in the order of `item_ids`), its report saying
     the engines chosen, rows read and rejected per features file, and items without features.
     Runs in the caller's Ray session: on GPUs where the cluster has them."""
     gpus = ray.cluster_resources().get("GPU", 0) > 0
     device: ConcreteDevice = "cuda" if gpus else "cpu"
     graphs = {"user": Path(spec.user).read_bytes(), "item": Path(spec.item).read_bytes()}
-    sessions = {tower: TowerSession(graph) for tower, graph in graphs.items()}
-    dim = same_dim(sessions["user"], sessions["item"])
+    signatures = {tower: Signature(graph) for tower, graph in graphs.items()}
+    dim = same_dim(signatures["user"], signatures["item"])
     sample = spec.calibration_rows
     heads = {
-        "user": head_rows(spec.users, sessions["user"].inputs, sample + spec.gate_users),
-        "item": head_rows(spec.items, sessions["item"].inputs, sample + GATE_ITEMS),
+        "user": head_rows(spec.users, signatures["user"].inputs, sample + spec.gate_users),
+        "item": head_rows(spec.items, signatures["item"].inputs, sample + GATE_ITEMS),
     }
     split = {
         tower: (rows.slice(0, sample), rows.slice(sample) if rows.num_rows > sample else rows)
@@ -162,12 +170,13 @@ def own_towers(spec: TowersSpec, item_ids: list[str], work_dir: Path, cache_dir:
     }
     choose = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0.5)(choose_engines)
     engines: TowerEngines = ray.get(
-        choose.remote(spec, graphs, split["user"], split["item"], device, cache_dir)
+        choose.remote(spec, graphs, split["user"], split["item"], device, machine)
     )
     users = tower_vectors(
         spec.users,
         engines.user,
-        sessions["user"].inputs,
+        signatures["user"].inputs,
+        machine,
         device,
         work_dir / "user_features_rejects.parquet",
         "user features",
@@ -175,7 +184,8 @@ def own_towers(spec: TowersSpec, item_ids: list[str], work_dir: Path, cache_dir:
     items = tower_vectors(
         spec.items,
         engines.item,
-        sessions["item"].inputs,
+        signatures["item"].inputs,
+        machine,
         device,
         work_dir / "item_features_rejects.parquet",
         "item features",

@@ -18,7 +18,6 @@ rescored and the store copies the others (jobs/recs_state.py says which, and wha
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import time
 from collections.abc import Callable
@@ -31,13 +30,18 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import ray
 import torch
+from ray.actor import ActorHandle
+from ray.data.datasource import Datasink
+from ray.data.expressions import col
+
 from precompute.jobs import progress
+from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.interactions import INDEX, USER, WEIGHT, clean, read_interactions, tag_rejects
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.recs_models import OwnTowers, Seen, Towers, resolve, rows_of, train_towers
-from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import (
     FINGERPRINT,
-    CopyPlan,
     Items,
     Previous,
     interactions_fingerprint,
@@ -46,17 +50,13 @@ from precompute.jobs.recs_state import (
     rescore,
     stage,
 )
-from precompute.jobs.validate import REASON, id_key, quarantine
-from precompute.models.text_columns import lossless, utf8_errors
+from precompute.jobs.settings import JobSettings
+from precompute.jobs.topk import BlockedTopK
+from precompute.jobs.validate import REASON, quarantine
+from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import RANKED, encode_ranked
-from ray.actor import ActorHandle
-from ray.data.datasource import Datasink
-from ray.data.expressions import col
 
-from precompute.pipeline import InteractionsInput
-
-USER, ITEM, WEIGHT = "user_id", "item_id", "weight"
-INDEX, ITEMS, WEIGHTS = "item_index", "items", "weights"
+ITEMS, WEIGHTS = "items", "weights"
 HOLDS = "holds_changed"
 SAMPLES = 5
 RECIPE = "towers/log1p-prior/exact-topk/v2"
@@ -86,62 +86,6 @@ class RecsJobReport:
     towers: dict[str, object] | None = None
     """The towers model: its engines and feature rows (jobs/own_towers.py), and the users
     without a features row (ranked by the prior and content alone)."""
-
-
-def row_reason(user_id: object, item_id: object, weight: float | None, index: dict[str, int]) -> str | None:
-    if user_id is None:
-        return "user_id is null"
-    if item_id is None:
-        return "item_id is null"
-    if weight is not None and math.isnan(weight):
-        return "weight is NaN"
-    if weight is not None and math.isinf(weight):
-        return "weight is infinite"
-    if weight is not None and weight < 0:
-        return f"weight {weight} is negative"
-    if id_key(item_id) not in index:
-        return f"item_id {id_key(item_id)!r} is not in the item table"
-    return None
-
-
-def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[str, str]:
-    """The input's user, item and weight columns (those present) to the names the job uses."""
-    names = {interactions.user: USER, interactions.item: ITEM, interactions.weight: WEIGHT}
-    return {old: new for old, new in names.items() if old != new and old in present}
-
-
-def read_interactions(interactions: InteractionsInput) -> ray.data.Dataset:
-    dataset = ray.data.read_parquet(interactions.path)
-    renames = column_renames(interactions, dataset.schema().names)
-    return dataset.rename_columns(renames) if renames else dataset
-
-
-def tag_rejects(batch: pa.Table, index: dict[str, int]) -> pa.Table:
-    """Add `reject_reason` (null for good rows) and the item's position in the item table; string
-    columns are read as their bytes."""
-    undecodable = utf8_errors(batch, [USER, ITEM])
-    batch = lossless(batch)
-    weights = batch[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * batch.num_rows
-    users, items = batch[USER].to_pylist(), batch[ITEM].to_pylist()
-    reasons = [
-        bad or row_reason(*row, index) for bad, *row in zip(undecodable, users, items, weights, strict=True)
-    ]
-    positions = [None if r else index[id_key(i)] for r, i in zip(reasons, items, strict=True)]
-    return batch.append_column(REASON, pa.array(reasons, pa.string())).append_column(
-        INDEX, pa.array(positions, pa.int64())
-    )
-
-
-def clean(batch: pa.Table) -> pa.Table:
-    """Good rows in the job's own types; a missing or null weight is an unweighted interaction."""
-    weights = batch[WEIGHT] if WEIGHT in batch.column_names else pa.nulls(batch.num_rows, pa.float32())
-    return pa.table(
-        {
-            USER: pc.cast(batch[USER], pa.string()),
-            INDEX: batch[INDEX],
-            WEIGHT: pc.fill_null(pc.cast(weights, pa.float32()), 1.0),
-        }
-    )
 
 
 def count_items(batch: pa.Table, items: int) -> dict[str, np.ndarray]:
@@ -214,98 +158,6 @@ def seen_of(batch: pa.Table) -> Seen:
     )
 
 
-SCORE_BUFFER_BYTES = 512 * 2**20
-"""The score buffer's bound: a block of users is scored against tiles of at most this many bytes
-of scores (262,144 items at 512 users a block), so the buffer stops growing with the items
-(a [512, items] buffer was 2 GB at 1M items). More tiles cost time: with 300,000 items, one
-tile took 1.27 s a 1,024-user batch, tiles of 131,072 items 1.47 s, of 8,192 items 2.8 s
-(measured beside a running bench: the ratios, not the seconds)."""
-
-
-class BlockedTopK:
-    """Exact top-k of user . item + prior over every item, the user's seen items excluded.
-
-    Owns the item matrix and a [block, tile] score buffer of at most SCORE_BUFFER_BYTES,
-    allocated once: a block of users against a tile of items is one matrix multiply into the
-    buffer, the prior added and seen items set to -inf in place, then topk; each tile's top k
-    are merged with the best so far. CUDA where torch sees it, else CPU BLAS.
-    """
-
-    def __init__(
-        self,
-        item_vectors: np.ndarray,
-        k: int,
-        block: int,
-        prior: np.ndarray | None = None,
-        tile: int | None = None,
-    ) -> None:
-        if not 1 <= k <= len(item_vectors):
-            raise ValueError(f"k must be between 1 and the number of items ({len(item_vectors)}), got {k}")
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.items = torch.tensor(item_vectors, dtype=torch.float32, device=self.device)
-        self.prior = None if prior is None else torch.tensor(prior, dtype=torch.float32, device=self.device)
-        tile = tile or max(1, SCORE_BUFFER_BYTES // (4 * block))
-        self.k, self.block, self.tile = k, block, min(tile, len(item_vectors))
-        self.buffer = torch.empty(block * self.tile, dtype=torch.float32, device=self.device)
-
-    def __call__(self, user_vectors: torch.Tensor, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
-        """(indices, scores), [users, k] each, best first; index -1 and score -inf where a user
-        has fewer than k unseen items."""
-        users = len(user_vectors)
-        indices = np.empty((users, self.k), np.int64)
-        scores = np.empty((users, self.k), np.float32)
-        for start in range(0, users, self.block):
-            stop = min(start + self.block, users)
-            offsets = seen.offsets[start : stop + 1]
-            rows = np.repeat(np.arange(stop - start), np.diff(offsets))
-            cols = seen.items[offsets[0] : offsets[-1]]
-            top_scores, top_indices = self._block(user_vectors[start:stop].to(self.device), rows, cols)
-            scores[start:stop] = top_scores.cpu().numpy()
-            indices[start:stop] = top_indices.cpu().numpy()
-        indices[np.isneginf(scores)] = -1
-        return indices, scores
-
-    def _block(
-        self, users: torch.Tensor, rows: np.ndarray, cols: np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top k of one block of users (seen items at rows, cols), a tile of items at a time."""
-        best: tuple[torch.Tensor, torch.Tensor] | None = None
-        for first in range(0, len(self.items), self.tile):
-            last = min(first + self.tile, len(self.items))
-            scores = self.buffer[: len(users) * (last - first)].view(len(users), last - first)
-            torch.mm(users, self.items[first:last].T, out=scores)
-            if self.prior is not None:
-                scores += self.prior[first:last]
-            inside = (cols >= first) & (cols < last)
-            scores[
-                torch.tensor(rows[inside], device=self.device),
-                torch.tensor(cols[inside] - first, device=self.device),
-            ] = -math.inf
-            tile_scores, tile_indices = torch.topk(scores, min(self.k, last - first), dim=1)
-            tile_indices += first
-            if best is not None:
-                merged_scores = torch.cat([best[0], tile_scores], dim=1)
-                tile_scores, at = torch.topk(merged_scores, min(self.k, merged_scores.shape[1]), dim=1)
-                tile_indices = torch.gather(torch.cat([best[1], tile_indices], dim=1), 1, at)
-            best = tile_scores, tile_indices
-        assert best is not None  # at least one item: checked at construction
-        return best
-
-
-def top_k(
-    user_vectors: np.ndarray,
-    item_vectors: np.ndarray,
-    seen: Seen,
-    k: int,
-    block: int,
-    prior: np.ndarray | None = None,
-    tile: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k items per user by blocked matrix multiply; see BlockedTopK."""
-    ranker = BlockedTopK(item_vectors, k, block, prior, tile)
-    return ranker(torch.tensor(user_vectors, dtype=torch.float32), seen)
-
-
 def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
     """Record values; a user with fewer than k unseen items gets a shorter one (no filler pairs)."""
     lengths = (indices >= 0).sum(axis=1) * RANKED.itemsize
@@ -360,7 +212,8 @@ def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
 
 def run_recs_job(
     interactions: InteractionsInput,
-    settings: RecsJobSettings,
+    settings: RecsSpec,
+    job: JobSettings,
     items: Items,
     sink: Datasink,
     work_dir: Path,
@@ -391,7 +244,7 @@ def run_recs_job(
     model = resolve(settings.model, len(items.ids))
     rejects_path = work_dir / "rejects.parquet"
     seconds: dict[str, float] = {}
-    with ray_session(settings.ray_address):
+    with ray_session(job.ray_address):
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
         start = time.perf_counter()
@@ -459,12 +312,12 @@ def run_recs_job(
                         "towers": ray.put(towers),
                         "prior": prior,
                         "k": settings.k,
-                        "block": settings.users_per_block,
+                        "block": job.users_per_block,
                         "counter": counter,
                     },
-                    batch_size=settings.users_per_block,
+                    batch_size=job.users_per_block,
                     batch_format="pyarrow",
-                    **actor_pool(settings.actors, gpus),
+                    **actor_pool(job.topk_actors, gpus),
                 ).materialize()
         seconds["recommend"] = time.perf_counter() - start
         samples = {row["id"]: row["value"] for row in values.take(SAMPLES)} if values else {}

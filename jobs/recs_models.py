@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Literal, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import scipy.sparse as sp
 import torch
-from precompute.jobs.recs_settings import RecsJobSettings
 from threadpoolctl import threadpool_limits
+
+from precompute.jobs.recs_spec import Model, RecsSpec
 
 
 class Seen(NamedTuple):
@@ -45,7 +46,6 @@ class Seen(NamedTuple):
     """User u's id (str): what a model with its own user tower looks the user up by."""
 
 
-Model = Literal["auto", "content", "itemknn", "ease", "als", "towers"]
 ITEM_ITEM_MAX_ITEMS = 20_000
 """Item-item models (EASE, item-kNN) hold an [items, items] float32 matrix: 1.6 GB at 20,000
 items (EASE's Gram matrix and inverse too; a top-k actor holds it twice in a hybrid: alone and
@@ -211,7 +211,7 @@ def ease(matrix: sp.csr_matrix, regularization: float) -> RowTowers:
     return RowTowers("ease", weights.cpu().numpy())
 
 
-def als(matrix: sp.csr_matrix, settings: RecsJobSettings) -> ALSTowers:
+def als(matrix: sp.csr_matrix, settings: RecsSpec) -> ALSTowers:
     """implicit's ALS: on the GPU where its CUDA build sees one (then copied to the CPU: the
     top-k actors solve users against it), else on every core."""
     import implicit.gpu
@@ -240,7 +240,7 @@ def resolve(model: Model, items: int) -> Model:
     return "ease" if items <= ITEM_ITEM_MAX_ITEMS else "als"
 
 
-def collaborative(name: Model, train: Seen, items: int, settings: RecsJobSettings) -> Towers:
+def collaborative(name: Model, train: Seen, items: int, settings: RecsSpec) -> Towers:
     matrix = interaction_matrix(train, items)
     if name == "itemknn":
         return item_knn(matrix, settings.neighbours)
@@ -270,7 +270,7 @@ def train_towers(
     model: Model,
     train: Seen,
     item_vectors: np.ndarray,
-    settings: RecsJobSettings,
+    settings: RecsSpec,
     own: OwnTowers | None = None,
 ) -> Towers:
     """The towers of `model` (resolved) trained on `train` (the towers model: `own`, already

@@ -25,18 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
-from precompute.jobs.recommend import (
-    INDEX,
-    USER,
-    WEIGHT,
-    BlockedTopK,
-    clean,
-    column_renames,
-    popularity_prior,
-    recommend_users,
-    seen_by_user,
-    tag_rejects,
-)
+
+from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.interactions import INDEX, USER, WEIGHT, clean, column_renames, tag_rejects
+from precompute.jobs.recommend import popularity_prior, recommend_users, seen_by_user
 from precompute.jobs.recs_models import (
     ITEM_ITEM_MAX_ITEMS,
     BlendTowers,
@@ -46,10 +38,9 @@ from precompute.jobs.recs_models import (
     resolve,
     train_towers,
 )
-from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.topk import BlockedTopK
 from precompute.jobs.validate import REASON
-
-from precompute.pipeline import InteractionsInput
 
 MAX_USERS = 5000
 EVAL_K = 10
@@ -156,7 +147,7 @@ def measure(
 def evaluate(
     good: pa.Table,
     item_vectors: np.ndarray,
-    settings: RecsJobSettings,
+    settings: RecsSpec,
     seed: int = 0,
     max_users: int = MAX_USERS,
     own: OwnTowers | None = None,

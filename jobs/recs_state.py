@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
@@ -38,9 +39,6 @@ from precompute.jobs.staging import committed_dataset
 STATE = "recs_state"
 MODEL, ITEMS_FILE, USERS_FILE = "model.json", "items.parquet", "users.parquet"
 FINGERPRINT = "fingerprint"
-BUCKET_SLACK = 0.25
-"""How far (as a fraction) the mean records per bucket may drift from the configured one before a
-run re-sizes the buckets (a full run): a copy keeps the published version's bucket count."""
 
 
 class Items(NamedTuple):
@@ -61,15 +59,8 @@ class Previous:
     run_dir: Path
     """Its run folder, holding the `recs_state/` it staged."""
     users: range
-    """User counts its bucket count holds well (within BUCKET_SLACK of the mean per bucket)."""
-
-
-@dataclass(frozen=True)
-class CopyPlan:
-    """How a store builds an incremental version: copy `version`, delete `gone`, then write the rescored."""
-
-    version: str
-    gone: list[str]
+    """User counts a copy of it holds well (the store says: stores/key_value_versions.py);
+    past them a run is full."""
 
 
 class Plan(NamedTuple):
@@ -90,13 +81,6 @@ def staged_items(run_dir: Path) -> Items:
     table = committed_dataset(run_dir).to_table(columns=["id", KEY, EMBEDDING])
     table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
     return Items(table["id"].to_pylist(), embeddings_of(table), table[KEY].to_pylist())
-
-
-def bucket_fit(buckets: int, entries_per_bucket: int) -> range:
-    """User counts that `buckets` hold well: from BUCKET_SLACK under the fewest that
-    create_version gives that many buckets, to BUCKET_SLACK over the most."""
-    low = int((buckets - 1) * entries_per_bucket * (1 - BUCKET_SLACK))
-    return range(low, int(buckets * entries_per_bucket * (1 + BUCKET_SLACK)) + 1)
 
 
 def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], ids: list[str], recipe: str) -> dict:

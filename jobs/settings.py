@@ -24,9 +24,16 @@ class JobSettings(BaseSettings):
 
     rows_per_batch: int = Field(2048, ge=1)
     """Rows per actor call; the engine sorts them by length and re-batches them, so more
-    rows mean less padding and fewer calls (`bench pipeline` on the demo corpus: 0.74 of
-    the bare engine's speed at 512, 0.82 at 2048), at the cost of a later first output and
-    3 MB of vectors a call."""
+    rows mean less padding and fewer calls (`bench pipeline` measures it), at the cost of a
+    later first output and 3 MB of vectors a call."""
+
+    topk_actors: int = Field(1, ge=1)
+    """Recommendations: top-k actors, each holding the whole item matrix; one GPU each where
+    there are GPUs."""
+
+    users_per_block: int = Field(512, ge=1)
+    """Recommendations: users scored per matrix multiply, against tiles of items whose
+    [block, tile] float32 score buffer (bounded: jobs/topk.py) is allocated once per actor."""
 
     pushgateway_url: str | None = None
     """A Prometheus Pushgateway (http://host:9091) each run pushes its metrics to

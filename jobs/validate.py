@@ -10,12 +10,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray
+from ray.data.expressions import col
+
+from precompute.jobs.inputs import CorpusInput
 from precompute.models.errors import InvalidInputError, ModelError
 from precompute.models.text_columns import as_text, lossless, readable, utf8_errors
 from precompute.models.tokenize import check_text
-from ray.data.expressions import col
-
-from precompute.pipeline import CorpusInput
 
 REASON = "reject_reason"
 

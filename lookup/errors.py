@@ -7,11 +7,12 @@ import json
 from typing import Any, TypeVar
 
 import anyio
-from precompute.lookup.settings import ServiceSettings
-from precompute.stores.errors import StoreUnavailableError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+
+from precompute.lookup.settings import ServiceSettings
+from precompute.stores.errors import StoreUnavailableError
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:

@@ -10,24 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from precompute.lookup.errors import Refused, error, unavailable, validated_body
-from precompute.lookup.metrics import Metrics
-from precompute.lookup.outages import StoreHealth
-from precompute.lookup.settings import ServiceSettings
-from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
-from precompute.stores.key_value_reader import KeyValueReader
-from precompute.stores.records import RANKED
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from precompute.pipeline import Pipeline
+from precompute.lookup.errors import Refused, error, unavailable, validated_body
+from precompute.lookup.metrics import Metrics
+from precompute.lookup.openapi import batch_operation, get_operation
+from precompute.lookup.outages import StoreHealth
+from precompute.lookup.served import Endpoint, Handler
+from precompute.lookup.settings import ServiceSettings
+from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
+from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.records import RANKED
+from precompute.stores.redis_settings import RedisSettings
 
-Handler = Callable[[Request], Awaitable[Response]]
 VOCABULARIES_PER_OUTPUT = 2
 """The published version's vocabulary and the one before a switch."""
 NOTHING_PUBLISHED_RETRY_S = "5"
@@ -46,15 +47,19 @@ class RecsBatchGet(LabelsBatchGet):
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """A key-value output as the API shows it."""
+    """A key-value output as the API shows it: a format, bound to an output by KeyLookups.serve."""
 
     name: str
-    """The output's key part in Redis (its kind's name in LABELS and RECS)."""
+    """The output's key part in Redis (its store)."""
     list_key: str
     """Key of the ranked list in an answer."""
     entry: str
     """%-template of one entry of the list: the vocabulary entry (JSON) and the score."""
     batch_model: type[LabelsBatchGet]
+    noun: str
+    """What a record lists, for the API's summaries ("labels")."""
+    subject: str
+    """What a record's id names ("item")."""
     max_k: int = 0
     """The most entries a record holds (the pipeline file's `k` of a recs output): a larger `k` is refused."""
 
@@ -63,9 +68,8 @@ class Output:
         return "k" in self.batch_model.model_fields
 
 
-LABELS = Output("labels", "labels", '{"label":%s,"score":%s}', LabelsBatchGet)
-RECS = Output("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet)
-KINDS = {"labels": LABELS, "recs": RECS}
+LABELS = Output("labels", "labels", '{"label":%s,"score":%s}', LabelsBatchGet, "labels", "item")
+RECS = Output("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet, "recommended items", "user")
 
 
 class Vocabulary:
@@ -102,24 +106,32 @@ def parse_k(raw: str, max_k: int) -> int:
 
 
 class KeyLookups:
-    """The key-lookup handlers. The service's lifespan sets `reader`: it binds to the event loop."""
+    """The key-lookup handlers of every output served from Redis, sharing one reader (opened in
+    the service's lifespan: it binds to the event loop) and its health."""
 
-    def __init__(self, settings: ServiceSettings, metrics: Metrics, pipeline: Pipeline) -> None:
+    def __init__(self, settings: ServiceSettings, redis: RedisSettings, metrics: Metrics) -> None:
         self.settings = settings
+        self.redis = redis
         self.metrics = metrics
-        self.outputs = {
-            name: dataclasses.replace(
-                KINDS[output.kind],
-                name=pipeline.store(name),
-                max_k=min(settings.max_k, getattr(output, "k", 0)),
-            )
-            for name, output in pipeline.outputs.items()
-            if output.kind in KINDS
-        }
-        """The labels and recs outputs of the pipeline file, by name."""
+        self.outputs: dict[str, Output] = {}
+        """The outputs served, by name."""
         self.reader: KeyValueReader | None = None
         self.health = StoreHealth("redis")
         self._vocabularies: dict[tuple[str, str], Vocabulary] = {}
+
+    def serve(self, name: str, store: str, format: Output, max_k: int = 0) -> KeyOutput:
+        """Serve output `name`, stored under `store`, in `format`; `max_k`: the most entries its records hold."""
+        self.outputs[name] = dataclasses.replace(format, name=store, max_k=min(self.settings.max_k, max_k))
+        return KeyOutput(self, name)
+
+    def open(self) -> None:
+        if self.reader is None:
+            self.reader = KeyValueReader(self.redis)
+
+    async def close(self) -> None:
+        if self.reader is not None:
+            reader, self.reader = self.reader, None
+            await reader.aclose()
 
     def get(self, name: str) -> Handler:
         settings, output = self.settings, self.outputs[name]
@@ -221,19 +233,74 @@ class KeyLookups:
                 del self._vocabularies[next(iter(self._vocabularies))]
         return vocabulary
 
-    async def versions(self) -> dict[str, str | None]:
-        """Each output's published version (None before its first publish), its vocabulary prepared.
+    async def version(self, name: str) -> str | None:
+        """An output's published version (None before its first publish), its vocabulary prepared.
 
         Raises StoreUnavailableError while Redis is down.
         """
-        reader = self.open_reader()
-        versions: dict[str, str | None] = {}
-        for name, output in self.outputs.items():
-            try:
-                version, _ = await reader.get_many(output.name, [])
-            except VersionNotFoundError:
-                versions[name] = None
-                continue
-            await self.vocabulary(reader, output, version)
-            versions[name] = version
-        return versions
+        reader, output = self.open_reader(), self.outputs[name]
+        try:
+            version, _ = await reader.get_many(output.name, [])
+        except VersionNotFoundError:
+            self.health.ok()
+            return None
+        except StoreUnavailableError as e:
+            self.health.failed(e)
+            raise
+        await self.vocabulary(reader, output, version)
+        self.health.ok()
+        return version
+
+
+class KeyOutput:
+    """One key-value output as the service answers it (lookup/served.py Served)."""
+
+    store = "key-value store"
+
+    def __init__(self, keys: KeyLookups, name: str) -> None:
+        self.keys = keys
+        self.name = name
+
+    def endpoints(self, base: str) -> list[Endpoint]:
+        output = self.keys.outputs[self.name]
+        one, many = (
+            f"The {output.noun} of one {output.subject}",
+            f"The {output.noun} of many {output.subject}s",
+        )
+        single, batch = f"{base}/{{id}}", f"{base}:batchGet"
+        return [
+            # `:path`: an id may hold a '/' (sent as %2F); metrics label the route by its template.
+            Endpoint(
+                f"{base}/{{id:path}}",
+                "GET",
+                self.keys.get(self.name),
+                single,
+                get_operation(
+                    f"{one}, best first, from the published version",
+                    f"{output.subject} id",
+                    output.list_key,
+                    output.takes_k,
+                ),
+            ),
+            Endpoint(
+                batch,
+                "POST",
+                self.keys.batch_get(self.name),
+                batch,
+                batch_operation(
+                    f"{many}, all from one published version", output.batch_model, output.list_key
+                ),
+            ),
+        ]
+
+    async def open(self) -> None:
+        self.keys.open()
+
+    async def version(self) -> str | None:
+        return await self.keys.version(self.name)
+
+    def engine(self, version: str) -> str | None:
+        return None
+
+    async def close(self) -> None:
+        await self.keys.close()

@@ -1,10 +1,14 @@
-"""The OpenAPI document, built from the request models so it cannot drift from validation."""
+"""The OpenAPI document, built from the served endpoints and their request models, so it cannot
+drift from the routes or their validation."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
+
+from precompute.lookup.served import Endpoint
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -38,65 +42,51 @@ K_PARAMETER = {
     "description": "at most this many items, best first (default: all that were stored)",
     "schema": {"type": "integer", "minimum": 1},
 }
+SERVICE_PATHS = {
+    "/healthz": {"get": {"summary": "The process is alive", "responses": {"200": answer("ok")}}},
+    "/readyz": {
+        "get": {
+            "summary": "Ready once the engines are warm and the stores answer",
+            "responses": {
+                "200": answer("the version served per output, null where none is published yet"),
+                "503": answer("not ready, with the reason"),
+            },
+        }
+    },
+}
 
 
-def openapi_document(
-    search_request: type[BaseModel], labels_batch: type[BaseModel], recs_batch: type[BaseModel]
-) -> dict[str, Any]:
+def search_operation(request: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "summary": "Embed the query and return the k nearest documents of the published version",
+        "requestBody": json_body(request),
+        "responses": {"200": answer("version and hits: id, score, payload"), **ERRORS},
+    }
+
+
+def get_operation(summary: str, id_is: str, list_key: str, takes_k: bool) -> dict[str, Any]:
+    parameters = [path_id(id_is), *([K_PARAMETER] if takes_k else [])]
+    return {
+        "summary": summary,
+        "parameters": parameters,
+        "responses": {"200": answer(f"version, id, {list_key}"), **GET_ERRORS},
+    }
+
+
+def batch_operation(summary: str, request: type[BaseModel], list_key: str) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "requestBody": json_body(request),
+        "responses": {"200": answer(f"version, results: id, {list_key}; missing: the ids not found"), **ERRORS},
+    }
+
+
+def openapi_document(endpoints: Iterable[Endpoint]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for endpoint in endpoints:
+        paths.setdefault(endpoint.template, {})[endpoint.method.lower()] = endpoint.operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "precompute lookup", "version": "1"},
-        "paths": {
-            "/v1/search": {
-                "post": {
-                    "summary": "Embed the query and return the k nearest documents of the published version",
-                    "requestBody": json_body(search_request),
-                    "responses": {"200": answer("version and hits: id, score, payload"), **ERRORS},
-                }
-            },
-            "/v1/labels/{id}": {
-                "get": {
-                    "summary": "The labels of one item, best first, from the published version",
-                    "parameters": [path_id("item id")],
-                    "responses": {"200": answer("version, id, labels: label, score"), **GET_ERRORS},
-                }
-            },
-            "/v1/labels:batchGet": {
-                "post": {
-                    "summary": "The labels of many items, all from one published version",
-                    "requestBody": json_body(labels_batch),
-                    "responses": {
-                        "200": answer("version, results: id, labels; missing: the ids not found"),
-                        **ERRORS,
-                    },
-                }
-            },
-            "/v1/recs/{id}": {
-                "get": {
-                    "summary": "The recommended items of one user, best first, from the published version",
-                    "parameters": [path_id("user id"), K_PARAMETER],
-                    "responses": {"200": answer("version, id, items: id, score"), **GET_ERRORS},
-                }
-            },
-            "/v1/recs:batchGet": {
-                "post": {
-                    "summary": "The recommended items of many users, all from one published version",
-                    "requestBody": json_body(recs_batch),
-                    "responses": {
-                        "200": answer("version, results: id, items; missing: the ids not found"),
-                        **ERRORS,
-                    },
-                }
-            },
-            "/healthz": {"get": {"summary": "The process is alive", "responses": {"200": answer("ok")}}},
-            "/readyz": {
-                "get": {
-                    "summary": "Ready once the engine is warm and the stores answer",
-                    "responses": {
-                        "200": answer("the version served per output, null where none is published yet"),
-                        "503": answer("not ready, with the reason"),
-                    },
-                }
-            },
-        },
+        "paths": {**paths, **SERVICE_PATHS},
     }

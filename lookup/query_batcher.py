@@ -23,7 +23,9 @@ import time
 from concurrent.futures import Future
 
 import numpy as np
+
 from precompute.models.encoder import Encoder
+from precompute.models.source import INPUT_NAMES
 
 BUCKET_TOKENS = 16
 """A query's ids are padded to the next multiple of this: few shapes, little padding."""
@@ -64,7 +66,7 @@ class QueryBatcher:
             ids[row, : len(query)] = query
             mask[row, : len(query)] = 1
         self.calls += 1
-        return self.encoder.runner.infer(ids, mask)[: len(queries)]
+        return self.encoder.runner.infer(dict(zip(INPUT_NAMES, (ids, mask), strict=True)))[: len(queries)]
 
     def _gather(self, first: Waiting) -> list[Waiting]:
         """The first query and those arriving within wait_s of it, up to `rows` of them."""

@@ -22,6 +22,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 from cachetools import LRUCache
+
 from precompute.lookup.metrics import Metrics
 
 Value = TypeVar("Value", bytes, np.ndarray)

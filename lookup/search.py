@@ -1,5 +1,9 @@
 """`POST /v1/search[/{name}]`: embed the query with the model that made the served version, then search it.
 
+A search is answered from the query cache (lookup/query_cache.py) on the event loop, else embeds
+the query and searches the published version on a search thread, at most one per core, so key
+lookups never wait behind an embedding.
+
 Each embeddings output has its own store and follows its own published version. A version
 records the model that made it (stores/vectors.py `meta`), so when a new model's version is
 published the service embeds queries with that model from then on: its encoder is loaded on
@@ -9,21 +13,35 @@ query and index always agree.
 
 from __future__ import annotations
 
+import json
 import threading
-from typing import Annotated, Protocol
+from typing import TYPE_CHECKING, Annotated, Protocol
 
+import anyio
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from starlette.requests import Request
+from starlette.responses import Response
+
+from precompute.lookup.errors import error, unavailable, validated_body
+from precompute.lookup.openapi import search_operation
 from precompute.lookup.outages import StoreHealth
 from precompute.lookup.query_batcher import QueryBatcher
 from precompute.lookup.query_cache import QueryCache
+from precompute.lookup.served import Endpoint
 from precompute.lookup.settings import ServiceSettings
-from precompute.models import EngineSettings, load_encoder
+from precompute.models import Engine, InvalidInputError, load_encoder
 from precompute.models.encoder import EngineReport
-from precompute.models.engine import peer_independent, resolve_device
+from precompute.models.engine import peer_independent
 from precompute.models.reference_texts import TextSample
+from precompute.models.runtime import resolve_device
+from precompute.models.settings import EngineSettings
 from precompute.models.source import ModelSource
+from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
 from precompute.stores.vectors import Filter, Hit, VectorStore
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+if TYPE_CHECKING:
+    from precompute.lookup.app import Service
 
 WARMUP_TEXT = "warm-up query for the engine and the index"
 
@@ -80,12 +98,12 @@ class Encoders:
         self._encoders: dict[str, QueryEncoder] = {}
         self._lock = threading.Lock()
 
-    def batched(self, engine: EngineSettings) -> bool:
+    def batched(self, machine: EngineSettings) -> bool:
         if self.settings.query_batch == "auto":
-            return resolve_device(engine) == "cuda"
+            return resolve_device(machine) == "cuda"
         return self.settings.query_batch == "on"
 
-    def get(self, engine: EngineSettings, warmup_queries: int = 0) -> QueryEncoder:
+    def get(self, engine: Engine, warmup_queries: int = 0) -> QueryEncoder:
         with self._lock:
             encoder = self._encoders.get(engine.model.hash)
             if encoder is None:
@@ -95,11 +113,11 @@ class Encoders:
                 self._encoders[engine.model.hash] = encoder
             return encoder
 
-    def _load(self, engine: EngineSettings) -> QueryEncoder:
-        if not self.batched(engine):
-            return load_encoder(engine.model_copy(update=QUERY_ENGINE))
+    def _load(self, engine: Engine) -> QueryEncoder:
+        if not self.batched(engine.machine):
+            return load_encoder(engine.replace(**QUERY_ENGINE))
         rows = self.settings.query_batch_rows
-        batch_engine = peer_independent(engine).model_copy(update={"streams": 1, "batch_size": rows})
+        batch_engine = peer_independent(engine).replace(streams=1, batch_size=rows)
         return QueryBatcher(load_encoder(batch_engine), rows, self.settings.query_batch_wait_ms / 1000)
 
     def close(self) -> None:
@@ -116,7 +134,7 @@ class Searcher:
         name: str,
         store: VectorStore,
         encoders: Encoders,
-        engine: EngineSettings,
+        engine: Engine,
         vectors: QueryCache[np.ndarray],
     ) -> None:
         self.health = StoreHealth(f"vector store of {name}")
@@ -125,10 +143,10 @@ class Searcher:
         self.vectors = vectors
         self.engine = engine
         """The output's engine as the pipeline file states it: a version's own model replaces its model."""
-        self._versions: dict[str, tuple[EngineSettings, dict[str, str] | None]] = {}
+        self._versions: dict[str, tuple[Engine, dict[str, str] | None]] = {}
         """The served version's engine and payload fields, replaced whole (search threads read it)."""
 
-    def served(self, version: str) -> tuple[EngineSettings, dict[str, str] | None]:
+    def served(self, version: str) -> tuple[Engine, dict[str, str] | None]:
         """(the engine of the model that made `version`, its payload's field types)."""
         known = self._versions.get(version)
         if known is None:
@@ -136,14 +154,12 @@ class Searcher:
             engine = self.engine
             if "model" in meta:  # else written without one (by hand): the file's model
                 model = ModelSource.model_validate(meta["model"])
-                engine = engine.model_copy(
-                    update={"model": model, "reference": TextSample.model_validate(meta["reference"])}
-                )
+                engine = engine.replace(model=model, reference=TextSample.model_validate(meta["reference"]))
             known = (engine, meta.get("payload"))
             self._versions = {version: known}  # one version is served at a time
         return known
 
-    def engine_of(self, version: str) -> EngineSettings:
+    def engine_of(self, version: str) -> Engine:
         return self.served(version)[0]
 
     def check_filter(self, version: str, filter: Filter) -> None:
@@ -185,3 +201,93 @@ class Searcher:
             vector = self.encoders.get(engine).encode_query(query)
             self.vectors.put((engine.model.hash, query), vector)
         return self.store.search(vector, k, filter, version=version)
+
+
+class SearchOutput:
+    """An embeddings output as the service answers it (lookup/served.py Served)."""
+
+    store = "vector store"
+
+    def __init__(self, service: Service, name: str, store: VectorStore, engine: Engine) -> None:
+        self.service = service
+        self.name = name
+        self.searcher = Searcher(name, store, service.encoders, engine, service.vectors)
+
+    def endpoints(self, base: str) -> list[Endpoint]:
+        async def search(request: Request) -> Response:
+            return await self.search(request)
+
+        search.__doc__ = f"Embed `query`, return the `k` nearest documents of {self.name}'s published version."
+        return [Endpoint(base, "POST", search, base, search_operation(SearchRequest))]
+
+    async def open(self) -> None:
+        await anyio.to_thread.run_sync(self.searcher.warm, self.service.settings.warmup_queries)
+
+    async def version(self) -> str | None:
+        try:
+            version = self.searcher.store.current()
+        except StoreUnavailableError as e:
+            self.searcher.health.failed(e)
+            raise
+        self.searcher.health.ok()
+        return version
+
+    def engine(self, version: str) -> str | None:
+        report = self.searcher.encoder_for(version).report
+        return f"{report.backend}/{report.device}/{report.precision}"
+
+    async def close(self) -> None:
+        self.searcher.store.close()
+
+    async def search(self, request: Request) -> Response:
+        """Embed `query`, return the `k` nearest documents of the published version (with `filter`)."""
+        service, settings, searcher = self.service, self.service.settings, self.searcher
+        req = await validated_body(request, SearchRequest, settings)
+        if len(req.query) > settings.max_query_chars:
+            return error(422, f"query is longer than {settings.max_query_chars} characters", field="query")
+        if req.k > settings.max_k:
+            return error(422, f"k must be at most {settings.max_k}", field="k")
+        if not service.ready:
+            return error(503, "warming up", headers={"Retry-After": "1"})
+        key = (req.query, req.k, filter_key(req.filter))
+        try:
+            version = searcher.store.serving()
+            body = service.answers.get_answer(self.name, version, key)
+            if body is None and service.shared is not None:
+                body = await service.shared.get(self.name, version, key)
+                if body is not None:
+                    service.answers.put_answer(self.name, version, key, body)
+            if body is None:
+                hits = await anyio.to_thread.run_sync(
+                    searcher.search, version, req.query, req.k, req.filter, limiter=service.search_threads
+                )
+                body = answer_body(version, hits)
+                service.answers.put_answer(self.name, version, key, body)
+                if service.shared is not None:
+                    await service.shared.put(self.name, version, key, body)
+        except InvalidInputError as e:
+            return error(422, e.reason, field="query")
+        except FilterError as e:
+            return error(422, str(e), field=f"filter.{e.key}")
+        except VersionNotFoundError:
+            return error(503, f"no version of {self.name} is published yet", headers={"Retry-After": "5"})
+        except StoreUnavailableError as e:
+            service.metrics.store_errors.labels(self.name).inc()
+            searcher.health.failed(e)
+            return unavailable("vector store", e)
+        searcher.health.ok()
+        return Response(body, media_type="application/json")
+
+
+def filter_key(filter: dict[str, str | int | bool] | None) -> tuple[tuple[str, str, object], ...]:
+    """A filter as part of a cache key: True and 1 are equal in Python, not in a payload."""
+    return tuple(sorted((key, type(value).__name__, value) for key, value in (filter or {}).items()))
+
+
+def answer_body(version: str, hits: list[Hit]) -> bytes:
+    return json.dumps(
+        {"version": version, "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits]},
+        ensure_ascii=False,
+        allow_nan=False,
+        separators=(",", ":"),
+    ).encode()

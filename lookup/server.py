@@ -20,11 +20,11 @@ from pathlib import Path
 
 import httpx
 import uvicorn
-from precompute.lookup.metrics import MULTIPROCESS_DIR
-from precompute.lookup.settings import ServiceSettings
 from pydantic_settings import BaseSettings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from precompute.lookup.metrics import MULTIPROCESS_DIR
+from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import Pipeline
 
 READY_TIMEOUT_S = 300

@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable
 
+from redis.exceptions import RedisError
+
 from precompute.lookup.metrics import Metrics
 from precompute.stores.key_value_reader import async_client
 from precompute.stores.redis_settings import RedisSettings
-from redis.exceptions import RedisError
 
 CACHE = "answers_redis"
 

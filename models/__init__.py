@@ -10,6 +10,6 @@ embeddings.
 from precompute.models.encoder import Encoder
 from precompute.models.engine import load_encoder
 from precompute.models.errors import InvalidInputError, ModelError
-from precompute.models.settings import EngineSettings
+from precompute.models.settings import Engine, EnginePolicy, EngineSettings
 
-__all__ = ["Encoder", "EngineSettings", "InvalidInputError", "ModelError", "load_encoder"]
+__all__ = ["Encoder", "Engine", "EnginePolicy", "EngineSettings", "InvalidInputError", "ModelError", "load_encoder"]

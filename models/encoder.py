@@ -8,8 +8,10 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from precompute.models.backends.base import Runner
 from precompute.models.gate import GateResult
+from precompute.models.source import INPUT_NAMES
 from precompute.models.tokenize import Batch, TextTokenizer
 
 
@@ -36,10 +38,10 @@ def encode_texts(
     pool: Executor | None = None,
 ) -> np.ndarray:
     """float32 [len(texts), dim] in input order; batches run on `pool` when one is given."""
-    out = np.empty((len(texts), runner.source.dim), dtype=np.float32)
+    out = np.empty((len(texts), tokenizer.dim), dtype=np.float32)
 
     def run(batch: Batch) -> None:
-        out[batch.rows] = runner.infer(batch.input_ids, batch.attention_mask)
+        out[batch.rows] = runner.infer(batch.feeds)
 
     batches = tokenizer.batches(texts, batch_size)
     if pool is None:
@@ -67,8 +69,8 @@ class Encoder:
         report: EngineReport,
     ) -> None:
         self.runner = runner
-        self.source = runner.source
-        self.dim = runner.source.dim
+        self.source = tokenizer.source
+        self.dim = tokenizer.dim
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.report = report
@@ -89,7 +91,8 @@ class Encoder:
         ids = self.tokenizer.ids(text)
         with self._query_lock:
             self._query_ids[0, : len(ids)] = ids
-            return self.runner.infer(self._query_ids[:, : len(ids)], self._query_mask[:, : len(ids)])[0]
+            feeds = dict(zip(INPUT_NAMES, (self._query_ids, self._query_mask), strict=True))
+            return self.runner.infer({name: array[:, : len(ids)] for name, array in feeds.items()})[0]
 
     def close(self) -> None:
         if self._pool is not None:

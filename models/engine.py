@@ -8,26 +8,23 @@ that fails is recorded with its reason in the report.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from precompute.models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
+
+from precompute.models.backends import BuildSpec, ConcreteDevice, Runner
 from precompute.models.encoder import Encoder, EngineReport, encode_texts
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import GateFailedError, ModelError
 from precompute.models.gate import GateResult, agreement_gate, cosine_gate, row_cosine
-from precompute.models.hardware import detect_device, device_fingerprint
+from precompute.models.hardware import device_fingerprint
 from precompute.models.reference_texts import reference_texts, texts_digest
-from precompute.models.settings import EngineSettings
+from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
+from precompute.models.settings import Engine
 from precompute.models.tokenize import TextTokenizer
 
-LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
-    "cpu": ("int8", "fp32"),
-    "cuda": ("int8", "fp16", "fp32"),
-}
 # The ONNX graph each (device, precision) runs; fp32 runs the export itself.
 ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
     ("cpu", "int8"): "int8-dynamic",
@@ -42,64 +39,39 @@ FUSED = {"int8-dynamic": "int8-dynamic-fused"}
 FUSABLE = ("bert",)
 
 
-def resolve_device(settings: EngineSettings) -> ConcreteDevice:
-    return detect_device() if settings.device == "auto" else settings.device
-
-
-def resolve_backend(settings: EngineSettings, device: ConcreteDevice) -> type[Runner]:
-    if settings.backend != "auto":
-        return BACKENDS[settings.backend]()
-    if device == "cuda" and importlib.util.find_spec("tensorrt") is not None:
-        return BACKENDS["tensorrt"]()
-    return BACKENDS["onnxruntime"]()
-
-
-def precision_ladder(settings: EngineSettings, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
-    """Precisions to try, fastest first; the torch backend is the FP32 reference only."""
-    ladder = ("fp32",) if backend == "torch" else LADDERS[device]
-    if settings.precision == "auto":
-        return ladder
-    if settings.precision not in ladder:
-        raise ModelError(
-            f"precision={settings.precision!r} is not available for backend {backend} on {device}; "
-            f"choose one of {', '.join(ladder)} or auto"
-        )
-    return ladder[ladder.index(settings.precision) :]
-
-
-def peer_independent(settings: EngineSettings) -> EngineSettings:
-    """`settings` for an engine whose output for one row never depends on the other rows of its
+def peer_independent(engine: Engine) -> Engine:
+    """`engine` as an engine whose output for one row never depends on the other rows of its
     batch, as micro-batched queries need: CPU INT8 is dynamic (activation scales per batch: a
     query's vector moved by up to 0.03 per component beside other queries), so on CPUs FP32;
     every GPU rung is static (Q/DQ, FP16, FP32)."""
-    if resolve_device(settings) != "cpu" or settings.precision == "fp32":
-        return settings
-    if settings.precision == "int8":
+    if resolve_device(engine.machine) != "cpu" or engine.policy.precision == "fp32":
+        return engine
+    if engine.policy.precision == "int8":
         raise ModelError(
             "precision='int8' on CPU is dynamic INT8, whose answers depend on batch peers; "
             "batched queries need precision='fp32' (or auto)"
         )
-    return settings.model_copy(update={"precision": "fp32"})
+    return engine.replace(precision="fp32")
 
 
-def load_encoder(settings: EngineSettings | None = None) -> Encoder:
-    """The fastest engine of `settings.model` for this machine that passes the accuracy gate."""
-    settings = settings or EngineSettings()
-    device = resolve_device(settings)
-    runner_cls = resolve_backend(settings, device)
+def load_encoder(engine: Engine) -> Encoder:
+    """The fastest engine of `engine.model` for this machine that passes the accuracy gate."""
+    device = resolve_device(engine.machine)
+    runner_cls = resolve_backend(engine.machine, device)
     runner_cls.check_available(device)
+    machine = engine.machine
     cpus = len(os.sched_getaffinity(0))
-    streams = settings.streams or (cpus if device == "cpu" else 1)
-    batch_size = settings.batch_size or (16 if device == "cpu" else 256)
-    threads = settings.threads or max(1, cpus // streams)
-    source = settings.model
-    build = _Builder(settings, device, runner_cls, BuildSpec(batch_size, source.max_seq_length))
+    streams = machine.streams or (cpus if device == "cpu" else 1)
+    batch_size = machine.batch_size or (16 if device == "cpu" else 256)
+    threads = machine.threads or max(1, cpus // streams)
+    source = engine.model
+    build = _Builder(engine, device, runner_cls, BuildSpec(batch_size, source.max_seq_length))
     tokenizer = TextTokenizer(source)
 
     gates: list[GateResult] = []
-    for precision in precision_ladder(settings, device, runner_cls.name):
+    for precision in precision_ladder(engine.policy.precision, device, runner_cls.name):
         engine_dir, hit = build.engine(precision)
-        runner = runner_cls(source, engine_dir / runner_cls.engine_file, device, threads)
+        runner = runner_cls.open(engine_dir, device, threads, source)
         if runner_cls.name != "torch":  # the reference needs no gate against itself
             gates.append(build.gate(engine_dir, precision, runner, tokenizer))
             if not gates[-1].passed:
@@ -113,17 +85,17 @@ def load_encoder(settings: EngineSettings | None = None) -> Encoder:
 
 
 class _Builder:
-    """Cache lookups and builds for one (settings, device, backend): graphs, engines, gates."""
+    """Cache lookups and builds for one (engine, device, backend): graphs, engines, gates."""
 
     def __init__(
-        self, settings: EngineSettings, device: ConcreteDevice, runner_cls: type[Runner], spec: BuildSpec
+        self, engine: Engine, device: ConcreteDevice, runner_cls: type[Runner], spec: BuildSpec
     ) -> None:
-        self.settings = settings
+        self.config = engine
         self.device = device
         self.runner_cls = runner_cls
         self.spec = spec
-        self.cache = EngineCache(settings.cache_dir)
-        self.model = settings.model.hash
+        self.cache = EngineCache(engine.machine.cache_dir)
+        self.model = engine.model.hash
         self._gate_texts: list[str] | None = None
 
     def onnx(self, variant: str) -> Path:
@@ -132,7 +104,7 @@ class _Builder:
             from precompute.models.export import export_onnx  # torch is imported only to export
 
             key = {"model": self.model}
-            source = self.settings.model
+            source = self.config.model
             return (
                 self.cache.get_or_build("export", key, lambda d: export_onnx(source, d / "model.onnx")).path
                 / "model.onnx"
@@ -146,17 +118,17 @@ class _Builder:
             )
 
             calibration = reference_texts(
-                self.settings.reference, "calibration", self.settings.calibration_texts
+                self.config.reference, "calibration", self.config.policy.calibration_texts
             )
-            QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.settings.model)
+            QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.config.model)
 
         return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
 
     def engine(self, precision: str) -> tuple[Path, bool]:
         """The backend's engine for this precision: (its cache entry, whether it was a hit)."""
         variant = ONNX_VARIANTS[(self.device, precision)]
-        fusable = self.settings.model.task == "embed" and self.settings.model.architecture in FUSABLE
-        if self.settings.graph == "query" and variant in FUSED and fusable:
+        fusable = self.config.model.task == "embed" and self.config.model.architecture in FUSABLE
+        if self.config.machine.graph == "query" and variant in FUSED and fusable:
             variant = FUSED[variant]
         key = {
             "model": self.model,
@@ -183,34 +155,34 @@ class _Builder:
             tmp = scored.with_suffix(".tmp.npy")
             np.save(tmp, encode_texts(runner, tokenizer, texts, self.spec.max_batch))
             os.replace(tmp, scored)
-        outputs, reference = np.load(scored), reference_embeddings(self.settings, texts)
-        s = self.settings
-        if s.model.task == "classify":
-            return agreement_gate(precision, outputs, reference, s.gate_agreement, s.reference.path)
+        outputs, reference = np.load(scored), reference_embeddings(self.config, texts)
+        policy, texts_from = self.config.policy, self.config.reference.path
+        if self.config.model.task == "classify":
+            return agreement_gate(precision, outputs, reference, policy.gate_agreement, texts_from)
         cosine = row_cosine(outputs, reference)
-        return cosine_gate(precision, cosine, s.gate_mean_cosine, s.gate_min_cosine, s.reference.path)
+        return cosine_gate(precision, cosine, policy.gate_mean_cosine, policy.gate_min_cosine, texts_from)
 
     def gate_texts(self) -> list[str]:
         if self._gate_texts is None:
-            self._gate_texts = gate_texts(self.settings)
+            self._gate_texts = gate_texts(self.config)
         return self._gate_texts
 
 
-def gate_texts(settings: EngineSettings) -> list[str]:
-    return reference_texts(settings.reference, "gate", settings.gate_texts)
+def gate_texts(engine: Engine) -> list[str]:
+    return reference_texts(engine.reference, "gate", engine.policy.gate_texts)
 
 
-def reference_embeddings(settings: EngineSettings, texts: list[str]) -> np.ndarray:
+def reference_embeddings(engine: Engine, texts: list[str]) -> np.ndarray:
     """FP32 PyTorch outputs of `texts`, computed once per model and text set: every
     gate (cosine or agreement here, label agreement in labels.py) scores against the same reference."""
 
     def compute(directory: Path) -> None:
         from precompute.models.backends.torch import TorchRunner
 
-        tokenizer = TextTokenizer(settings.model)
-        with TorchRunner(settings.model, Path(), "cpu", 1) as reference:
+        tokenizer = TextTokenizer(engine.model)
+        with TorchRunner(engine.model, "cpu", 1) as reference:
             np.save(directory / "embeddings.npy", encode_texts(reference, tokenizer, texts, 32))
 
-    key = {"model": settings.model.hash, "texts": texts_digest(texts)}
-    entry = EngineCache(settings.cache_dir).get_or_build("reference", key, compute)
+    key = {"model": engine.model.hash, "texts": texts_digest(texts)}
+    entry = EngineCache(engine.machine.cache_dir).get_or_build("reference", key, compute)
     return np.load(entry.path / "embeddings.npy")

@@ -11,9 +11,10 @@ import warnings
 from pathlib import Path
 
 import torch
-from precompute.models.source import INPUT_NAMES, OUTPUT_NAME, ModelSource
 from transformers import AutoModel, AutoModelForSequenceClassification
 from transformers.utils import logging as transformers_logging
+
+from precompute.models.source import INPUT_NAMES, OUTPUT_NAME, ModelSource
 
 OPSET = 17
 

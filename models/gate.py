@@ -1,8 +1,9 @@
-"""The accuracy gate: a quantized engine is used only if it agrees with FP32 on held-out texts.
+"""The accuracy gate: a quantized engine is used only if it agrees with FP32 on held-out inputs.
 
-Encoders are gated on the cosine of each text's vector to FP32's; classifiers on the share
-of texts whose top label is FP32's (a probability vector can be close in cosine and still
-name another label).
+Encoders are gated on the cosine of each text's vector to FP32's; classifiers and label heads
+on the share of texts whose top label is FP32's (a probability vector can be close in cosine
+and still name another label); recommendation towers on the overlap of users' top items (what
+a user would see).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class GateResult:
     min_cosine: float | None = None
     agreement: float | None = None
     """Classifiers: share of texts whose top label is FP32's."""
+    overlap: float | None = None
+    """Towers: mean share of a user's top TOP_K items that are FP32's."""
+    seconds: float | None = None
+    """Towers: the best of three runs over the gate's rows, both towers; what `auto` compares."""
     texts_from: str = ""
     """The input the held-out texts were drawn from."""
     cosine_histogram: list[int] | None = None
@@ -72,3 +77,24 @@ def agreement_gate(
     passed = agreement >= threshold
     reason = "" if passed else f"top-label agreement {agreement:.4f} < {threshold}"
     return GateResult(precision, passed, reason, agreement=agreement, texts_from=texts_from)
+
+
+TOP_K = 10
+"""Towers: the list length whose overlap is gated (the recommendations a product page shows)."""
+
+
+def top_overlap(
+    users: np.ndarray, items: np.ndarray, reference_users: np.ndarray, reference_items: np.ndarray
+) -> float:
+    """Mean share of each user's top TOP_K items (by dot product) that are also the reference's."""
+    k = min(TOP_K, len(items))
+    ours = np.argpartition(-(users @ items.T), k - 1, axis=1)[:, :k]
+    theirs = np.argpartition(-(reference_users @ reference_items.T), k - 1, axis=1)[:, :k]
+    return float(np.mean([len(np.intersect1d(a, b)) / k for a, b in zip(ours, theirs, strict=True)]))
+
+
+def overlap_gate(precision: str, overlap: float, threshold: float, seconds: float) -> GateResult:
+    """Users' top items under this precision must share at least `threshold` with FP32's."""
+    passed = overlap >= threshold
+    reason = "" if passed else f"top-{TOP_K} overlap {overlap:.4f} < {threshold}"
+    return GateResult(precision, passed, reason, overlap=round(overlap, 4), seconds=round(seconds, 5))

@@ -11,6 +11,7 @@ import platform
 from pathlib import Path
 
 import onnxruntime as ort
+
 from precompute.models.backends.base import ConcreteDevice
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")

@@ -8,12 +8,15 @@
   from calibration texts, symmetric as TensorRT requires. TensorRT 10 deprecated and 11
   removed implicit INT8 calibration: strongly typed networks take precision from Q/DQ.
 - fp16 (GPU): FP16 weights and compute, FP32 inputs and outputs.
+- int8-qdq-features (towers, CPU and GPU): static INT8 with Q/DQ around Gemm and MatMul,
+  calibrated on feature rows. Dynamic INT8 would leave Gemm, the op torch exports nn.Linear
+  as, in float.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,8 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 from onnxruntime.transformers import optimizer
 from onnxruntime.transformers.float16 import convert_float_to_float16
+
+from precompute.models.backends.base import Feeds
 from precompute.models.source import INPUT_NAMES, ModelSource
 from precompute.models.tokenize import TextTokenizer
 
@@ -125,3 +130,32 @@ QUANTIZERS: dict[str, Quantizer] = {
     "int8-qdq": int8_qdq,
     "fp16": fp16,
 }
+
+
+class _Feeds(CalibrationDataReader):
+    """Feeds prepared batches (a tower's feature rows) to ONNX Runtime's calibrator."""
+
+    def __init__(self, feeds: Iterable[Feeds]) -> None:
+        self._feeds = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        feeds = next(self._feeds, None)
+        return None if feeds is None else dict(feeds)
+
+
+def int8_qdq_features(fp32: Path, out: Path, calibration: Iterable[Feeds]) -> None:
+    """Static INT8 of a feature graph: symmetric Q/DQ on Gemm and MatMul, per channel."""
+    prepared = out.with_suffix(".prepared.onnx")
+    quant_pre_process(fp32, prepared, skip_symbolic_shape=True)
+    quantize_static(
+        prepared,
+        out,
+        _Feeds(calibration),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul", "Gemm"],
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+    )
+    prepared.unlink()

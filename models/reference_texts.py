@@ -13,9 +13,11 @@ from typing import Literal
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from precompute.models.errors import ModelError
-from precompute.models.text_columns import decodable_rows
 from pydantic import BaseModel, ConfigDict
+
+from precompute.models.errors import ModelError
+from precompute.models.location import Location
+from precompute.models.text_columns import decodable_rows
 
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
 
@@ -25,7 +27,7 @@ class TextSample(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    path: str
+    path: Location
     """Local path or object-store URI."""
     id: str = "id"
     text: str = "text"

@@ -1,25 +1,34 @@
-"""Typed settings of the encoder engine, read from PRECOMPUTE_ENGINE_* variables."""
+"""What an engine is built from: the machine's settings, the output's policy, the model and its texts.
+
+Three parts, each declared once:
+- `EngineSettings`: how this machine runs engines (backend, device, threads, cache), from
+  PRECOMPUTE_ENGINE_* variables; the same for every output.
+- `EnginePolicy`: how good a quantized engine must be (where the precision ladder starts, the
+  gate's thresholds and text counts). It is the pipeline file's `engine` table of an output;
+  a field the table leaves out comes from its PRECOMPUTE_ENGINE_* variable, else its default.
+- `Engine`: both, with the model (models/source.py) and the input whose texts gate and
+  calibrate it: what `load_encoder` takes.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from precompute.models.reference_texts import TextSample
-from precompute.models.source import ModelSource, bundled_encoder
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from precompute.models.source import ModelSource
 
 Backend = Literal["auto", "onnxruntime", "tensorrt", "torch"]
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "int8", "fp16", "fp32"]
 Graph = Literal["batch", "query"]
 
-DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "demo" / "corpus.parquet"
-
 
 class EngineSettings(BaseSettings):
-    """How the encoder is built and run; every field has an env var PRECOMPUTE_ENGINE_<NAME>."""
+    """How this machine builds and runs engines; env PRECOMPUTE_ENGINE_<NAME>."""
 
     model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True)
 
@@ -30,14 +39,10 @@ class EngineSettings(BaseSettings):
     device: Device = "auto"
     """auto: cuda when a CUDA GPU is visible, else cpu."""
 
-    precision: Precision = "auto"
-    """Where the precision ladder starts. auto: int8 (fastest); a precision that fails
-    the accuracy gate falls back to the next one up (int8 -> fp16 on GPUs -> fp32)."""
-
     graph: Graph = "batch"
     """batch: the plain export, fastest on batches (jobs). query: ONNX Runtime's fused
-    BERT graph, fastest for one short text at a time (the lookup service) and 13% slower
-    on batches of 16. Only CPU INT8 has a fused variant; other precisions ignore this."""
+    BERT graph, fastest for one short text at a time (the lookup service) and slower on
+    batches. Only CPU INT8 has a fused variant; other precisions ignore this."""
 
     cache_dir: Path = Path.home() / ".cache" / "precompute" / "engines"
     """Exported models, quantized models, TensorRT plans and gate results. Outside git;
@@ -55,25 +60,64 @@ class EngineSettings(BaseSettings):
     """ONNX Runtime threads per stream. None: CPU cores / streams. One thread suits a
     single-query service: waking a thread pool after an idle gap costs more than it saves."""
 
+
+class EnginePolicy(BaseSettings):
+    """How close to FP32 a quantized engine must be; the pipeline file's `engine` table of an
+    output, each field left out there read from PRECOMPUTE_ENGINE_<NAME>, else its default."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True, extra="forbid")
+
+    precision: Precision = "auto"
+    """Where the precision ladder starts. auto: int8 (fastest); a precision that fails
+    the accuracy gate falls back to the next one up (int8 -> fp16 on GPUs -> fp32)."""
+
     gate_mean_cosine: float = Field(0.99, gt=0, le=1)
-    """Accuracy gate: a quantized engine is used only if its mean cosine to FP32 reaches this."""
+    """Accuracy gate: a quantized encoder is used only if its mean cosine to FP32 reaches this."""
 
     gate_min_cosine: float = Field(0.97, gt=0, le=1)
     """... and its worst text's cosine to FP32 reaches this."""
 
     gate_agreement: float = Field(0.99, gt=0, le=1)
-    """Classifiers: a quantized engine is used only if its top label is FP32's on this share of texts."""
+    """Labels and classifiers: a precision labels only if its top label is FP32's on this share
+    of the held-out texts."""
 
     gate_texts: int = Field(256, ge=16)
-    """Held-out texts the gate compares on."""
+    """Held-out texts the gate compares on, drawn from the output's own input."""
 
     calibration_texts: int = Field(128, ge=8)
     """Texts that set the static INT8 activation ranges (disjoint from the gate's)."""
 
-    model: ModelSource = Field(default_factory=bundled_encoder)
-    """The model the engine runs (models/source.py reads it from its folder); the pipeline
-    file sets it per output, all-MiniLM-L6-v2 by default."""
 
-    reference: TextSample = TextSample(path=str(DEMO_CORPUS))
+class Engine(BaseModel):
+    """One output's engine: its model, the input its gate and calibration texts come from, its
+    policy, and this machine's settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelSource
+    reference: TextSample
     """Where the gate's held-out texts and the calibration texts come from: the output's own
-    input (the pipeline file sets it), so an engine for legal text is gated on legal text."""
+    input, so an engine for legal text is gated on legal text."""
+    policy: EnginePolicy = Field(default_factory=EnginePolicy)
+    machine: EngineSettings = Field(default_factory=EngineSettings)
+
+    def replace(self, **changes: Any) -> Engine:
+        """A copy with fields changed by name, wherever they are declared (`precision` is the
+        policy's, `cache_dir` the machine's, `model` this one's)."""
+        parts: dict[str, dict[str, Any]] = {"self": {}, "policy": {}, "machine": {}}
+        for name, value in changes.items():
+            if name in ("model", "reference"):
+                parts["self"][name] = value
+            elif name in EnginePolicy.model_fields:
+                parts["policy"][name] = value
+            elif name in EngineSettings.model_fields:
+                parts["machine"][name] = value
+            else:
+                raise ValueError(f"an engine has no field {name!r}")
+        return self.model_copy(
+            update={
+                **parts["self"],
+                "policy": self.policy.model_copy(update=parts["policy"]),
+                "machine": self.machine.model_copy(update=parts["machine"]),
+            }
+        )

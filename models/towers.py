@@ -5,18 +5,17 @@ Features: each input of a tower's graph is read from the features Parquet's colu
 name, [batch] from a column of numbers, [batch, width] from a list column of `width` numbers, as
 the input's element type (float for dense features, integers for ids into an embedding table).
 
-Engines, as for the text encoders: a quantized graph is used only after it passes a gate
-against FP32, here the overlap of gate users' top GATE_K items (the brief's gate for
-recommendations). INT8 is static, calibrated on feature rows, with explicit Q/DQ (what
-TensorRT takes; ONNX Runtime's CPU fuses it into integer kernels): dynamic INT8 would leave
-Gemm, the op torch exports nn.Linear as, in float. Of the precisions that pass, `auto` takes
-the fastest on the gate's rows: dynamic or not, INT8 is not always faster for a small network,
-where converting activations costs as much as the matmul saves.
+Engines, as for the text encoders: the same precision ladder and backends (models/runtime.py),
+and a quantized graph is used only after it passes a gate against FP32, here the overlap of gate
+users' top items (models/gate.py overlap_gate, the brief's gate for recommendations). INT8 is
+static, calibrated on feature rows, with explicit Q/DQ (models/quantize.py int8_qdq_features:
+what TensorRT takes; ONNX Runtime's CPU fuses it into integer kernels). Of the precisions that
+pass, `auto` takes the fastest on the gate's rows: INT8 is not always faster for a small
+network, where converting activations costs as much as the matmul saves.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -27,13 +26,16 @@ import numpy as np
 import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.compute as pc
-from precompute.models.backends.base import ConcreteDevice
-from precompute.models.engine_cache import EngineCache
-from precompute.models.errors import ModelError
 from pydantic import BaseModel, ConfigDict, Field
 
-GATE_K = 10
-LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {"cpu": ("int8", "fp32"), "cuda": ("int8", "fp16", "fp32")}
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, Feeds, Runner
+from precompute.models.engine_cache import EngineCache
+from precompute.models.errors import ModelError
+from precompute.models.gate import GateResult, overlap_gate, top_overlap
+from precompute.models.location import Location
+from precompute.models.runtime import graph_digest, open_graph, precision_ladder, resolve_graph_backend
+from precompute.models.settings import EngineSettings
+
 ELEMENT_TYPES = {
     "tensor(float)": np.float32,
     "tensor(double)": np.float64,
@@ -48,7 +50,7 @@ class FeaturesInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: str
+    path: Location
     id: str = "id"
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails when more than this share of feature rows is rejected (null, NaN, wrong width)."""
@@ -59,9 +61,9 @@ class TowersSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    user: str
+    user: Location
     """ONNX file: the user tower, user features -> [batch, dim]."""
-    item: str
+    item: Location
     """ONNX file: the item tower, item features -> [batch, dim] (the same dim)."""
     users: FeaturesInput
     items: FeaturesInput
@@ -158,29 +160,20 @@ def feeds(batch: pa.Table, inputs: list[TowerInput]) -> dict[str, np.ndarray]:
     return arrays
 
 
-def providers(device: ConcreteDevice) -> list[str]:
-    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+class Signature:
+    """A tower graph's inputs and output width, read by opening it (a graph ONNX Runtime cannot
+    open is refused here, before any job): what `precompute check` and the job feed it by."""
 
-
-class TowerSession:
-    """One tower's ONNX Runtime session: valid feature rows -> [rows, dim] float32."""
-
-    def __init__(self, graph: bytes, device: ConcreteDevice = "cpu", threads: int = 0) -> None:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
+    def __init__(self, graph: bytes) -> None:
         try:
-            self.session = ort.InferenceSession(graph, options, providers=providers(device))
+            session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
         except Exception as e:  # ONNX Runtime raises its own types for unreadable graphs
             raise ModelError(f"not a graph ONNX Runtime can run ({e})") from None
-        self.inputs = tower_inputs(self.session)
-        self.dim = output_dim(self.session)
-
-    def __call__(self, batch: pa.Table) -> np.ndarray:
-        return np.asarray(self.session.run(None, feeds(batch, self.inputs))[0], np.float32)
+        self.inputs = tower_inputs(session)
+        self.dim = output_dim(session)
 
 
-def same_dim(user: TowerSession, item: TowerSession) -> int:
+def same_dim(user: Signature, item: Signature) -> int:
     if user.dim != item.dim:
         raise ModelError(
             f"the user tower returns {user.dim} dims and the item tower {item.dim}: a dot product needs one"
@@ -188,11 +181,25 @@ def same_dim(user: TowerSession, item: TowerSession) -> int:
     return user.dim
 
 
-def digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+ROWS_PER_CALL = 4096
+"""Feature rows per engine call: the batch size a tower's engine is built for."""
 
 
-def calibration_feeds(rows: pa.Table, inputs: list[TowerInput]) -> Iterator[dict[str, np.ndarray]]:
+def open_tower(graph: bytes, machine: EngineSettings, device: ConcreteDevice) -> Runner:
+    """The engine of a tower graph at its precision, through the backends every engine uses."""
+    return open_graph(graph, machine, device, BuildSpec(ROWS_PER_CALL))
+
+
+def vectors_of(runner: Runner, rows: pa.Table, inputs: list[TowerInput]) -> np.ndarray:
+    """[rows, dim] float32 of valid feature rows (feature_reasons all None), a call per ROWS_PER_CALL."""
+    parts = [
+        runner.infer(feeds(rows.slice(start, ROWS_PER_CALL), inputs))
+        for start in range(0, rows.num_rows, ROWS_PER_CALL)
+    ]
+    return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+
+
+def calibration_feeds(rows: pa.Table, inputs: list[TowerInput]) -> Iterator[Feeds]:
     for start in range(0, rows.num_rows, CALIBRATION_BATCH):
         yield feeds(rows.slice(start, CALIBRATION_BATCH), inputs)
 
@@ -202,67 +209,25 @@ def quantized(fp32: bytes, precision: str, calibration: pa.Table, cache_dir: Pat
     calibration rows' digests."""
     if precision == "fp32":
         return fp32
-    import onnx
 
-    rows = digest(str(calibration.to_pylist()).encode())
-    key = {"tower": digest(fp32), "precision": precision, "rows": rows, "onnxruntime": ort.__version__}
+    from precompute.models.quantize import fp16, int8_qdq_features  # onnxruntime's quantization tools
+
+    rows = graph_digest(str(calibration.to_pylist()).encode())
+    key = {"tower": graph_digest(fp32), "precision": precision, "rows": rows, "onnxruntime": ort.__version__}
 
     def build(directory: Path) -> None:
-        out = directory / "model.onnx"
-        if precision == "fp16":
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-
-            onnx.save(convert_float_to_float16(onnx.load_from_string(fp32), keep_io_types=True), out)
-            return
-        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-
-        class Reader(CalibrationDataReader):
-            def __init__(self) -> None:
-                self.feeds = calibration_feeds(calibration, TowerSession(fp32).inputs)
-
-            def get_next(self) -> dict[str, np.ndarray] | None:
-                return next(self.feeds, None)
-
-        source, prepared = directory / "fp32.onnx", directory / "prepared.onnx"
+        source, out = directory / "fp32.onnx", directory / "model.onnx"
         source.write_bytes(fp32)
-        quant_pre_process(source, prepared, skip_symbolic_shape=True)
-        quantize_static(
-            prepared,
-            out,
-            Reader(),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul", "Gemm"],
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
-        )
+        if precision == "fp16":
+            fp16(source, out, (), None)
+        else:
+            inputs = Signature(fp32).inputs
+            int8_qdq_features(source, out, calibration_feeds(calibration, inputs))
         source.unlink()
-        prepared.unlink()
 
     return (
         EngineCache(cache_dir).get_or_build(f"tower-{precision}", key, build).path / "model.onnx"
     ).read_bytes()
-
-
-def top_overlap(
-    users: np.ndarray, items: np.ndarray, reference_users: np.ndarray, reference_items: np.ndarray
-) -> float:
-    """Mean share of each user's top GATE_K items (by dot product) that are also FP32's."""
-    k = min(GATE_K, len(items))
-    ours = np.argpartition(-(users @ items.T), k - 1, axis=1)[:, :k]
-    theirs = np.argpartition(-(reference_users @ reference_items.T), k - 1, axis=1)[:, :k]
-    return float(np.mean([len(np.intersect1d(a, b)) / k for a, b in zip(ours, theirs, strict=True)]))
-
-
-@dataclass(frozen=True)
-class TowerGate:
-    precision: str
-    passed: bool
-    overlap: float
-    seconds: float
-    """Both towers over the gate's rows: what `auto` compares."""
 
 
 @dataclass(frozen=True)
@@ -273,19 +238,23 @@ class TowerEngines:
     user: bytes
     item: bytes
     device: ConcreteDevice
-    gates: list[TowerGate] = field(default_factory=list)
+    gates: list[GateResult] = field(default_factory=list)
 
     def report(self) -> dict[str, object]:
-        return {"precision": self.precision, "device": self.device, "gates": [asdict(g) for g in self.gates]}
+        return {
+            "precision": self.precision,
+            "device": self.device,
+            "gates": [{k: v for k, v in asdict(g).items() if v is not None} for g in self.gates],
+        }
 
 
-def timed(session: TowerSession, rows: pa.Table) -> tuple[np.ndarray, float]:
+def timed(runner: Runner, rows: pa.Table, inputs: list[TowerInput]) -> tuple[np.ndarray, float]:
     """Vectors of `rows` and the best of three runs' seconds (after one warm-up)."""
-    vectors = session(rows)
+    vectors = vectors_of(runner, rows, inputs)
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        session(rows)
+        vectors_of(runner, rows, inputs)
         best = min(best, time.perf_counter() - start)
     return vectors, best
 
@@ -296,32 +265,30 @@ def choose_engines(
     user_rows: tuple[pa.Table, pa.Table],
     item_rows: tuple[pa.Table, pa.Table],
     device: ConcreteDevice,
-    cache_dir: Path,
+    machine: EngineSettings,
 ) -> TowerEngines:
     """Gate each precision of the ladder (from spec.precision) against FP32, both towers
     together, on (calibration rows, gate rows) of each; auto takes the fastest that passes,
     a set precision the first that passes from it up."""
-    ladder = LADDERS[device]
-    if spec.precision != "auto":
-        if spec.precision not in ladder:
-            raise ModelError(
-                f"precision {spec.precision!r} is not available on {device}: one of {', '.join(ladder)}"
-            )
-        ladder = ladder[ladder.index(spec.precision) :]
+    ladder = precision_ladder(spec.precision, device, resolve_graph_backend(machine, device).name)
     rows = {"user": user_rows, "item": item_rows}
+    inputs = {tower: Signature(graph).inputs for tower, graph in graphs.items()}
     reference: dict[str, np.ndarray] = {}
     gates, chosen_graphs = [], {}
     for precision in ("fp32", *(p for p in ladder if p != "fp32")):  # the reference first
-        built = {tower: quantized(graphs[tower], precision, rows[tower][0], cache_dir) for tower in graphs}
+        built = {
+            tower: quantized(graphs[tower], precision, rows[tower][0], machine.cache_dir) for tower in graphs
+        }
         vectors, seconds = {}, 0.0
         for tower, graph in built.items():
-            vectors[tower], took = timed(TowerSession(graph, device), rows[tower][1])
+            with open_tower(graph, machine, device) as runner:
+                vectors[tower], took = timed(runner, rows[tower][1], inputs[tower])
             seconds += took
         reference = reference or vectors
         overlap = top_overlap(vectors["user"], vectors["item"], reference["user"], reference["item"])
-        gates.append(TowerGate(precision, overlap >= spec.gate_overlap, round(overlap, 4), round(seconds, 5)))
+        gates.append(overlap_gate(precision, overlap, spec.gate_overlap, seconds))
         chosen_graphs[precision] = built
     passing = [g for precision in ladder for g in gates if g.precision == precision and g.passed]
-    chosen = min(passing, key=lambda g: g.seconds) if spec.precision == "auto" else passing[0]
+    chosen = min(passing, key=lambda g: g.seconds or 0.0) if spec.precision == "auto" else passing[0]
     graphs_of = chosen_graphs[chosen.precision]
     return TowerEngines(chosen.precision, graphs_of["user"], graphs_of["item"], device, gates)

@@ -1,22 +1,17 @@
-"""Versioned key lookups in Redis, the writing half: create, write, publish, roll back, collect garbage.
+"""Versioned key lookups in Redis, the writing half: create, write, copy, publish, roll back.
 
 A version is written aside under its own keys while readers keep reading the published
 one; publish checks it (record count, sample reads) and then switches the pointer in one
-atomic step. Old versions are deleted whole, a few hundred keys per round trip, found
-from their registered bucket count rather than by KEYS or SCAN. The service reads with
-key_value_reader.py; the key layout is in redis_settings.py.
-
-Publish and deletion race safely: deletion first moves a version out of the registry,
-in one script that refuses the published version, and publish switches only to a
-registered version, in one script too. So a version being deleted is never published,
-and the published one is never deleted.
+atomic step. Old versions are deleted whole (key_value_deletion.py), and publish and deletion
+race safely. A job writes one version through key_value_versions.py `NewVersion`, which
+creates, copies, publishes or drops it; the service reads with key_value_reader.py; the key
+layout is in redis_settings.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,21 +19,19 @@ from itertools import repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-import redis
 from precompute.stores.errors import PublishValidationError, StoreError, VersionNotFoundError
+from precompute.stores.key_value_deletion import doomed, drop, finish_deletions
 from precompute.stores.redis_settings import (
     OutputKeys,
     RedisSettings,
     bucket_of,
     buckets_of,
     check_output,
+    connect,
     output_keys,
     unavailable_as_store_error,
 )
-from precompute.stores.vectors import check_version
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.cluster import RedisCluster
-from redis.retry import Retry
+from precompute.stores.versions import check_version
 
 if TYPE_CHECKING:
     from precompute.stores.key_value_sink import KeyValueSink
@@ -47,15 +40,10 @@ COUNT_CHUNK = 1000
 """Buckets per HLEN round trip when counting a version."""
 COPY_CHUNK = 500
 """Buckets per COPY round trip: a bucket is a listpack of about 100 records, copied in microseconds."""
-UNLINK_CHUNK = 100
-"""Keys per UNLINK round trip: freeing a hundred small hashes keeps Redis busy well under 1 ms."""
-GC_PAUSE = 1.0
-"""After each UNLINK round trip the collector sleeps this many times as long as it took: flat
-out, it takes the CPU that Redis and its readers need on shared cores. Measured with
-`bench publish`'s GC reader at 3M records, 2 cores: reader p99 18.6-26.5 ms during a
-flat-out GC of 500 keys a trip, 4.0-4.6 ms paced at 100 or 20 (3.0-3.9 ms idle, same runs),
-for a GC that takes about twice as long (1.3 s per 3M records)."""
 WRONG_SAMPLES_SHOWN = 5
+BUCKET_SLACK = 0.25
+"""How far (as a fraction) the mean records per bucket of a copied version may drift from
+entries_per_bucket (`copyable`)."""
 
 FLIP = """
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
@@ -64,21 +52,6 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 return 1
 """
 """KEYS pointer, registry, published; ARGV version, time. Publish a version only while it is registered."""
-
-CLAIM = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
-local entry = redis.call('HGET', KEYS[2], ARGV[1])
-if not entry then return -1 end
-redis.call('HSET', KEYS[3], ARGV[1], entry)
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-return 1
-"""
-"""KEYS pointer, registry, dropping, published; ARGV version. Move an unpublished version to `dropping`:
-its entry stays there until its last key is gone, so an interrupted deletion is finished later."""
-
-Client = redis.Redis | RedisCluster
-
 
 @dataclass(frozen=True, slots=True)
 class VersionInfo:
@@ -89,19 +62,6 @@ class VersionInfo:
     is_current: bool
     meta: dict[str, Any]
     """As given to create_version (e.g. the vocabulary that values index into)."""
-
-
-def connect(settings: RedisSettings) -> Client:
-    """A few quick retries: a job rides out a blip, HSET and UNLINK being safe to repeat."""
-    options: dict[str, Any] = {
-        "socket_timeout": settings.socket_timeout,
-        "socket_connect_timeout": settings.socket_timeout,
-        "retry": Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.01), 3),
-    }
-    with unavailable_as_store_error(settings):
-        if settings.cluster:
-            return RedisCluster.from_url(settings.url, **options)
-        return redis.Redis.from_url(settings.url, **options)
 
 
 def check_items(name: str, items: Sequence[object], kind: type) -> None:
@@ -265,8 +225,11 @@ class KeyValueStore:
 
     # -- publishing -------------------------------------------------------------------------
 
-    def publish(self, output: str, version: str, samples: Mapping[str, bytes] | None = None) -> list[str]:
-        """Check the version, make it the one readers see in one atomic step, then collect garbage.
+    def publish(
+        self, output: str, version: str, keep: int, samples: Mapping[str, bytes] | None = None
+    ) -> list[str]:
+        """Check the version, make it the one readers see in one atomic step, then collect garbage
+        (keeping `keep` versions for rollback besides the published one).
 
         Checks: Redis holds exactly the `rows` given to create_version (a lost or duplicated
         write shows here), and every sample (id -> value the job computed) reads back
@@ -276,7 +239,7 @@ class KeyValueStore:
         keys = output_keys(self.settings, output)
         self._validate(keys, check_version(version), samples or {})
         self._flip(keys, version)
-        return self.collect_garbage(output)
+        return self.collect_garbage(output, keep)
 
     def rollback(self, output: str, to: str | None = None) -> str:
         """Publish `to`, by default the newest version older than the published one; return it.
@@ -378,6 +341,14 @@ class KeyValueStore:
         """A registered version's bucket count (fixed at create_version)."""
         return self._entry(output_keys(self.settings, output), check_version(version))["buckets"]
 
+    def copyable(self, output: str, version: str) -> range:
+        """Record counts that a copy of `version` (copy_version) holds well: a copy keeps its
+        bucket count, and records per bucket may drift BUCKET_SLACK from entries_per_bucket
+        before a version should be sized afresh instead."""
+        buckets, per_bucket = self.buckets(output, version), self.settings.entries_per_bucket
+        low = int((buckets - 1) * per_bucket * (1 - BUCKET_SLACK))
+        return range(low, int(buckets * per_bucket * (1 + BUCKET_SLACK)) + 1)
+
     def _entry(self, keys: OutputKeys, version: str) -> dict[str, Any]:
         with unavailable_as_store_error(self.settings):
             raw = self._client.hget(keys.registry, version)
@@ -387,64 +358,20 @@ class KeyValueStore:
 
     # -- deleting ---------------------------------------------------------------------------
 
-    def collect_garbage(self, output: str) -> list[str]:
-        """Delete all versions but the published one and the `keep_versions` newest others that
-        were published once (rollback targets).
-
-        A version older than the published one that never was published is a failed or
-        interrupted run's: it is deleted whatever `keep_versions` says. Newer unpublished ones
-        are runs in progress and stay. Also finishes deletions that an interrupted run left
-        behind. Returns the deleted versions, oldest first.
-        """
+    def collect_garbage(self, output: str, keep: int) -> list[str]:
+        """Delete all versions but the published one and the `keep` newest others that were
+        published once (rollback targets); see key_value_deletion.py. Returns the deleted
+        versions, oldest first."""
         keys = output_keys(self.settings, output)
-        current = self.current(output)
-        published = self._published(keys)
-        names = [v for v in self._names(keys) if v != current]
-        abandoned = [v for v in names if v not in published and current is not None and v < current]
-        targets = [v for v in names if v in published]
-        for version in abandoned + targets[: max(len(targets) - self.settings.keep_versions, 0)]:
-            self._claim(keys, version)  # refused (and kept) if a rollback published it meanwhile
-        with unavailable_as_store_error(self.settings):
-            dropping = sorted(name.decode() for name in self._client.hkeys(keys.dropping))
-        for version in dropping:
-            self._purge(keys, version)
-        return dropping
+        for version in doomed(self._client, self.settings, keys, keep):
+            self._buckets.pop((keys.output, version), None)
+        return finish_deletions(self._client, self.settings, keys)
 
     def drop_version(self, output: str, version: str) -> None:
         """Delete one unpublished version whole (e.g. a failed run's)."""
         keys = output_keys(self.settings, output)
-        claimed = self._claim(keys, check_version(version))
-        if claimed == 0:
-            raise StoreError(
-                f"version {version!r} of output {output!r} is published; publish or roll back first"
-            )
-        if claimed < 0:
-            raise VersionNotFoundError(f"version {version!r} of output {output!r} does not exist")
-        self._purge(keys, version)
-
-    def _claim(self, keys: OutputKeys, version: str) -> int:
-        """1: moved to `dropping`; 0: published, kept; -1: not registered."""
-        self._buckets.pop((keys.output, version), None)
-        with unavailable_as_store_error(self.settings):
-            return self._client.eval(
-                CLAIM, 4, keys.pointer, keys.registry, keys.dropping, keys.published, version
-            )
-
-    def _purge(self, keys: OutputKeys, version: str) -> None:
-        """UNLINK every bucket of a claimed version, then forget it."""
-        with unavailable_as_store_error(self.settings):
-            raw = self._client.hget(keys.dropping, version)
-            if raw is None:  # another process finished it
-                return
-            buckets = json.loads(raw)["buckets"]
-            for start in range(0, buckets, UNLINK_CHUNK):
-                began = time.perf_counter()
-                pipe = self._client.pipeline(transaction=False)
-                for bucket in range(start, min(start + UNLINK_CHUNK, buckets)):
-                    pipe.unlink(keys.bucket(version, bucket))
-                pipe.execute()
-                time.sleep((time.perf_counter() - began) * GC_PAUSE)
-            self._client.hdel(keys.dropping, version)
+        self._buckets.pop((keys.output, check_version(version)), None)
+        drop(self._client, self.settings, keys, version)
 
     def close(self) -> None:
         self._client.close()

@@ -19,6 +19,10 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
 from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
 from precompute.stores.redis_settings import (
     OutputKeys,
@@ -27,9 +31,6 @@ from precompute.stores.redis_settings import (
     output_keys,
     unavailable_as_store_error,
 )
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 SWITCHES = 3
 """Pointer moves followed within one call before giving up with a retryable error."""

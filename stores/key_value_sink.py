@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import Datasink, WriteResult
+
 from precompute.stores.errors import StoreError
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.redis_settings import RedisSettings, output_keys
-from ray.data.block import Block, BlockAccessor
-from ray.data.datasource import Datasink, WriteResult
 
 
 class KeyValueSink(Datasink[int]):

@@ -52,8 +52,9 @@ from typing import Any
 
 import numpy as np
 import qdrant_edge as qe
+
 from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
+from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, Quantization, VectorStoreSettings
 from precompute.stores.vectors import (
     ID_KEY,
     UPSERT_BATCH,
@@ -61,12 +62,13 @@ from precompute.stores.vectors import (
     Hit,
     VectorStore,
     check_k,
+    check_name,
     check_points,
-    check_version,
     note_field_types,
     point_id,
     with_id,
 )
+from precompute.stores.versions import check_version
 
 POINTER = "CURRENT"
 FINALIZED = ".finalized"
@@ -107,12 +109,12 @@ def to_hit(point: qe.ScoredPoint) -> Hit:
 class QdrantEdgeStore(VectorStore):
     """Writer and reader in one class: a process uses whichever half it needs."""
 
-    def __init__(self, settings: VectorStoreSettings, pointer_check_s: float = 0.5) -> None:
-        self.root = settings.path / settings.name
+    def __init__(self, settings: VectorStoreSettings, name: str, pointer_check_s: float = 0.5) -> None:
+        self.root = settings.path / check_name(name)
+        self.where = f"qdrant edge: {name}"
         self.pointer_check_s = pointer_check_s
         """How stale a reader's view of the published version may be; 0 checks on every search."""
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
-        self.quantization = settings.quantization
         self._params = qe.SearchParams(
             hnsw_ef=settings.hnsw_ef,
             quantization=qe.QuantizationSearchParams(rescore=True, oversampling=QUANTIZED_OVERSAMPLING),
@@ -126,7 +128,9 @@ class QdrantEdgeStore(VectorStore):
 
     # -- writer ---------------------------------------------------------------------------
 
-    def create_version(self, version: str, dim: int, meta: Mapping[str, Any] | None = None) -> None:
+    def create_version(
+        self, version: str, dim: int, meta: Mapping[str, Any] | None = None, quantization: Quantization = "none"
+    ) -> None:
         path = self._dir(version)
         if path.exists():
             raise StoreError(f"version {version!r} already exists at {path}")
@@ -137,7 +141,7 @@ class QdrantEdgeStore(VectorStore):
             hnsw_config=qe.HnswIndexConfig(
                 m=16, ef_construct=100, full_scan_threshold=self.full_scan_threshold_kb
             ),
-            quantization_config=edge_quantization(self.quantization),
+            quantization_config=edge_quantization(quantization),
             wal_enabled=False,
         )
         self._writers[version] = qe.EdgeShard.create(str(path), config)

@@ -24,8 +24,12 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from qdrant_client import QdrantClient, models
+from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
 from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, VectorStoreSettings
+from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, Quantization, VectorStoreSettings
 from precompute.stores.vectors import (
     ID_KEY,
     UPSERT_BATCH,
@@ -33,15 +37,13 @@ from precompute.stores.vectors import (
     Hit,
     VectorStore,
     check_k,
+    check_name,
     check_points,
-    check_version,
     note_field_types,
     point_id,
     with_id,
 )
-from qdrant_client import QdrantClient, models
-from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
-from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+from precompute.stores.versions import check_version
 
 HNSW_M = 16
 FINALIZED_KEY = "precompute_finalized"
@@ -104,6 +106,7 @@ class QdrantServerStore(VectorStore):
     def __init__(
         self,
         settings: VectorStoreSettings,
+        name: str,
         client: QdrantClient | None = None,
         ready_timeout_s: float = 600.0,
     ) -> None:
@@ -115,9 +118,9 @@ class QdrantServerStore(VectorStore):
                 url=settings.url, api_key=settings.api_key, prefer_grpc=settings.prefer_grpc
             )
         self.client = client
-        self.name = settings.name
+        self.name = check_name(name)
+        self.where = f"qdrant server: {self.name}"
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
-        self.quantization = settings.quantization
         self._params = models.SearchParams(
             hnsw_ef=settings.hnsw_ef,
             quantization=models.QuantizationSearchParams(rescore=True, oversampling=QUANTIZED_OVERSAMPLING),
@@ -139,7 +142,9 @@ class QdrantServerStore(VectorStore):
             raise VersionNotFoundError(f"version {version!r} does not exist (no collection {collection!r})")
         return collection
 
-    def create_version(self, version: str, dim: int, meta: Mapping[str, Any] | None = None) -> None:
+    def create_version(
+        self, version: str, dim: int, meta: Mapping[str, Any] | None = None, quantization: Quantization = "none"
+    ) -> None:
         collection = self._collection(version)
         with translated(f"creating version {version!r}"):
             if self.client.collection_exists(collection):
@@ -148,7 +153,7 @@ class QdrantServerStore(VectorStore):
                 collection,
                 vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
                 hnsw_config=models.HnswConfigDiff(m=0, full_scan_threshold=self.full_scan_threshold_kb),
-                quantization_config=server_quantization(self.quantization),
+                quantization_config=server_quantization(quantization),
                 metadata={FINALIZED_KEY: False, META_KEY: {**(meta or {}), "dim": dim}},
             )
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import redis
+
 from precompute.stores.errors import StoreError
 
 START_TIMEOUT_S = 10.0

@@ -24,10 +24,13 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from precompute.stores.errors import StoreUnavailableError
+import redis
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import (
     ClusterDownError,
     ConnectionError,
@@ -35,6 +38,9 @@ from redis.exceptions import (
     TimeoutError,
     TryAgainError,
 )
+from redis.retry import Retry
+
+from precompute.stores.errors import StoreUnavailableError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 UNAVAILABLE = (ConnectionError, TimeoutError, ClusterDownError, TryAgainError, RedisClusterException)
@@ -55,10 +61,6 @@ class RedisSettings(BaseSettings):
 
     prefix: str = Field("pc", pattern=_NAME.pattern)
     """First part of every key: separates deployments sharing one Redis."""
-
-    keep_versions: int = Field(2, ge=0)
-    """Versions kept for rollback besides the published one; older ones are deleted whole
-    after each publish. Each kept version costs its full size in Redis memory."""
 
     entries_per_bucket: int = Field(100, ge=1, le=400)
     """Mean records per hash. Buckets vary around the mean (crc32 of the id, about +-10% at
@@ -136,3 +138,19 @@ def unavailable_as_store_error(settings: RedisSettings) -> Iterator[None]:
     except UNAVAILABLE as e:
         where = re.sub(r"//[^@/]*@", "//", settings.url)  # no password in logs
         raise StoreUnavailableError(f"Redis at {where} is unavailable: {e}") from e
+
+
+Client = redis.Redis | RedisCluster
+
+
+def connect(settings: RedisSettings) -> Client:
+    """A few quick retries: a job rides out a blip, HSET and UNLINK being safe to repeat."""
+    options: dict[str, Any] = {
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.socket_timeout,
+        "retry": Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.01), 3),
+    }
+    with unavailable_as_store_error(settings):
+        if settings.cluster:
+            return RedisCluster.from_url(settings.url, **options)
+        return redis.Redis.from_url(settings.url, **options)

@@ -8,10 +8,18 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+Quantization = Literal["none", "int8"]
+"""A version's stored vectors: FP32 only, or also a scalar INT8 copy (held in RAM) that the HNSW
+search walks, its top `k x QUANTIZED_OVERSAMPLING` candidates then rescored with the FP32
+vectors, so scores stay exact cosines: a quarter of the memory per vector in the hot path and
+faster distance computations, for a little recall, which the nightly flow gates like any
+precision. The originals stay on disk beside it. Fixed when a version is created; readers need
+no setting."""
+
 QUANTIZED_OVERSAMPLING = 2.0
-"""INT8 versions: candidates rescored with the FP32 vectors per result asked for. On the demo
-corpus (5,000 x 384, hnsw_ef 64), recall@10 of 200 title queries was 0.9785 at Qdrant's
-default 1.0, which the 0.99 gate refuses, and 0.9955 at 2.0, as with FP32 vectors."""
+"""INT8 versions: candidates rescored with the FP32 vectors per result asked for: at Qdrant's
+default of 1.0 the demo corpus's recall@10 fell under the flow's gate (README, "Corpus
+embeddings")."""
 
 
 class VectorStoreSettings(BaseSettings):
@@ -39,10 +47,6 @@ class VectorStoreSettings(BaseSettings):
     """server only: gRPC (port 6334) for bulk upload and queries, markedly faster than REST
     for large batches; turn off where only the REST port is reachable."""
 
-    name: str = Field("corpus", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-    """The logical collection readers query: the alias on a server, the directory on edge.
-    Each version is stored apart (`<name>-<version>` / `<name>/<version>`)."""
-
     full_scan_threshold_kb: int = Field(1_000, ge=1)
     """A version (or segment) smaller than this many KB of vectors is searched by exact scan,
     a larger one through its HNSW graph; fixed when a version is created. Qdrant's default
@@ -56,16 +60,3 @@ class VectorStoreSettings(BaseSettings):
     exact. On the demo corpus, top-10 recall against exact search was 0.9973 at 64 and
     0.9993 at Qdrant's default (100), and a query after an idle gap took 0.70 against
     0.90 ms; the nightly flow refuses to publish a version whose recall@10 is under 0.99."""
-
-    quantization: Literal["none", "int8"] = "none"
-    """int8: each version also keeps a scalar INT8 copy of its vectors (quantile 0.99, held in
-    RAM), which the HNSW search walks; the top `k x QUANTIZED_OVERSAMPLING` candidates are then
-    rescored with the original FP32 vectors, so scores stay exact cosines. A quarter of the
-    memory per vector in the hot path, and faster distance computations, for a little recall:
-    the nightly flow gates it like any precision (recall@10 against exact FP32 search, measured
-    on the quantized version, must reach min_recall). The originals stay on disk beside it, so
-    disk grows by a quarter. Fixed when a version is created; readers need no setting."""
-
-    keep_versions: int = Field(3, ge=0)
-    """Versions kept for rollback besides the published one; older ones are deleted whole.
-    More means a longer rollback reach at the cost of disk: a 384-d vector alone is 1.5 KB."""

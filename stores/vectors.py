@@ -13,38 +13,24 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 import numpy as np
+
 from precompute.stores.errors import StoreError, VersionNotFoundError
-from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vector_settings import Quantization, VectorStoreSettings
+from precompute.stores.versions import Version, version_age
 
 ITEM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "precompute:item")
 """Qdrant point ids must be unsigned ints or UUIDs: item ids map to uuid5(ITEM_NAMESPACE, id)."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 ID_KEY = "id"
 """Payload key that keeps the original item id (set by upsert, removed from Hit.payload)."""
 UPSERT_BATCH = 256
 """Points per write request: Qdrant's bulk-upload advice is 64-256."""
 
-_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
 Filter = Mapping[str, str | int | bool]
-
-VERSION_TIME = "%Y%m%dT%H%M%SZ"
-"""Versions start with their UTC creation time, so names sort by age."""
-
-
-def new_version() -> str:
-    return f"{datetime.now(UTC):{VERSION_TIME}}-{uuid.uuid4().hex[:6]}"
-
-
-def version_age(version: str) -> float:
-    """Seconds since a version made by `new_version` was created."""
-    created = datetime.strptime(version.split("-")[0], VERSION_TIME).replace(tzinfo=UTC)
-    return (datetime.now(UTC) - created).total_seconds()
-
 
 @dataclass(frozen=True, slots=True)
 class Hit:
@@ -59,11 +45,11 @@ def point_id(item_id: str) -> str:
     return str(uuid.uuid5(ITEM_NAMESPACE, str(item_id)))
 
 
-def check_version(version: str) -> str:
-    """Versions become directory and collection names: refuse anything else (no `..`, no `/`)."""
-    if not isinstance(version, str) or not _VERSION.match(version) or ".." in version:
-        raise ValueError(f"version {version!r} is not a valid version name (letters, digits, '_', '-', '.')")
-    return version
+def check_name(name: str) -> str:
+    """A collection name becomes a directory or a collection: letters, digits, '_' and '-'."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"collection {name!r} is not a valid name (letters, digits, '_', '-')")
+    return name
 
 
 def check_points(ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]) -> None:
@@ -98,14 +84,21 @@ def check_k(k: int) -> None:
 
 
 class VectorStore(ABC):
-    """Versioned corpus vectors. Versions are strings that sort by time ("20261122T031500-ab12")."""
+    """Versioned corpus vectors of one collection. Versions are strings that sort by time
+    ("20261122T031500-ab12"); the store is `Versioned` (versions.py)."""
+
+    where: str
+    """"qdrant edge: <name>" or "qdrant server: <name>"."""
 
     @abstractmethod
-    def create_version(self, version: str, dim: int, meta: Mapping[str, Any] | None = None) -> None:
+    def create_version(
+        self, version: str, dim: int, meta: Mapping[str, Any] | None = None, quantization: Quantization = "none"
+    ) -> None:
         """A new, empty version: cosine distance, HNSW indexing deferred until `finalize`.
 
         `meta` (JSON) travels with the version: the model that made it, so a reader embeds
         queries with the same model; `meta(version)` returns it with the `dim`.
+        quantization: whether the version also keeps INT8 vectors to search (vector_settings.py).
         """
 
     @abstractmethod
@@ -187,6 +180,10 @@ class VectorStore(ABC):
     def _drop(self, version: str) -> None:
         """Delete a whole version; never called on the published one."""
 
+    def listing(self) -> list[Version]:
+        current = self.current()
+        return [Version(v, self.count(v), version_age(v), v == current) for v in self.versions()]
+
     def rollback(self, to: str | None = None) -> str:
         """Publish `to`, or by default the newest finalized version older than the published one."""
         if to is None:
@@ -227,12 +224,14 @@ class VectorStore(ABC):
         self.close()
 
 
-def open_vector_store(settings: VectorStoreSettings) -> VectorStore:
-    """The store `settings.type` names; each engine is imported only when chosen."""
+def open_vector_store(settings: VectorStoreSettings, name: str) -> VectorStore:
+    """The collection `name` in the store `settings.type` names (the alias readers query on a
+    server, a directory on edge; each version is stored apart); each engine is imported only
+    when chosen."""
     if settings.type == "edge":
         from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 
-        return QdrantEdgeStore(settings)
+        return QdrantEdgeStore(settings, name)
     from precompute.stores.qdrant_server_store import QdrantServerStore
 
-    return QdrantServerStore(settings)
+    return QdrantServerStore(settings, name)

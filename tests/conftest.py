@@ -1,9 +1,16 @@
-"""Shared fixtures: one engine cache per test run, so the real model is exported once."""
+"""Shared fixtures: one engine cache per test run, so the real model is exported once.
+
+The suite's engines gate on 64 held-out texts and calibrate on 32 (PRECOMPUTE_ENGINE_GATE_TEXTS
+and ..._CALIBRATION_TEXTS, which every output's engine policy reads, in this process and in the
+`precompute` processes tests start): small sets keep the suite fast, and every test's engines
+find the same gate results in the cache. The defaults are larger.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -13,11 +20,21 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from precompute.models import Encoder, EngineSettings, load_encoder
-from precompute.models.settings import DEMO_CORPUS
+
+from precompute.demo_data import DEMO_CORPUS
+from precompute.models import Encoder, Engine, EngineSettings, load_encoder
+from precompute.models.reference_texts import TextSample
+from precompute.models.source import bundled_encoder
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
+
+GATE_TEXTS, CALIBRATION_TEXTS = "64", "32"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ["PRECOMPUTE_ENGINE_GATE_TEXTS"] = GATE_TEXTS
+    os.environ["PRECOMPUTE_ENGINE_CALIBRATION_TEXTS"] = CALIBRATION_TEXTS
 
 
 @pytest.fixture(scope="session")
@@ -26,23 +43,27 @@ def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def settings(engine_cache: Path) -> EngineSettings:
-    """Small gate and calibration sets keep the suite fast; the defaults are larger."""
-    return EngineSettings(cache_dir=engine_cache, gate_texts=64, calibration_texts=32)
+def settings(engine_cache: Path) -> Engine:
+    """The bundled encoder gated on the demo corpus, as the demo pipeline's outputs build it."""
+    return Engine(
+        model=bundled_encoder(),
+        reference=TextSample(path=str(DEMO_CORPUS)),
+        machine=EngineSettings(cache_dir=engine_cache),
+    )
 
 
 @pytest.fixture(scope="session")
-def encoder(settings: EngineSettings) -> Encoder:
+def encoder(settings: Engine) -> Encoder:
     with load_encoder(settings) as encoder:
         yield encoder
 
 
 @pytest.fixture(scope="session")
-def bundled_cache(encoder: Encoder, settings: EngineSettings) -> dict[str, Path]:
+def bundled_cache(encoder: Encoder, settings: Engine) -> dict[str, Path]:
     """The bundled model's FP32 export and reference outputs in the shared engine cache, found by
     their keys: tests of other models add entries of the same kinds to that cache."""
     entries = {}
-    for key_file in settings.cache_dir.glob("*/key.json"):
+    for key_file in settings.machine.cache_dir.glob("*/key.json"):
         kind = key_file.parent.name.rsplit("-", 1)[0]
         if (
             kind in ("export", "reference")
@@ -91,12 +112,13 @@ def ray_cluster() -> Iterator[Cluster]:
     process joins one Ray at a time, so the run's local Ray is stopped meanwhile and started again.
     One cluster per module: its tests that take a node away run last."""
     import ray
-    from precompute.jobs.ray_session import start_local, stop_local, worker_pool
     from ray._private.authentication.authentication_token_setup import (
         enable_token_auth_by_default,
         ensure_token_if_auth_enabled,
     )
     from ray.cluster_utils import Cluster
+
+    from precompute.jobs.ray_session import start_local, stop_local, worker_pool
 
     had_local = ray.is_initialized()
     stop_local()

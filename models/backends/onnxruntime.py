@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from precompute.models.backends.base import BuildSpec, ConcreteDevice, Runner
-from precompute.models.errors import BackendUnavailableError
-from precompute.models.source import INPUT_NAMES, ModelSource
+
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, Feeds, Runner
+from precompute.models.errors import BackendUnavailableError, ModelError
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
@@ -36,15 +36,28 @@ class OnnxRuntimeRunner(Runner):
     def build(cls, onnx_path: Path, engine_path: Path, spec: BuildSpec) -> None:
         shutil.copyfile(onnx_path, engine_path)
 
-    def __init__(self, source: ModelSource, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
-        super().__init__(source, engine_path, device, threads)
+    def __init__(self, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
+        super().__init__(engine_path, device, threads)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(
-            str(engine_path), options, providers=self._providers(engine_path.parent)
-        )
+        try:
+            self._session = ort.InferenceSession(
+                str(engine_path), options, providers=self._providers(engine_path.parent)
+            )
+        except Exception as e:  # ONNX Runtime raises its own types for graphs it cannot run
+            raise ModelError(f"{engine_path}: not a graph ONNX Runtime can run ({e})") from None
+        self._inputs = tuple(arg.name for arg in self._session.get_inputs())
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self._inputs
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        """The session itself, for what only ONNX Runtime reports (input types and shapes)."""
+        return self._session
 
     def _providers(self, cache_dir: Path) -> list[str | tuple[str, dict[str, object]]]:
         if self.device == "cpu":
@@ -62,9 +75,8 @@ class OnnxRuntimeRunner(Runner):
         providers += ["CUDAExecutionProvider", "CPUExecutionProvider"]
         return providers
 
-    def _infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        feeds = dict(zip(INPUT_NAMES, (input_ids, attention_mask), strict=True))
-        return self._session.run(None, feeds)[0]
+    def _infer(self, feeds: Feeds) -> np.ndarray:
+        return np.asarray(self._session.run(None, dict(feeds))[0], np.float32)
 
     def close(self) -> None:
         del self._session

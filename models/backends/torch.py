@@ -6,14 +6,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from precompute.models.backends.base import BuildSpec, ConcreteDevice, Runner
+
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, Feeds, Runner
 from precompute.models.errors import BackendUnavailableError
 from precompute.models.export import load_reference
-from precompute.models.source import ModelSource
+from precompute.models.source import INPUT_NAMES, ModelSource
 
 
 class TorchRunner(Runner):
-    """Runs the same module that export.py exports, so it is the ground truth for every engine."""
+    """Runs the same module that export.py exports, so it is the ground truth for every engine of
+    a text model (an encoder or a classifier); it builds nothing and reads no engine file."""
 
     name = "torch"
     engine_file = ""
@@ -31,12 +33,19 @@ class TorchRunner(Runner):
     def build(cls, onnx_path: Path, engine_path: Path, spec: BuildSpec) -> None:
         """Nothing to build: the reference runs the PyTorch module itself."""
 
-    def __init__(self, source: ModelSource, engine_path: Path, device: ConcreteDevice, threads: int) -> None:
-        super().__init__(source, engine_path, device, threads)
+    @classmethod
+    def open(cls, entry: Path, device: ConcreteDevice, threads: int, source: ModelSource) -> Runner:
+        return cls(source, device, threads)
+
+    def __init__(self, source: ModelSource, device: ConcreteDevice, threads: int) -> None:
+        super().__init__(Path(), device, threads)
         self._model = load_reference(source).to(device)
 
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return INPUT_NAMES
+
     @torch.inference_mode()
-    def _infer(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        ids = torch.from_numpy(input_ids).to(self.device)
-        mask = torch.from_numpy(attention_mask).to(self.device)
+    def _infer(self, feeds: Feeds) -> np.ndarray:
+        ids, mask = (torch.from_numpy(feeds[name]).to(self.device) for name in INPUT_NAMES)
         return self._model(ids, mask).float().cpu().numpy()

@@ -14,16 +14,15 @@ from pathlib import Path
 import httpx
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from precompute.jobs.settings import JobSettings
-from precompute.lookup.server import running
-from precompute.lookup.settings import ServiceSettings
-from precompute.stores.redis_server import redis_server
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
 
 from precompute.cli.status import render, status
 from precompute.cli.terminal import print_summary, run_logged
+from precompute.jobs.settings import JobSettings
+from precompute.lookup.server import running
+from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
+from precompute.settings import Machine
+from precompute.stores.redis_server import redis_server
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
 USERS = 2
@@ -102,4 +101,4 @@ def main(top_k: int = 3, verbose: bool = False) -> None:
                 print("  " + ", ".join(f"{item['id']} {item['score']:.2f}" for item in answer["items"]))
         # Shown here, while the throwaway Redis is up: after the demo, `precompute status` reads
         # PRECOMPUTE_REDIS_URL, where the demo's labels and recs never were.
-        print(f"\nprecompute status\n{render(status(pipeline, VectorStoreSettings(), RedisSettings()))}")
+        print(f"\nprecompute status\n{render(status(pipeline, Machine.from_environment()))}")

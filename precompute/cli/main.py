@@ -74,8 +74,9 @@ def run(pipeline: PipelineOption = None, verbose: VerboseOption = False) -> None
 def check(pipeline: PipelineOption = None) -> None:
     """Validate the pipeline file and print the plan: outputs, models, engines, stores, versions."""
     from precompute.cli.plan import plan
+    from precompute.settings import Machine
 
-    print(plan(checked_pipeline(pipeline)))
+    print(plan(checked_pipeline(pipeline), Machine.from_environment()))
 
 
 @app.command()
@@ -100,8 +101,9 @@ def schedule(
     at a time: a run due while another is running waits, so two runs never race to publish
     and collect each other's versions.
     """
-    from precompute.flows.nightly import nightly
     from prefect.deployments.runner import EntrypointType
+
+    from precompute.flows.nightly import nightly
 
     checked = checked_pipeline(pipeline)
     nightly.serve(
@@ -120,15 +122,13 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Per output: the version served, its age and count, and the versions a rollback can reach."""
-    from precompute.stores.redis_settings import RedisSettings
-    from precompute.stores.vector_settings import VectorStoreSettings
-
     from precompute.cli.status import as_json as to_json
     from precompute.cli.status import render
     from precompute.cli.status import status as read_status
+    from precompute.settings import Machine
 
     # Which versions are served needs the file's outputs and stores, not its inputs and models.
-    statuses = read_status(checked_pipeline(pipeline, False), VectorStoreSettings(), RedisSettings())
+    statuses = read_status(checked_pipeline(pipeline, False), Machine.from_environment())
     print(json.dumps(to_json(statuses), indent=2) if as_json else render(statuses))
 
 
@@ -141,11 +141,9 @@ def rollback(
     pipeline: PipelineOption = None,
 ) -> None:
     """Serve an earlier version of one output, in one atomic switch; the others are untouched."""
-    from precompute.stores.errors import StoreError
-    from precompute.stores.redis_settings import RedisSettings
-    from precompute.stores.vector_settings import VectorStoreSettings
-
     from precompute.cli.status import rollback as roll_back
+    from precompute.settings import Machine
+    from precompute.stores.errors import StoreError
 
     checked = checked_pipeline(pipeline)
     if output not in checked.outputs:
@@ -154,7 +152,7 @@ def rollback(
             f"{output!r} is not an output of {checked.path} ({names})", param_hint="OUTPUT"
         )
     try:
-        version = roll_back(checked, output, to, VectorStoreSettings(), RedisSettings())
+        version = roll_back(checked, output, to, Machine.from_environment())
     except StoreError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from e
@@ -171,9 +169,13 @@ def serve(pipeline: PipelineOption = None) -> None:
 
 
 @engine_app.command("build")
-def engine_build() -> None:
-    """Export, quantize, build and gate the encoder engine (PRECOMPUTE_ENGINE_* settings); print the report."""
+def engine_build(pipeline: PipelineOption = None) -> None:
+    """Export, quantize, build and gate the engine of every output that runs a text model; print each report."""
+    from precompute.kinds.text import engine_of
     from precompute.models import load_encoder
+    from precompute.settings import Machine
 
-    with load_encoder() as encoder:
-        print(json.dumps(asdict(encoder.report), indent=2))
+    checked, machine = checked_pipeline(pipeline), Machine.from_environment()
+    for name in checked.sources:
+        with load_encoder(engine_of(checked, name, machine.engine)) as encoder:
+            print(json.dumps({"output": name, **asdict(encoder.report)}, indent=2))

@@ -1,32 +1,18 @@
 """`precompute status` and `precompute rollback`: each output's versions, whichever store holds them.
 
-Embeddings live in the vector store (PRECOMPUTE_QDRANT_*), labels and recommendations in
-Redis (PRECOMPUTE_REDIS_*); an operator asks about an output by its name in the pipeline file
-and need not know which.
+An operator asks about an output by its name in the pipeline file and need not know which store
+holds it: each output's kind opens its versions (stores/versions.py Versioned).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from precompute.stores.errors import StoreUnavailableError
-from precompute.stores.key_value import KeyValueStore
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import open_vector_store, version_age
-
 from precompute.pipeline import Pipeline
-
-
-@dataclass(frozen=True)
-class Version:
-    name: str
-    count: int
-    """Points (embeddings) or records (labels, recs) the version holds."""
-    age_s: float
-    current: bool
+from precompute.settings import Machine
+from precompute.stores.errors import StoreUnavailableError
+from precompute.stores.versions import Version
 
 
 @dataclass(frozen=True)
@@ -41,46 +27,27 @@ class OutputStatus:
     """Why the store could not be read, when it could not."""
 
 
-def status(pipeline: Pipeline, vectors: VectorStoreSettings, redis: RedisSettings) -> list[OutputStatus]:
+def status(pipeline: Pipeline, machine: Machine) -> list[OutputStatus]:
     """Every output of the pipeline file, in its order; an output whose store does not answer
     says so (`unavailable`) instead of failing the others."""
     statuses = []
-    now = datetime.now(UTC)
-    with KeyValueStore(redis) as key_values:
-        for name, output in pipeline.outputs.items():
-            current, versions, unavailable = None, [], None
-            try:
-                if output.kind == "embeddings":
-                    settings = pipeline.vector_settings(name, vectors)
-                    where = f"qdrant {settings.type}: {settings.name}"
-                    with open_vector_store(settings) as store:
-                        current = store.current()
-                        versions = [
-                            Version(v, store.count(v), version_age(v), v == current) for v in store.versions()
-                        ]
-                else:
-                    key = pipeline.store(name)
-                    where = f"redis: {redis.prefix}:{key}"
-                    versions = [
-                        Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
-                        for v in key_values.versions(key)
-                    ]
-                    current = next((v.name for v in versions if v.current), None)
-            except StoreUnavailableError as e:
-                unavailable = str(e)
-            statuses.append(OutputStatus(name, output.kind, where, current, versions, unavailable))
+    for name, output in pipeline.outputs.items():
+        current, versions, unavailable, where = None, [], None, ""
+        try:
+            with pipeline.kind(name).versions(pipeline, name, machine) as store:
+                where = store.where
+                versions = store.listing()
+                current = next((v.name for v in versions if v.current), None)
+        except StoreUnavailableError as e:
+            unavailable = str(e)
+        statuses.append(OutputStatus(name, output.kind, where, current, versions, unavailable))
     return statuses
 
 
-def rollback(
-    pipeline: Pipeline, output: str, to: str | None, vectors: VectorStoreSettings, redis: RedisSettings
-) -> str:
+def rollback(pipeline: Pipeline, output: str, to: str | None, machine: Machine) -> str:
     """Publish `to`, by default the version before the published one; return the version now served."""
-    if pipeline.outputs[output].kind == "embeddings":
-        with open_vector_store(pipeline.vector_settings(output, vectors)) as store:
-            return store.rollback(to)
-    with KeyValueStore(redis) as store:
-        return store.rollback(pipeline.store(output), to)
+    with pipeline.kind(output).versions(pipeline, output, machine) as store:
+        return store.rollback(to)
 
 
 def age(seconds: float) -> str:

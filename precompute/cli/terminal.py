@@ -17,15 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from precompute.flows.failures import failure_line
-from precompute.flows.nightly import RunFailedError, nightly, report_path
-from precompute.jobs.progress import LOG, Progress
-from precompute.jobs.settings import JobSettings
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from precompute.cli.run_log import output_to_file
+from precompute.flows.failures import failure_line
+from precompute.flows.nightly import RunFailedError, nightly
+from precompute.flows.run_report import report_path
+from precompute.jobs.progress import LOG, Progress
+from precompute.jobs.settings import JobSettings
 from precompute.pipeline import Pipeline
 
 PLAIN_INTERVAL_S = 10.0
@@ -118,8 +119,8 @@ def summary_table(report: dict[str, Any]) -> Table:
             fields["version"],
             f"{fields['rows']:,}",
             f"{fields['rejects']:,}",
-            f"{fields.get('reused', fields.get('copied', 0)):,}",
-            f"{fields.get('computed', fields.get('rescored', 0)):,}",
+            f"{fields['reused']:,}",
+            f"{fields['computed']:,}",
             f"{sum(fields['seconds'].values()):.0f}",
         )
     return table

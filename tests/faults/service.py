@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
-from precompute.models import Encoder, EngineSettings
-from precompute.models.settings import DEMO_CORPUS
+from precompute.models import Encoder, Engine
 from precompute.stores.redis_server import free_port
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
-
 from tests.lookup.test_keys import publish_both
 from tests.lookup.test_search import write_version
 
@@ -26,7 +26,7 @@ V1 = "20261121T010000Z-aaaaaa"
 @contextmanager
 def published_service(
     encoder: Encoder,
-    engine: EngineSettings,
+    engine: Engine,
     redis_url: str,
     directory: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -38,12 +38,7 @@ def published_service(
     redis = RedisSettings(url=redis_url, prefix=f"f{uuid.uuid4().hex[:8]}")
     write_version(stores, V1, pq.read_table(DEMO_CORPUS).slice(0, 100).to_pylist(), encoder)
     publish_both(redis, V1, 1)
-    for name, value in {
-        "PRECOMPUTE_ENGINE_CACHE_DIR": engine.cache_dir,
-        "PRECOMPUTE_ENGINE_GATE_TEXTS": engine.gate_texts,
-        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": engine.calibration_texts,
-    }.items():
-        monkeypatch.setenv(name, str(value))
+    monkeypatch.setenv("PRECOMPUTE_ENGINE_CACHE_DIR", str(engine.machine.cache_dir))
     settings = ServiceSettings(port=free_port(), warmup_queries=1, **service)
     with running(settings, stores, redis, log=log) as base:
         yield base, redis

@@ -18,8 +18,9 @@ from urllib.parse import urlparse
 import pyarrow.parquet as pq
 import pytest
 import redis
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.errors import VersionNotFoundError
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.redis_server import redis_server
@@ -50,9 +51,9 @@ def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings, pipel
         "PRECOMPUTE_PIPELINE": str(path),
         "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.cache_dir),
-        "PRECOMPUTE_ENGINE_GATE_TEXTS": str(settings.gate_texts),
-        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": str(settings.calibration_texts),
+        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
+        "PRECOMPUTE_ENGINE_GATE_TEXTS": str(settings.policy.gate_texts),
+        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": str(settings.policy.calibration_texts),
         **env,
     }.items():
         monkeypatch.setenv(name, value)
@@ -195,7 +196,7 @@ def test_flow_killed_mid_embedding_then_rerun(
     output = rerun.communicate(timeout=900)[0].decode()
     assert rerun.returncode == 0, output
     assert re.search(r"^docs embed: 1,000 rows in [\d.]+ s", output, re.MULTILINE), output  # its progress
-    with open_vector_store(VectorStoreSettings(name="docs")) as store:
+    with open_vector_store(VectorStoreSettings(), "docs") as store:
         new = store.current()
         assert new > dead and store.versions() == [new] and store.count(new) == 1000
     assert re.search(rf"docs .* {new} .* 1,000 ", output), output  # the summary table's row
@@ -220,6 +221,6 @@ def test_two_runs_started_at_once(
     assert codes == [0, 1], outputs
     refused = outputs[[first.returncode, second.returncode].index(1)]
     assert "another run is in progress" in refused and len(refused.strip().splitlines()) == 1, refused
-    with open_vector_store(VectorStoreSettings(name="docs")) as store:
+    with open_vector_store(VectorStoreSettings(), "docs") as store:
         (version,) = store.versions()
         assert store.current() == version and store.count(version) == 200

@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from precompute.stores.redis_server import redis_server
 
+from precompute.stores.redis_server import redis_server
 from tests.faults.service import V1, published_service
 
 OUTAGE_S = 10.0

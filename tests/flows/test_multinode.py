@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 import pytest
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
 from precompute.jobs.content_cache import previous_run
 from precompute.jobs.staging import committed_dataset
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
-
 from tests.flows.conftest import CONTENT_RECS
 
 if TYPE_CHECKING:
@@ -45,12 +45,11 @@ def environment(
     """Machine settings as in production, every job pointed at the cluster by its address setting."""
     env = {
         "PRECOMPUTE_JOB_RAY_ADDRESS": ray_cluster.address,
-        "PRECOMPUTE_RECS_RAY_ADDRESS": ray_cluster.address,
         "PRECOMPUTE_REDIS_URL": redis_url,
         "PRECOMPUTE_REDIS_PREFIX": f"multinode{tmp_path.name}",
         "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.cache_dir),
+        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -92,7 +91,7 @@ def test_nightly_on_a_two_node_cluster_publishes_every_output(
     assert recs["users"] > 10 and recs["k"] == 100
     models = recs["validation"]["models"]
     assert models["published"]["ndcg"] > models["most_popular"]["ndcg"]
-    with open_vector_store(VectorStoreSettings()) as store:
+    with open_vector_store(VectorStoreSettings(), "corpus") as store:
         assert store.current() == embeddings["version"] and store.count(store.current()) == 200
     with KeyValueStore(RedisSettings()) as store:
         assert store.current("labels") == labels["version"]
@@ -151,7 +150,7 @@ def test_a_worker_node_killed_mid_embedding_publishes_every_row_once(
     assert len(ids) == len(set(ids)) == valid
     cached = committed_dataset(previous_run(environment / "work" / "cache" / "docs")).to_table(columns=["id"])
     assert sorted(cached["id"].to_pylist()) == sorted(ids)
-    with open_vector_store(VectorStoreSettings(name="docs")) as store:
+    with open_vector_store(VectorStoreSettings(), "docs") as store:
         assert store.current() == docs["version"] and store.count(docs["version"]) == valid
     # The embedding actor was restarted on the surviving worker and finished the job there.
     survivor = {n.node_id for n in ray_cluster.worker_nodes}

@@ -11,14 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
+
 from precompute.flows.nightly import RunFailedError, nightly
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.records import decode_ranked
 from precompute.stores.redis_settings import RedisSettings, output_keys
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.flows.conftest import CONTENT_RECS
 
 
@@ -40,9 +40,9 @@ def environment(
         "PRECOMPUTE_REDIS_PREFIX": f"flow{tmp_path.name}",
         "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.cache_dir),
-        "PRECOMPUTE_ENGINE_GATE_TEXTS": str(settings.gate_texts),
-        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": str(settings.calibration_texts),
+        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
+        "PRECOMPUTE_ENGINE_GATE_TEXTS": str(settings.policy.gate_texts),
+        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": str(settings.policy.calibration_texts),
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -178,7 +178,7 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     assert third["outputs"]["embeddings"]["deleted_versions"] == [versions[0]]
     runs = environment / "work" / "runs"
     assert sorted(p.name for p in (runs / "embeddings").iterdir()) == sorted(versions[1:])
-    with open_vector_store(VectorStoreSettings()) as store:
+    with open_vector_store(VectorStoreSettings(), "corpus") as store:
         assert store.current() == versions[2]
         assert store.versions() == versions[1:]
     with KeyValueStore(RedisSettings()) as store:

@@ -11,16 +11,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from precompute.flows.nightly import nightly
-from precompute.lookup.app import create_app
-from precompute.lookup.settings import ServiceSettings
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import open_vector_store
 from starlette.testclient import TestClient
 
 from precompute.cli.status import status
+from precompute.flows.nightly import nightly
+from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
+from precompute.settings import Machine
+from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.vectors import open_vector_store
+from tests.lookup.apps import app_of
 from tests.models.tiny import HIDDEN, LABELS, tiny_classifier, tiny_encoder, tiny_towers
 
 PIPELINE = """
@@ -113,7 +113,7 @@ def pipeline_file(
         "PRECOMPUTE_REDIS_PREFIX": f"own{tmp_path.name}",
         "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.cache_dir),
+        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -139,7 +139,7 @@ def test_two_models_per_kind_are_published_and_served_by_name(
     assert outputs["minilm"]["computed"] == outputs["tiny"]["computed"] == 200
 
     pipeline = load_pipeline(pipeline_file)
-    listed = {s.output: s for s in status(pipeline, VectorStoreSettings(), RedisSettings())}
+    listed = {s.output: s for s in status(pipeline, Machine.from_environment())}
     assert {name: s.current for name, s in listed.items()} == {
         name: outputs[name]["version"] for name in outputs
     }
@@ -149,7 +149,7 @@ def test_two_models_per_kind_are_published_and_served_by_name(
     rows = [r for r in pq.read_table(small_corpus).to_pylist() if r["id"] not in (None, "dup")][:200]
     sections = {r["section"] for r in rows}
     target = rows[7]
-    app = create_app(ServiceSettings(warmup_queries=1), settings, pipeline=pipeline)
+    app = app_of(ServiceSettings(warmup_queries=1), settings, pipeline=pipeline)
     with TestClient(app) as client:
         ready = client.get("/readyz").json()
         assert set(ready["engines"]) == {"minilm", "tiny"}
@@ -171,5 +171,5 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         assert len(picks.json()["items"]) == 10
 
     for name, dim in (("minilm", 384), ("tiny", HIDDEN)):
-        with open_vector_store(pipeline.vector_settings(name, VectorStoreSettings())) as store:
+        with open_vector_store(VectorStoreSettings(), pipeline.store(name)) as store:
             assert store.meta(outputs[name]["version"])["dim"] == dim

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from precompute.flows.run_metrics import JOB, publish_run_metrics
-from precompute.models import EngineSettings
-from precompute.stores.redis_server import free_port
 
+from precompute.flows.run_metrics import JOB, publish_run_metrics
+from precompute.models import Engine
+from precompute.stores.redis_server import free_port
 from tests.faults.service import published_service
 from tests.lookup.test_keys import ITEMS
 
@@ -85,7 +85,7 @@ def report() -> dict:
 
 
 def test_prometheus_scrapes_the_service_and_a_runs_metrics(
-    tmp_path: Path, redis_url: str, encoder, settings: EngineSettings, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, redis_url: str, encoder, settings: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gateway, prometheus_port = f"127.0.0.1:{free_port()}", free_port()
     prometheus = f"http://127.0.0.1:{prometheus_port}"

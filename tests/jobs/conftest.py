@@ -8,12 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from precompute.demo_data import DEMO_CORPUS, DEMO_INTERACTIONS
 from precompute.jobs.content_cache import content_keys
-from precompute.jobs.recs_settings import DEMO_INTERACTIONS
 from precompute.jobs.recs_state import Items
 from precompute.models import Encoder
-from precompute.models.settings import DEMO_CORPUS
-
 from tests.jobs.recs_inputs import BAD_ROWS, ITEMS
 
 

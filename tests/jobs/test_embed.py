@@ -11,20 +11,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from precompute.flows.validate import staged_vectors
+
 from precompute.jobs.embed import EmbedActor, run_embed_job
+from precompute.jobs.index_check import staged_vectors
+from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import VectorStore, open_vector_store
 
-from precompute.pipeline import CorpusInput
-
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[VectorStore]:
-    with open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant")) as store:
+    with open_vector_store(VectorStoreSettings(type="edge", path=tmp_path / "qdrant"), "corpus") as store:
         yield store
 
 

@@ -11,20 +11,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.jobs.content_cache import promote
+from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.labels import LabelsJobReport, labeler_identity, run_labels_job
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import RejectRatioExceededError
-from precompute.models.labels import LabelerReport, LabelSettings, load_labeler
+from precompute.models.label_head import LabelPolicy, LabelTask
+from precompute.models.labels import LabelerReport, load_labeler
+from precompute.models.reference_texts import TextSample
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
 from precompute.stores.records import decode_ranked
 from precompute.stores.redis_settings import RedisSettings
 
-from precompute.pipeline import CorpusInput
-
 VERSION = "20261123T010000Z-label0"
-LABELS = LabelSettings(max_train_texts=400)
+LABELS = LabelTask(
+    corpus=TextSample(path=str(DEMO_CORPUS)), column="section", policy=LabelPolicy(train_texts=400)
+)
 """As in the flow's tests: the trained head is cached per training set, so they share it."""
 
 
@@ -47,7 +52,7 @@ def test_every_valid_item_gets_the_labelers_top_labels(
             tmp_path / "run",
             before_write=lambda rows: store.create_version("labels", VERSION, rows),
         )
-        store.publish("labels", VERSION, report.samples)
+        store.publish("labels", VERSION, 2, report.samples)
 
     rejects = pq.read_table(report.rejects_path).to_pylist()
     assert sorted(r["reject_reason"] for r in rejects) == [
@@ -97,7 +102,7 @@ def test_too_many_rejects_fail_before_any_labelling(
 
 
 def label_and_publish(
-    store: KeyValueStore, version: str, corpus: CorpusInput, labels: LabelSettings, settings, tmp_path: Path
+    store: KeyValueStore, version: str, corpus: CorpusInput, labels: LabelTask, settings, tmp_path: Path
 ) -> LabelsJobReport:
     """What the flow's label task does: label into a version, publish it, promote its staged values."""
     cache_dir = tmp_path / "cache"
@@ -111,7 +116,7 @@ def label_and_publish(
         before_write=lambda rows: store.create_version("labels", version, rows),
         cache_dir=cache_dir,
     )
-    store.publish("labels", version, report.samples)
+    store.publish("labels", version, 2, report.samples)
     promote(cache_dir, Path(report.staged))
     return report
 
@@ -141,7 +146,7 @@ def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
             tmp_path,
         )
         reused = asyncio.run(read())
-        new_head = LABELS.model_copy(update={"max_train_texts": 300})
+        new_head = LABELS.model_copy(update={"policy": LabelPolicy(train_texts=300)})
         third = label_and_publish(store, "20261123T030000Z-label3", corpus, new_head, settings, tmp_path)
 
     assert (first.computed, first.reused) == (200, 0)

@@ -11,11 +11,15 @@ import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.own_towers import own_towers
 from precompute.jobs.recommend import run_recs_job
 from precompute.jobs.recs_quality import evaluate, valid_interactions
-from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import Items
+from precompute.jobs.settings import JobSettings
+from precompute.models.settings import EngineSettings
 from precompute.models.towers import (
     FeaturesInput,
     TowerEngines,
@@ -26,8 +30,6 @@ from precompute.models.towers import (
     feature_reasons,
 )
 from precompute.stores.records import decode_ranked
-
-from precompute.pipeline import InteractionsInput
 from tests.jobs.recs_inputs import ParquetSink
 from tests.models.tiny import tiny_towers
 
@@ -106,11 +108,12 @@ def test_the_job_ranks_by_the_users_own_towers_and_quarantines_feature_rows_it_c
     ray_local, towers_data, tmp_path: Path
 ) -> None:
     spec, items, interactions = towers_data
-    settings = RecsJobSettings(k=K, model="towers", content_weight=0, popularity_weight=0)
-    own = own_towers(spec, items.ids, tmp_path / "work", tmp_path / "cache")
+    settings = RecsSpec(k=K, model="towers", content_weight=0, popularity_weight=0)
+    own = own_towers(spec, items.ids, tmp_path / "work", EngineSettings(cache_dir=tmp_path / "cache"))
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
         settings,
+        JobSettings(),
         items,
         ParquetSink(tmp_path / "out"),
         tmp_path / "work",
@@ -169,7 +172,9 @@ def test_int8_is_static_with_explicit_qdq_and_auto_takes_the_fastest_engine_that
 
     def choose(precision: str, overlap: float) -> TowerEngines:
         policy = spec.model_copy(update={"precision": precision, "gate_overlap": overlap})
-        return choose_engines(policy, graphs, (users, users), (items, items), "cpu", tmp_path)
+        return choose_engines(
+            policy, graphs, (users, users), (items, items), "cpu", EngineSettings(cache_dir=tmp_path)
+        )
 
     engines = choose("auto", 0.5)
     assert [g.precision for g in engines.gates] == ["fp32", "int8"]

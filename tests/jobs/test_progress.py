@@ -9,10 +9,10 @@ import time
 
 import pyarrow as pa
 import ray
-from precompute.jobs import progress
 from ray.actor import ActorHandle
 
 from precompute.cli.terminal import progress_on
+from precompute.jobs import progress
 
 
 class Collect(logging.Handler):

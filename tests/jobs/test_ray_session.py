@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import ray
-from precompute.jobs.ray_session import ray_session
 from ray.data import DataContext
+
+from precompute.jobs.ray_session import ray_session
 
 
 def footer_readers() -> int:

@@ -7,12 +7,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from precompute.jobs.recommend import Seen, run_recs_job, top_k
-from precompute.jobs.recs_settings import RecsJobSettings
+
+from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.recommend import Seen, run_recs_job
+from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.settings import JobSettings
+from precompute.jobs.topk import top_k
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.stores.records import decode_ranked
-
-from precompute.pipeline import InteractionsInput
 from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
 
 
@@ -55,11 +57,12 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     ray_local, items, interactions: Path, tmp_path: Path
 ) -> None:
     ids, vectors, _ = items
-    settings = RecsJobSettings(k=10, users_per_block=256, popularity_weight=0.4, model="content")
+    settings = RecsSpec(k=10, popularity_weight=0.4, model="content")
     sized: list[tuple[int, object, bool]] = []
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
         settings,
+        JobSettings(users_per_block=256),
         items,
         ParquetSink(tmp_path / "out"),
         tmp_path / "work",
@@ -123,5 +126,5 @@ def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: 
     with pytest.raises(
         RejectRatioExceededError, match=r"7 of \d+ interactions rejected, over max_reject_ratio=0.001"
     ):
-        run_recs_job(strict, RecsJobSettings(), items, ParquetSink(tmp_path / "out"), tmp_path / "work")
+        run_recs_job(strict, RecsSpec(), JobSettings(), items, ParquetSink(tmp_path / "out"), tmp_path / "work")
     assert not (tmp_path / "out").exists()

@@ -11,13 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from precompute.jobs.content_cache import content_keys
-from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
-from precompute.jobs.recs_settings import RecsJobSettings
-from precompute.jobs.recs_state import CopyPlan, Items, Previous, model_fingerprint, plan
-from precompute.stores.records import decode_ranked
 
-from precompute.pipeline import InteractionsInput
+from precompute.jobs.content_cache import content_keys
+from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
+from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.recs_state import Items, Previous, model_fingerprint, plan
+from precompute.jobs.settings import JobSettings
+from precompute.stores.key_value_versions import CopyPlan
+from precompute.stores.records import decode_ranked
 from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
 
 MODEL = "minilm"
@@ -40,7 +42,8 @@ def recs_run(
     plans: list[CopyPlan | None] = []
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
-        RecsJobSettings(users_per_block=256, model=model),
+        RecsSpec(model=model),
+        JobSettings(users_per_block=256),
         items,
         ParquetSink(run_dir / "out"),
         run_dir,

@@ -7,10 +7,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from precompute.jobs.recommend import BlockedTopK, recommend_users
+
+from precompute.jobs.recommend import recommend_users
 from precompute.jobs.recs_models import Seen, train_towers
 from precompute.jobs.recs_quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
-from precompute.jobs.recs_settings import RecsJobSettings
+from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.topk import BlockedTopK
 
 IDS = ["a0", "a1", "b0", "b1", "cold", "popular"]
 A0, A1, B0, B1, COLD, POPULAR = range(6)
@@ -37,7 +39,7 @@ def csr(rows: list[list[int]]) -> Seen:
 
 def ranking(model: str, content_weight: float) -> list[int]:
     train = csr(histories())
-    settings = RecsJobSettings(model=model, content_weight=content_weight, factors=4, iterations=30)
+    settings = RecsSpec(model=model, content_weight=content_weight, factors=4, iterations=30)
     towers = train_towers(model, train, vectors(), settings)
     tester = csr([[A0]])
     indices, scores = recommend_users(towers, BlockedTopK(towers.items, 5, 8), tester)
@@ -57,7 +59,7 @@ def test_content_finds_the_item_that_reads_alike_and_the_hybrid_ranks_it_after_t
 
 
 def test_ease_refuses_a_catalogue_too_large_for_its_inverse() -> None:
-    settings = RecsJobSettings(model="ease")
+    settings = RecsSpec(model="ease")
     with pytest.raises(
         ValueError,
         match="ease holds an \\[items, items\\] matrix: 20,001 items are more than 20,000; use als",
@@ -100,7 +102,7 @@ def test_the_temporal_split_holds_out_each_users_latest_interaction() -> None:
 def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless_it_beats_most_popular() -> (
     None
 ):
-    quality = evaluate(valid_interactions(interactions(times=True), IDS), vectors(), RecsJobSettings())
+    quality = evaluate(valid_interactions(interactions(times=True), IDS), vectors(), RecsSpec())
     assert (quality.published, quality.split, quality.users, quality.k) == ("ease+content", "temporal", 40, 6)
     assert set(quality.models) == {"published", "most_popular", "itemknn", "content", "collaborative"}
     published, popular = quality.models["published"], quality.models["most_popular"]
@@ -115,7 +117,7 @@ def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless
 def test_a_user_who_took_only_an_item_nobody_else_took_is_served_by_the_hybrid() -> None:
     """Cold: EASE alone scores every item 0 for them; content and the prior give a ranked list."""
     train = csr([*histories(), [COLD]])
-    settings = RecsJobSettings(model="ease")
+    settings = RecsSpec(model="ease")
     towers = train_towers("ease", train, vectors(), settings)
     user = torch.from_numpy(towers.users(csr([[COLD]])))
     _, scores = BlockedTopK(towers.items, 3, 8)(user, csr([[COLD]]))
@@ -132,7 +134,7 @@ def test_a_user_who_took_only_an_item_nobody_else_took_is_served_by_the_hybrid()
 def test_ease_on_the_gpu_matches_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(1)
     rows = [sorted(rng.choice(300, size=rng.integers(1, 20), replace=False).tolist()) for _ in range(500)]
-    settings = RecsJobSettings(model="ease", content_weight=0)
+    settings = RecsSpec(model="ease", content_weight=0)
     on_gpu = train_towers("ease", csr(rows), np.eye(300, dtype=np.float32), settings)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     on_cpu = train_towers("ease", csr(rows), np.eye(300, dtype=np.float32), settings)

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+
 from precompute.jobs.staging import (
     MANIFEST,
     StagingSink,

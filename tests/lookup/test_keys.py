@@ -14,14 +14,15 @@ from urllib.parse import urlparse
 
 import numpy as np
 import pytest
-from precompute.lookup.app import create_app
+from starlette.testclient import TestClient
+
 from precompute.lookup.settings import ServiceSettings
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.records import encode_ranked
 from precompute.stores.redis_server import redis_server
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
-from starlette.testclient import TestClient
+from tests.lookup.apps import app_of
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 LABEL_NAMES = ["games", "python", "editors", "libs", 'say "hi"']
@@ -48,7 +49,7 @@ def publish(redis: RedisSettings, output: str, version: str, ids: list[str], row
     with KeyValueStore(redis) as store:
         store.create_version(output, version, len(ids), {"vocabulary": vocabulary})
         store.write(output, version, ids, values)
-        store.publish(output, version)
+        store.publish(output, version, keep=1)
 
 
 def publish_both(redis: RedisSettings, version: str, ordinal: int) -> None:
@@ -68,13 +69,13 @@ def expected_items(user: str, ordinal: int, k: int = 4) -> list[dict]:
 
 def redis_for_test(url: str) -> RedisSettings:
     """A prefix per test: tests share one server and never see each other's keys."""
-    return RedisSettings(url=url, prefix=f"t{uuid.uuid4().hex[:8]}", keep_versions=1)
+    return RedisSettings(url=url, prefix=f"t{uuid.uuid4().hex[:8]}")
 
 
 def app(engine, tmp_path: Path, redis: RedisSettings, **service):
     """No embeddings published: an empty in-process vector store."""
     stores = VectorStoreSettings(type="edge", path=tmp_path / "qdrant")
-    return create_app(ServiceSettings(warmup_queries=1, **service), engine, stores, redis)
+    return app_of(ServiceSettings(warmup_queries=1, **service), engine, stores, redis)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_a_top_100_is_served_whole(
     with KeyValueStore(redis) as store:
         store.create_version("recs", V1, len(USERS), {"vocabulary": vocabulary})
         store.write("recs", V1, USERS, encode_ranked(ranked, np.array([scores] * len(USERS))))
-        store.publish("recs", V1)
+        store.publish("recs", V1, keep=1)
     with TestClient(app(settings, tmp_path, redis)) as client:
         answer = client.get("/v1/recs/user-3?k=100").json()["items"]
         assert [item["id"] for item in answer] == [vocabulary[i] for i in ranked[3]]

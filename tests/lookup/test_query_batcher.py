@@ -10,18 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.lookup.query_batcher import QueryBatcher
-from precompute.models import EngineSettings, load_encoder
+from precompute.models import Engine, load_encoder
 from precompute.models.engine import peer_independent
 from precompute.models.errors import InvalidInputError, ModelError
-from precompute.models.settings import DEMO_CORPUS
 
 ROWS = 8
 
 
 @pytest.fixture(scope="module")
-def batcher(settings: EngineSettings) -> Iterator[QueryBatcher]:
-    engine = peer_independent(settings).model_copy(update={"streams": 1, "batch_size": ROWS})
+def batcher(settings: Engine) -> Iterator[QueryBatcher]:
+    engine = peer_independent(settings).replace(streams=1, batch_size=ROWS)
     batcher = QueryBatcher(load_encoder(engine), ROWS, wait_s=0.0)
     yield batcher
     batcher.close()
@@ -34,10 +35,10 @@ def titles() -> list[str]:
     return table["title"].to_pylist() + [t[:300] for t in table["text"].to_pylist()]
 
 
-def test_the_batch_engine_is_static_on_cpu(settings: EngineSettings) -> None:
-    assert peer_independent(settings).precision == "fp32"  # CPU INT8 is dynamic
+def test_the_batch_engine_is_static_on_cpu(settings: Engine) -> None:
+    assert peer_independent(settings).policy.precision == "fp32"  # CPU INT8 is dynamic
     with pytest.raises(ModelError, match="depend on batch peers"):
-        peer_independent(settings.model_copy(update={"precision": "int8"}))
+        peer_independent(settings.replace(precision="int8"))
 
 
 def test_a_query_has_the_same_vector_alone_and_in_any_batch(batcher: QueryBatcher, titles: list[str]) -> None:

@@ -10,21 +10,22 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from precompute.lookup.app import create_app
+from starlette.testclient import TestClient
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.lookup.settings import ServiceSettings
-from precompute.models.settings import DEMO_CORPUS
 from precompute.stores.redis_server import free_port
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
-from starlette.testclient import TestClient
+from tests.lookup.apps import app_of
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 
 
 def write_version(stores: VectorStoreSettings, version: str, rows: list[dict], encoder) -> None:
     vectors = encoder.encode([r["text"] for r in rows])
-    with open_vector_store(stores) as store:
+    with open_vector_store(stores, "corpus") as store:  # the demo pipeline's collection
         store.create_version(version, encoder.dim, {"payload": {"title": "str", "section": "str"}})
         store.upsert(
             version,
@@ -55,7 +56,7 @@ def rows() -> list[dict]:
 @pytest.fixture
 def client(encoder, settings, stores, redis, rows) -> Iterator[TestClient]:
     write_version(stores, V1, rows, encoder)
-    app = create_app(ServiceSettings(warmup_queries=2), settings, stores, redis)
+    app = app_of(ServiceSettings(warmup_queries=2), settings, stores, redis)
     with TestClient(app) as client:
         yield client
 
@@ -140,7 +141,7 @@ def test_a_new_version_is_served_without_restart(client: TestClient, encoder, st
 
 def test_nothing_published_is_503_yet_ready(encoder, settings, stores, redis) -> None:
     """Ready (the stores answer), with no version to name; search answers 503 until one is published."""
-    with TestClient(create_app(ServiceSettings(warmup_queries=1), settings, stores, redis)) as client:
+    with TestClient(app_of(ServiceSettings(warmup_queries=1), settings, stores, redis)) as client:
         ready = client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["versions"]["embeddings"] is None
         answer = client.post("/v1/search", json={"query": "editor"})
@@ -150,7 +151,7 @@ def test_nothing_published_is_503_yet_ready(encoder, settings, stores, redis) ->
 def test_bearer_token_guards_v1_only(encoder, settings, stores, redis, rows) -> None:
     write_version(stores, V1, rows[:20], encoder)
     with TestClient(
-        create_app(ServiceSettings(auth_token="s3cret", warmup_queries=1), settings, stores, redis)
+        app_of(ServiceSettings(auth_token="s3cret", warmup_queries=1), settings, stores, redis)
     ) as client:
         assert client.post("/v1/search", json={"query": "editor"}).status_code == 401
         for wrong in (
@@ -211,7 +212,7 @@ def test_a_key_lookup_is_answered_while_a_search_is_embedding(client: TestClient
 
 def test_batched_queries_are_embedded_by_a_static_engine(encoder, settings, stores, redis, rows) -> None:
     write_version(stores, V1, rows, encoder)
-    app = create_app(ServiceSettings(warmup_queries=2, query_batch="on"), settings, stores, redis)
+    app = app_of(ServiceSettings(warmup_queries=2, query_batch="on"), settings, stores, redis)
     with TestClient(app) as client:
         assert client.get("/readyz").json()["engines"] == {"embeddings": "onnxruntime/cpu/fp32"}
         with ThreadPoolExecutor(4) as pool:
@@ -226,9 +227,9 @@ def test_replicas_share_answers_through_redis(encoder, settings, stores, redis, 
     write_version(stores, V1, rows, encoder)
     shared = ServiceSettings(warmup_queries=2, query_cache_redis=True)
     query = {"query": rows[7]["title"], "k": 5}
-    with TestClient(create_app(shared, settings, stores, redis)) as first:
+    with TestClient(app_of(shared, settings, stores, redis)) as first:
         computed = first.post("/v1/search", json=query)
-    with TestClient(create_app(shared, settings, stores, redis)) as second:  # its own caches are empty
+    with TestClient(app_of(shared, settings, stores, redis)) as second:  # its own caches are empty
         again = second.post("/v1/search", json=query)
         metrics = second.get("/metrics").text
     assert computed.status_code == again.status_code == 200 and again.content == computed.content
@@ -239,7 +240,7 @@ def test_replicas_share_answers_through_redis(encoder, settings, stores, redis, 
 def test_a_search_is_answered_when_the_shared_cache_is_down(encoder, settings, stores, rows) -> None:
     write_version(stores, V1, rows, encoder)
     down = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)  # nothing listens
-    app = create_app(ServiceSettings(warmup_queries=2, query_cache_redis=True), settings, stores, down)
+    app = app_of(ServiceSettings(warmup_queries=2, query_cache_redis=True), settings, stores, down)
     with TestClient(app) as client:
         answer = client.post("/v1/search", json={"query": rows[2]["title"], "k": 3})
         assert answer.status_code == 200 and answer.json()["hits"][0]["id"] == rows[2]["id"]

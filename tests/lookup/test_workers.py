@@ -10,9 +10,9 @@ import httpx
 import psutil
 import pyarrow.parquet as pq
 import pytest
-from precompute.models.settings import DEMO_CORPUS
-from precompute.stores.vector_settings import VectorStoreSettings
 
+from precompute.demo_data import DEMO_CORPUS
+from precompute.stores.vector_settings import VectorStoreSettings
 from tests.faults.service import published_service
 from tests.lookup.test_search import write_version
 

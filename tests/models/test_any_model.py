@@ -10,15 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from precompute.models import EngineSettings, load_encoder
-from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
-from precompute.models.errors import ModelError
-from precompute.models.labels import LabelSettings, load_labeler
-from precompute.models.source import read_classifier, read_encoder
-from precompute.models.tokenize import TextTokenizer
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoModelForSequenceClassification
 
+from precompute.demo_data import DEMO_CORPUS
+from precompute.models import Engine, load_encoder
+from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
+from precompute.models.errors import ModelError
+from precompute.models.label_head import LabelPolicy, LabelTask
+from precompute.models.labels import load_labeler
+from precompute.models.reference_texts import TextSample
+from precompute.models.source import read_classifier, read_encoder
+from precompute.models.tokenize import TextTokenizer
 from tests.models.tiny import ARCHITECTURES, HIDDEN, LABELS, tiny_classifier, tiny_encoder
 
 
@@ -28,10 +31,10 @@ def texts(corpus_texts: list[str]) -> list[str]:
     return ["short", *corpus_texts[:30], "word " * 300]
 
 
-def exported(settings: EngineSettings, source) -> OnnxRuntimeRunner:
-    with load_encoder(settings.model_copy(update={"model": source, "precision": "fp32"})) as encoder:
+def exported(settings: Engine, source) -> OnnxRuntimeRunner:
+    with load_encoder(settings.replace(model=source, precision="fp32")) as encoder:
         path = Path(encoder.report.engine_dir) / "model.onnx"
-    return OnnxRuntimeRunner(source, path, "cpu", 2)
+    return OnnxRuntimeRunner(path, "cpu", 2)
 
 
 def hidden_states(folder: Path, ids: np.ndarray, mask: np.ndarray) -> torch.Tensor:
@@ -43,7 +46,7 @@ def hidden_states(folder: Path, ids: np.ndarray, mask: np.ndarray) -> torch.Tens
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
 def test_export_matches_transformers_fp32(
-    architecture: str, pooling: str, settings: EngineSettings, texts: list[str], tmp_path: Path
+    architecture: str, pooling: str, settings: Engine, texts: list[str], tmp_path: Path
 ) -> None:
     """Max abs diff <= 1e-4 against transformers' own model, pooled as stated, on padded batches."""
     folder = tiny_encoder(tmp_path / architecture, architecture)
@@ -58,26 +61,26 @@ def test_export_matches_transformers_fp32(
                 "cls": hidden[:, 0],
                 "max": (hidden + (1 - mask) * -1e9).max(1).values,
             }[pooling].numpy()
-            got = runner.infer(batch.input_ids, batch.attention_mask)
+            got = runner.infer(batch.feeds)
             assert np.abs(got - want).max() <= 1e-4
 
 
 @pytest.mark.parametrize(("architecture", "pooling"), [("bert", "cls"), ("xlm-roberta", "mean")])
 def test_a_sentence_transformers_folder_states_its_own_pooling(
-    architecture: str, pooling: str, settings: EngineSettings, texts: list[str], tmp_path: Path
+    architecture: str, pooling: str, settings: Engine, texts: list[str], tmp_path: Path
 ) -> None:
     """modules.json (Transformer, Pooling, Normalize) is read, and we match sentence-transformers."""
     folder = tiny_encoder(tmp_path / "st", architecture, pooling=pooling, normalize=False)
     source = read_encoder(folder)
     assert (source.pooling, source.normalize, source.max_seq_length) == (pooling, False, 128)
     want = SentenceTransformer(str(folder), device="cpu").encode(texts, batch_size=8)
-    with load_encoder(settings.model_copy(update={"model": source, "precision": "fp32"})) as encoder:
+    with load_encoder(settings.replace(model=source, precision="fp32")) as encoder:
         assert np.abs(encoder.encode(texts) - want).max() <= 1e-4
 
 
-def test_a_tiny_encoder_is_quantized_and_gated(settings: EngineSettings, tmp_path: Path) -> None:
+def test_a_tiny_encoder_is_quantized_and_gated(settings: Engine, tmp_path: Path) -> None:
     source = read_encoder(tiny_encoder(tmp_path / "bert", "distilbert", pooling="mean"))
-    with load_encoder(settings.model_copy(update={"model": source})) as encoder:
+    with load_encoder(settings.replace(model=source)) as encoder:
         report = encoder.report
         assert encoder.encode(["a text", "another, longer text"]).shape == (2, HIDDEN)
     assert report.gates[0].precision == "int8" and report.gates[-1].passed
@@ -87,7 +90,7 @@ def test_a_tiny_encoder_is_quantized_and_gated(settings: EngineSettings, tmp_pat
 
 @pytest.mark.parametrize("multi_label", [False, True])
 def test_a_classifier_labels_through_its_gated_engine(
-    multi_label: bool, settings: EngineSettings, texts: list[str], tmp_path: Path
+    multi_label: bool, settings: Engine, texts: list[str], tmp_path: Path
 ) -> None:
     folder = tiny_classifier(tmp_path / "classifier", multi_label)
     source = read_classifier(folder)
@@ -99,10 +102,11 @@ def test_a_classifier_labels_through_its_gated_engine(
                 ids, mask = torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask)
                 logits = model(input_ids=ids, attention_mask=mask).logits
             want = (torch.sigmoid(logits) if multi_label else torch.softmax(logits, -1)).numpy()
-            assert np.abs(runner.infer(batch.input_ids, batch.attention_mask) - want).max() <= 1e-4
+            assert np.abs(runner.infer(batch.feeds) - want).max() <= 1e-4
 
-    engine = settings.model_copy(update={"model": source})
-    with load_labeler(LabelSettings(top=2), engine) as labeler:
+    engine = settings.replace(model=source)
+    task = LabelTask(corpus=TextSample(path=str(DEMO_CORPUS)), policy=LabelPolicy(top=2))
+    with load_labeler(task, engine) as labeler:
         assert labeler.labels == list(LABELS) and labeler.head is None
         first, last = labeler.report.gates[0], labeler.report.gates[-1]
         assert first.precision == "int8" and 0 <= first.agreement <= 1

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from precompute.models import EngineSettings, InvalidInputError, ModelError, load_encoder
+
+from precompute.models import (
+    Engine,
+    EnginePolicy,
+    EngineSettings,
+    InvalidInputError,
+    ModelError,
+    load_encoder,
+)
 from precompute.models.errors import BackendUnavailableError
 
 
@@ -24,11 +32,11 @@ def test_auto_picks_onnxruntime_int8_on_a_cpu(encoder) -> None:
 )
 def test_impossible_choices_are_refused_by_name(settings, override, error, message) -> None:
     with pytest.raises(error, match=message):
-        load_encoder(settings.model_copy(update=override))
+        load_encoder(settings.replace(**override))
 
 
-def test_torch_is_the_ungated_fp32_reference(settings: EngineSettings, corpus_texts) -> None:
-    with load_encoder(settings.model_copy(update={"backend": "torch", "device": "cpu"})) as reference:
+def test_torch_is_the_ungated_fp32_reference(settings: Engine, corpus_texts) -> None:
+    with load_encoder(settings.replace(backend="torch", device="cpu")) as reference:
         assert (reference.report.precision, reference.report.gates) == ("fp32", [])
         assert reference.encode(corpus_texts[:2]).shape == (2, 384)
 
@@ -36,10 +44,10 @@ def test_torch_is_the_ungated_fp32_reference(settings: EngineSettings, corpus_te
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRECOMPUTE_ENGINE_PRECISION", "fp32")
     monkeypatch.setenv("PRECOMPUTE_ENGINE_BATCH_SIZE", "64")
-    assert (EngineSettings().precision, EngineSettings().batch_size) == ("fp32", 64)
+    assert (EnginePolicy().precision, EngineSettings().batch_size) == ("fp32", 64)
     monkeypatch.setenv("PRECOMPUTE_ENGINE_PRECISION", "int4")
     with pytest.raises(ValueError, match="precision"):
-        EngineSettings()
+        EnginePolicy()
 
 
 def test_the_single_query_path_embeds_as_a_batch_of_one(encoder, corpus_texts) -> None:
@@ -51,9 +59,9 @@ def test_the_single_query_path_embeds_as_a_batch_of_one(encoder, corpus_texts) -
         encoder.encode_query("  ")
 
 
-def test_the_query_graph_matches_the_batch_graph(settings: EngineSettings, encoder, corpus_texts) -> None:
+def test_the_query_graph_matches_the_batch_graph(settings: Engine, encoder, corpus_texts) -> None:
     """The service embeds queries on the fused graph; its vectors must sit where the corpus's do."""
-    with load_encoder(settings.model_copy(update={"graph": "query", "streams": 1, "threads": 1})) as query:
+    with load_encoder(settings.replace(graph="query", streams=1, threads=1)) as query:
         assert query.report.engine_dir != encoder.report.engine_dir and query.report.gates[0].passed
         titles = [text.split(".")[0][:80] for text in corpus_texts[:20]]
         fused = np.stack([query.encode_query(t) for t in titles])

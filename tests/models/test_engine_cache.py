@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from precompute.models import EngineSettings, load_encoder
+
+from precompute.models import Engine, load_encoder
 from precompute.models.engine_cache import EngineCache
 
 
@@ -56,8 +57,8 @@ def test_concurrent_builder_that_loses_the_race_keeps_the_winner(tmp_path: Path)
     assert [p.name for p in tmp_path.iterdir()] == [entry.path.name]
 
 
-def test_load_encoder_hits_the_cache_and_rebuilds_per_precision(encoder, settings: EngineSettings) -> None:
+def test_load_encoder_hits_the_cache_and_rebuilds_per_precision(encoder, settings: Engine) -> None:
     with load_encoder(settings) as again:
         assert again.report.cache_hit and again.report.engine_dir == encoder.report.engine_dir
-    with load_encoder(settings.model_copy(update={"precision": "fp32"})) as fp32:
+    with load_encoder(settings.replace(precision="fp32")) as fp32:
         assert fp32.report.precision == "fp32" and fp32.report.engine_dir != encoder.report.engine_dir

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from sentence_transformers import SentenceTransformer
+
 from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
 from precompute.models.backends.torch import TorchRunner
 from precompute.models.source import bundled_encoder
 from precompute.models.tokenize import TextTokenizer
-from sentence_transformers import SentenceTransformer
 
 
 def test_fp32_onnx_runtime_matches_pytorch(bundled_cache: dict[str, Path], corpus_texts) -> None:
@@ -19,12 +20,12 @@ def test_fp32_onnx_runtime_matches_pytorch(bundled_cache: dict[str, Path], corpu
     texts = [*corpus_texts[:48], "short", "x " * 400]  # one text is truncated at 256 tokens
     source = bundled_encoder()
     with (
-        OnnxRuntimeRunner(source, export, "cpu", 2) as ours,
-        TorchRunner(source, Path(), "cpu", 2) as reference,
+        OnnxRuntimeRunner(export, "cpu", 2) as ours,
+        TorchRunner(source, "cpu", 2) as reference,
     ):
         for batch in TextTokenizer(source).batches(texts, 16):
-            got = ours.infer(batch.input_ids, batch.attention_mask)
-            want = reference.infer(batch.input_ids, batch.attention_mask)
+            got = ours.infer(batch.feeds)
+            want = reference.infer(batch.feeds)
             assert np.abs(got - want).max() <= 1e-4
 
 
@@ -35,10 +36,10 @@ def test_reference_is_sentence_transformers(corpus_texts) -> None:
     published = SentenceTransformer(str(source.folder), device="cpu")
     assert published.max_seq_length == source.max_seq_length == 256
     want = published.encode(texts, normalize_embeddings=True)
-    with TorchRunner(source, Path(), "cpu", 2) as reference:
+    with TorchRunner(source, "cpu", 2) as reference:
         batch = next(TextTokenizer(source).batches(texts, 16))
         got = np.empty_like(want)
-        got[batch.rows] = reference.infer(batch.input_ids, batch.attention_mask)
+        got[batch.rows] = reference.infer(batch.feeds)
     assert np.abs(got - want).max() <= 1e-5
 
 

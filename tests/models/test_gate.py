@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
-from precompute.models import EngineSettings, load_encoder
+
+from precompute.models import Engine, load_encoder
 from precompute.models.gate import cosine_gate
 from precompute.models.quantize import QUANTIZERS, int8_dynamic
 from precompute.models.source import ModelSource
@@ -45,13 +46,13 @@ def degraded_int8(fp32: Path, out: Path, calibration: list[str], source: ModelSo
 
 
 def test_degraded_engine_fails_gate_and_falls_back(
-    settings: EngineSettings, bundled_cache: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Engine, bundled_cache: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for entry in bundled_cache.values():  # reuse the FP32 export and reference, not the INT8 entry
         shutil.copytree(entry, tmp_path / entry.name)
     monkeypatch.setitem(QUANTIZERS, "int8-dynamic", degraded_int8)
 
-    with load_encoder(settings.model_copy(update={"cache_dir": tmp_path})) as fallback:
+    with load_encoder(settings.replace(cache_dir=tmp_path)) as fallback:
         report = fallback.report
     assert report.precision == "fp32"
     failed, passed = report.gates

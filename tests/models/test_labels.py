@@ -9,28 +9,33 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from precompute.demo_data import DEMO_CORPUS
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
-from precompute.models.labels import (
+from precompute.models.label_head import (
     LABELS_FILE,
     LabelHead,
-    LabelSettings,
+    LabelPolicy,
+    LabelTask,
     export_head,
     load_head,
-    load_labeler,
-    top_of,
     train_head,
 )
+from precompute.models.labels import load_labeler, top_of
 from precompute.models.reference_texts import TextSample, split_slot
-from precompute.models.settings import DEMO_CORPUS
 
 EMBEDDING_DIM = 384
 
 TRAIN_TEXTS = 400
 """As in the flow's tests: the trained head is cached per training set, so they share it."""
+SECTIONS = LabelTask(
+    corpus=TextSample(path=str(DEMO_CORPUS)), column="section", policy=LabelPolicy(train_texts=TRAIN_TEXTS)
+)
+"""A head trained on the demo corpus's Debian sections."""
 
 
-def test_exported_head_is_softmax_of_the_affine_map(tmp_path: Path) -> None:
+def test_exported_head_is_softmax_of_the_affine_map(settings, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     weight, bias = rng.normal(size=(5, EMBEDDING_DIM)), rng.normal(size=5)
     export_head(weight, bias, tmp_path / "head.onnx")
@@ -39,7 +44,7 @@ def test_exported_head_is_softmax_of_the_affine_map(tmp_path: Path) -> None:
     logits = x @ weight.T + bias
     expected = np.exp(logits - logits.max(axis=1, keepdims=True))
     expected /= expected.sum(axis=1, keepdims=True)
-    head = LabelHead(tmp_path)
+    head = LabelHead(tmp_path, settings)
     np.testing.assert_allclose(head.probabilities(x), expected, atol=1e-5)
     indices, scores = top_of(head.probabilities(x), 2)
     np.testing.assert_array_equal(indices, np.argsort(-expected, axis=1)[:, :2])
@@ -57,31 +62,31 @@ def test_training_separates_separable_classes() -> None:
 
 def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) -> None:
     """INT8 labels agree with FP32 on most, not all, held-out texts: the gate decides what labels."""
-    with load_labeler(LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=0.5), settings) as lenient:
+    with load_labeler(SECTIONS, settings.replace(gate_agreement=0.5)) as lenient:
         [int8] = lenient.report.gates
         assert (int8.precision, int8.passed, int8.recheck_margin) == ("int8", True, None)
         assert lenient.report.engine.precision == "int8" and lenient.recheck is None
     assert int8.agreement < 1.0  # so the stricter gates below are real
 
-    just_above = LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=min(int8.agreement + 0.01, 1.0))
-    with load_labeler(just_above, settings) as rechecking:
+    just_above = settings.replace(gate_agreement=min(int8.agreement + 0.01, 1.0))
+    with load_labeler(SECTIONS, just_above) as rechecking:
         alone, rechecked = rechecking.report.gates
         assert (alone.precision, alone.passed, alone.agreement) == ("int8", False, int8.agreement)
         assert (rechecked.precision, rechecked.passed) == ("int8+fp32-recheck", True)
-        assert rechecked.agreement >= just_above.gate_agreement and 0 < rechecked.rechecked < 0.5
+        assert rechecked.agreement >= just_above.policy.gate_agreement and 0 < rechecked.rechecked < 0.5
         texts = ["a chess engine with a graphical board", "a library for parsing XML"]
         indices, scores = rechecking.label(texts)
         assert indices.shape == scores.shape == (2, 3)
         assert np.all(np.diff(scores, axis=1) <= 0) and np.all(scores > 0)
     # A second load takes each rung's gates from the engine cache: the same labeler.
     head = Path(rechecking.report.head_dir).name
-    assert any(key["head"] == head for _, key in EngineCache(settings.cache_dir).entries("label-gate"))
-    with load_labeler(just_above, settings) as again:
+    assert any(key["head"] == head for _, key in EngineCache(settings.machine.cache_dir).entries("label-gate"))
+    with load_labeler(SECTIONS, just_above) as again:
         assert again.report.gates == rechecking.report.gates and again.margin == rechecking.margin
 
     # Ten calibration texts show no flip, so nothing is rechecked and INT8 falls back to FP32.
-    strict = LabelSettings(max_train_texts=TRAIN_TEXTS, gate_agreement=1.0, recheck_texts=10)
-    with load_labeler(strict, settings) as exact:
+    few = SECTIONS.model_copy(update={"policy": LabelPolicy(train_texts=TRAIN_TEXTS, recheck_texts=10)})
+    with load_labeler(few, settings.replace(gate_agreement=1.0)) as exact:
         alone, rechecked, fp32 = exact.report.gates
         assert not alone.passed and not rechecked.passed and rechecked.rechecked == 0.0
         assert rechecked.reason == f"label agreement {int8.agreement:.4f} < 1.0"
@@ -90,9 +95,7 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
 
 def test_a_bad_label_column_is_named(settings, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="cannot read columns id, text, no_such_column"):
-        load_labeler(
-            LabelSettings(column="no_such_column"), settings.model_copy(update={"cache_dir": tmp_path})
-        )
+        load_labeler(SECTIONS.model_copy(update={"column": "no_such_column"}), settings.replace(cache_dir=tmp_path))
 
 
 def test_a_head_is_kept_through_small_changes_of_its_training_rows_and_retrained_past_them(
@@ -106,10 +109,8 @@ def test_a_head_is_kept_through_small_changes_of_its_training_rows_and_retrained
         edited = [{**r, "text": r["text"] + " (edited)"} if i < changed else r for i, r in enumerate(rows)]
         path = tmp_path / f"{name}-{changed}.parquet"
         pq.write_table(pa.Table.from_pylist(edited), path)
-        labels = LabelSettings(
-            corpus=TextSample(path=str(path)), max_train_texts=200, retrain_share=retrain_share
-        )
-        return load_head(labels, settings).directory
+        policy = LabelPolicy(train_texts=200, retrain_share=retrain_share)
+        return load_head(LabelTask(corpus=TextSample(path=str(path)), column="section", policy=policy), settings).directory
 
     first = head(0)
     assert head(4) == first  # 4 rows of 200 changed: 2%

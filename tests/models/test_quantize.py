@@ -8,25 +8,26 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
 from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
 from precompute.models.encoder import encode_texts
 from precompute.models.gate import row_cosine
 from precompute.models.quantize import QUANTIZERS
 from precompute.models.reference_texts import reference_texts
-from precompute.models.settings import EngineSettings
+from precompute.models.settings import Engine
 from precompute.models.source import bundled_encoder
 from precompute.models.tokenize import TextTokenizer
 
 
 @pytest.fixture(scope="module")
-def gate_set(settings: EngineSettings, bundled_cache: dict[str, Path]) -> tuple[list[str], np.ndarray]:
-    texts = reference_texts(settings.reference, "gate", settings.gate_texts)
+def gate_set(settings: Engine, bundled_cache: dict[str, Path]) -> tuple[list[str], np.ndarray]:
+    texts = reference_texts(settings.reference, "gate", settings.policy.gate_texts)
     reference = np.load(bundled_cache["reference"] / "embeddings.npy")
     return texts, reference
 
 
-def quantized(settings: EngineSettings, export: Path, variant: str, tmp_path: Path) -> Path:
-    calibration = reference_texts(settings.reference, "calibration", settings.calibration_texts)
+def quantized(settings: Engine, export: Path, variant: str, tmp_path: Path) -> Path:
+    calibration = reference_texts(settings.reference, "calibration", settings.policy.calibration_texts)
     out = tmp_path / f"{variant}.onnx"
     QUANTIZERS[variant](export / "model.onnx", out, calibration, settings.model)
     return out
@@ -35,7 +36,7 @@ def quantized(settings: EngineSettings, export: Path, variant: str, tmp_path: Pa
 def agreement(path: Path, gate_set: tuple[list[str], np.ndarray]) -> np.ndarray:
     texts, reference = gate_set
     source = bundled_encoder()
-    with OnnxRuntimeRunner(source, path, "cpu", 2) as runner:
+    with OnnxRuntimeRunner(path, "cpu", 2) as runner:
         return row_cosine(encode_texts(runner, TextTokenizer(source), texts, 16), reference)
 
 

@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from precompute.models.backends.base import BuildSpec
 from precompute.models.backends.tensorrt import TensorRTRunner, seq_buckets
 from precompute.models.backends.torch import TorchRunner
 from precompute.models.errors import ModelError
 from precompute.models.export import export_onnx
+from precompute.models.source import ModelSource, bundled_encoder
 from precompute.models.tokenize import TextTokenizer
 
 pytest.importorskip(
@@ -52,10 +54,15 @@ LONG = [
 
 
 @pytest.fixture(scope="module")
-def engine_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def source() -> ModelSource:
+    return bundled_encoder()
+
+
+@pytest.fixture(scope="module")
+def engine_path(source: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tensorrt")
     path = directory / TensorRTRunner.engine_file
-    TensorRTRunner.build(export_onnx(directory / "model.onnx"), path, BuildSpec(MAX_BATCH, MAX_SEQ))
+    TensorRTRunner.build(export_onnx(source, directory / "model.onnx"), path, BuildSpec(MAX_BATCH, MAX_SEQ))
     return path
 
 
@@ -65,15 +72,15 @@ def _profile(seq: int) -> int:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_fp32_engine_matches_the_reference(engine_path: Path) -> None:
-    batches = list(TextTokenizer(MAX_SEQ).batches(SHORT + LONG, batch_size=MAX_BATCH))
+def test_fp32_engine_matches_the_reference(source: ModelSource, engine_path: Path) -> None:
+    batches = list(TextTokenizer(source).batches(SHORT + LONG, batch_size=MAX_BATCH))
     # A full batch of short texts and a batch of long ones: two profiles run, one at max_batch.
     assert len({_profile(batch.input_ids.shape[1]) for batch in batches}) == 2
-    reference = TorchRunner(Path(), "cpu", 1)
+    reference = TorchRunner(source, "cpu", 1)
     with TensorRTRunner(engine_path, "cuda", 1) as runner:
         for batch in batches:
-            got = runner.infer(batch.input_ids, batch.attention_mask)
-            want = reference.infer(batch.input_ids, batch.attention_mask)
+            got = runner.infer(batch.feeds)
+            want = reference.infer(batch.feeds)
             assert got.dtype == np.float32
             assert got.shape == want.shape
             norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
@@ -86,4 +93,4 @@ def test_fp32_engine_matches_the_reference(engine_path: Path) -> None:
 def test_a_batch_over_max_batch_names_the_setting(engine_path: Path) -> None:
     ids = np.ones((MAX_BATCH + 1, 8), dtype=np.int64)
     with TensorRTRunner(engine_path, "cuda", 1) as runner, pytest.raises(ModelError, match="max_batch"):
-        runner.infer(ids, ids)
+        runner.infer({"input_ids": ids, "attention_mask": ids})

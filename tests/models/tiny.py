@@ -12,12 +12,13 @@ import warnings
 from pathlib import Path
 
 import torch
-from precompute.models.source import TOKENIZER_FILES, bundled_encoder
 from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForSequenceClassification,
 )
+
+from precompute.models.source import TOKENIZER_FILES, bundled_encoder
 
 HIDDEN = 32
 ARCHITECTURES = ("bert", "distilbert", "mpnet", "xlm-roberta")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from precompute.bench.embed import main
 
+from precompute.bench.embed import main
 from tests.models.tiny import HIDDEN, tiny_encoder
 
 KEYS = {

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+
 from precompute.bench.scale import RESOLUTION_S, STAGES, exponent, main, summary
 from precompute.bench.scale_data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
 

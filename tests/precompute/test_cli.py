@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
+from precompute.cli.main import app
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.records import encode_ranked
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
-from typer.testing import CliRunner
-
-from precompute.cli.main import app
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 
@@ -30,7 +30,7 @@ def stores(
     monkeypatch.setenv("PRECOMPUTE_REDIS_PREFIX", f"t{uuid.uuid4().hex[:8]}")
     vectors, redis = VectorStoreSettings(), RedisSettings()
     rng = np.random.default_rng(0)
-    with open_vector_store(vectors) as store:
+    with open_vector_store(vectors, "corpus") as store:  # the demo pipeline's collection
         for points, version in ((3, V1), (4, V2)):
             store.create_version(version, 8)
             store.upsert(
@@ -46,7 +46,7 @@ def stores(
                 store.write(
                     output, version, ids, encode_ranked(np.zeros((records, 1)), np.ones((records, 1)))
                 )
-                store.publish(output, version)
+                store.publish(output, version, keep=2)
     return vectors, redis
 
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from precompute.jobs.recs_settings import DEMO_INTERACTIONS
-from precompute.models.settings import DEMO_CORPUS
 from typer.testing import CliRunner
 
 from precompute.cli.main import app
+from precompute.demo_data import DEMO_CORPUS, DEMO_INTERACTIONS
 from precompute.pipeline import PipelineError, load_pipeline, schema
 from tests.models.tiny import tiny_encoder, tiny_towers
 
@@ -30,9 +29,9 @@ def test_the_shipped_file_is_the_demo() -> None:
     pipeline.check()
     assert list(pipeline.outputs) == ["embeddings", "labels", "recs"]
     assert [pipeline.default(kind) for kind in ("embeddings", "labels", "recs")] == list(pipeline.outputs)
-    assert pipeline.vector_settings("embeddings").name == "corpus"
+    assert pipeline.store("embeddings") == "corpus"
     assert pipeline.sources["embeddings"].dim == 384
-    assert pipeline.engine_settings("labels").reference.path == str(DEMO_CORPUS)
+    assert pipeline.outputs["labels"].input.sample().path == str(DEMO_CORPUS)
     assert "outputs" in json.loads(schema())["properties"]
 
 
@@ -43,15 +42,16 @@ def test_an_environment_variable_overrides_one_field(monkeypatch: pytest.MonkeyP
     assert pipeline.outputs["embeddings"].input.path == str(DEMO_CORPUS)  # the rest as in the file
 
 
-def test_vector_quantization_is_set_per_output_over_the_machine_wide_setting(tmp_path: Path) -> None:
-    from precompute.stores.vector_settings import VectorStoreSettings
-
+def test_vector_quantization_is_set_per_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     body = f'[outputs.a]\nkind = "embeddings"\n{CORPUS}\nquantization = "int8"\n'
-    pipeline = load_pipeline(write(tmp_path, body + f'[outputs.b]\nkind = "embeddings"\n{CORPUS}\n'))
-    fp32, int8 = VectorStoreSettings(quantization="none"), VectorStoreSettings(quantization="int8")
-    assert pipeline.vector_settings("a", fp32).quantization == "int8"
-    assert pipeline.vector_settings("b", fp32).quantization == "none"
-    assert pipeline.vector_settings("b", int8).quantization == "int8"  # unset: PRECOMPUTE_QDRANT_QUANTIZATION
+    path = write(tmp_path, body + f'[outputs.b]\nkind = "embeddings"\n{CORPUS}\n')
+    pipeline = load_pipeline(path)
+    assert (pipeline.outputs["a"].quantization, pipeline.outputs["b"].quantization) == ("int8", "none")
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__B__QUANTIZATION", "int8")
+    assert load_pipeline(path).outputs["b"].quantization == "int8"
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__B__QUANTIZATION", "int4")
+    with pytest.raises(PipelineError, match=r"outputs\.b\.quantization: Input should be 'none' or 'int8'"):
+        load_pipeline(path)
 
 
 @pytest.mark.parametrize(
@@ -190,7 +190,7 @@ def test_a_users_own_towers_are_read_relative_to_the_file_and_checked(tmp_path: 
     assert towers is not None
     assert (towers.user, towers.users.path) == (str(tmp_path / "user.onnx"), str(tmp_path / "users.parquet"))
     assert pipeline.outputs["recs"].input.user == "user_id"  # column names stay names
-    assert pipeline.recs_settings("recs").model == "towers"
+    assert pipeline.outputs["recs"].recs().model == "towers"
 
 
 @pytest.mark.parametrize(

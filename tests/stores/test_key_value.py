@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import redis
+
 from precompute.stores.errors import (
     PublishValidationError,
     StoreError,
@@ -51,6 +52,8 @@ def origin(value: bytes) -> tuple[int, int]:
     indices, _ = decode_ranked(value)
     return int(indices[0]), int(indices[1])
 
+KEEP = 1
+"""Versions kept besides the published one, unless a test says otherwise."""
 
 def load(store: KeyValueStore, version: str, rows: int = N) -> list[bytes]:
     values = values_of(ORDINAL[version])
@@ -59,9 +62,9 @@ def load(store: KeyValueStore, version: str, rows: int = N) -> list[bytes]:
     return values
 
 
-def publish(store: KeyValueStore, version: str) -> None:
+def publish(store: KeyValueStore, version: str, keep: int = KEEP) -> None:
     values = load(store, version)
-    store.publish(OUTPUT, version, {IDS[0]: values[0], IDS[-1]: values[-1]})
+    store.publish(OUTPUT, version, keep, {IDS[0]: values[0], IDS[-1]: values[-1]})
 
 
 def keys_of(settings: RedisSettings) -> set[bytes]:
@@ -75,7 +78,7 @@ def keys_of(settings: RedisSettings) -> set[bytes]:
 @pytest.fixture
 def settings(redis_url: str) -> RedisSettings:
     """A prefix per test: tests share one server and never see each other's keys."""
-    return RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}", keep_versions=1)
+    return RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture
@@ -92,7 +95,7 @@ async def read(settings: RedisSettings, ids: list[str]) -> tuple[str, list[bytes
 
 def test_write_publish_get(store: KeyValueStore, settings: RedisSettings) -> None:
     values = load(store, V1)
-    store.publish(OUTPUT, V1, {IDS[7]: values[7]})
+    store.publish(OUTPUT, V1, KEEP, {IDS[7]: values[7]})
 
     async def reads() -> tuple:
         async with KeyValueReader(settings) as reader:
@@ -122,28 +125,28 @@ def test_nothing_published(store: KeyValueStore, settings: RedisSettings) -> Non
 def test_failed_validation_switches_nothing(store: KeyValueStore, settings: RedisSettings) -> None:
     load(store, V1, rows=N - 1)
     with pytest.raises(PublishValidationError, match=f"holds {N - 1} records, but was created for {N}"):
-        store.publish(OUTPUT, V1)
+        store.publish(OUTPUT, V1, KEEP)
     assert store.current(OUTPUT) is None
 
     publish(store, V2)
     values = load(store, V3)
     wrong = {IDS[1]: values[2], "unknown": values[0], IDS[4]: values[4]}
     with pytest.raises(PublishValidationError, match=r"2 of 3 samples .* \['pkg-1', 'unknown'\]"):
-        store.publish(OUTPUT, V3, wrong)
+        store.publish(OUTPUT, V3, KEEP, wrong)
     with pytest.raises(VersionNotFoundError, match="does not exist"):
-        store.publish(OUTPUT, V4)
+        store.publish(OUTPUT, V4, KEEP)
     assert store.current(OUTPUT) == V2
     assert asyncio.run(read(settings, [IDS[1]]))[:2] == (V2, [values_of(2)[1]])
 
 
 def test_rollback(settings: RedisSettings) -> None:
-    with KeyValueStore(settings.model_copy(update={"keep_versions": 2})) as store:
+    with KeyValueStore(settings) as store:
         rollbacks(store, settings)
 
 
 def rollbacks(store: KeyValueStore, settings: RedisSettings) -> None:
     for version in (V1, V2, V3):
-        publish(store, version)
+        publish(store, version, keep=2)
     assert store.rollback(OUTPUT) == V2
     assert asyncio.run(read(settings, [IDS[9]]))[:2] == (V2, [values_of(2)[9]])
     assert store.rollback(OUTPUT) == V1
@@ -157,13 +160,13 @@ def rollbacks(store: KeyValueStore, settings: RedisSettings) -> None:
 
 
 def test_garbage_collection_keeps_current_and_newest(store: KeyValueStore, settings: RedisSettings) -> None:
-    for version in (V1, V2, V3):  # keep_versions=1: each publish deletes all but it and one more
+    for version in (V1, V2, V3):  # KEEP=1: each publish deletes all but it and one more
         publish(store, version)
     assert [v.name for v in store.versions(OUTPUT)] == [V2, V3]
     assert store.rollback(OUTPUT) == V2
     publish(store, V4)  # the others are V2 and V3: the newer one stays
     assert [v.name for v in store.versions(OUTPUT)] == [V3, V4]
-    assert store.collect_garbage(OUTPUT) == []
+    assert store.collect_garbage(OUTPUT, KEEP) == []
     with pytest.raises(StoreError, match="is published"):
         store.drop_version(OUTPUT, V4)
     buckets = {f"{settings.prefix}:{OUTPUT}:{v}:{{{b}}}".encode() for v in (V3, V4) for b in range(3)}
@@ -179,11 +182,11 @@ def test_garbage_collection_keeps_current_and_newest(store: KeyValueStore, setti
 
 
 def test_a_failed_runs_version_is_collected_and_never_a_rollback_target(settings: RedisSettings) -> None:
-    with KeyValueStore(settings.model_copy(update={"keep_versions": 5})) as store:
-        publish(store, V1)
+    with KeyValueStore(settings) as store:
+        publish(store, V1, keep=5)
         load(store, V2, rows=N - 1)  # a run that died before its publish
         load(store, V4)  # a run still in progress, newer than what is published next
-        publish(store, V3)
+        publish(store, V3, keep=5)
         assert [v.name for v in store.versions(OUTPUT)] == [V1, V3, V4]
         assert store.rollback(OUTPUT) == V1
 
@@ -197,7 +200,7 @@ def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, sett
     sink = store.sink(OUTPUT, V1)
     ray.data.from_arrow(table).repartition(3).write_datasink(sink)
     assert sink.rows == N
-    store.publish(OUTPUT, V1, {IDS[100]: values[100]})
+    store.publish(OUTPUT, V1, KEEP, {IDS[100]: values[100]})
     assert asyncio.run(read(settings, IDS))[:2] == (V1, values)
 
     store.create_version(OUTPUT, V2, N)
@@ -219,7 +222,7 @@ def copy_rescore_delete(store: KeyValueStore, settings: RedisSettings) -> None:
     store.copy_version(OUTPUT, V1, V2)
     assert store.delete(OUTPUT, V2, [*gone, "never-there"]) == len(gone)
     store.write(OUTPUT, V2, rescored, fresh)
-    store.publish(OUTPUT, V2, {rescored[0]: fresh[0], rescored[-1]: fresh[-1]})
+    store.publish(OUTPUT, V2, KEEP, {rescored[0]: fresh[0], rescored[-1]: fresh[-1]})
 
     expected = {i: values_of(1)[IDS.index(i)] for i in kept} | dict(zip(rescored, fresh, strict=True))
     asked = IDS + rescored[10:]
@@ -285,7 +288,7 @@ def test_readers_never_see_errors_or_mixed_versions(store: KeyValueStore, settin
         try:
             for step in (
                 lambda: publish(store, V2),
-                lambda: publish(store, V3),  # deletes V1 (keep_versions=1)
+                lambda: publish(store, V3),  # deletes V1 (KEEP=1)
                 lambda: store.rollback(OUTPUT),
                 lambda: store.rollback(OUTPUT, to=V3),
                 lambda: publish(store, V4),  # deletes V2
@@ -354,7 +357,7 @@ def test_bad_parameters_are_named(store: KeyValueStore, settings: RedisSettings)
     with pytest.raises(ValueError, match="version 'v 2'"):
         store.sink(OUTPUT, "v 2")
     store.write(OUTPUT, V1, IDS[:2], [b"x", b"y"])
-    store.publish(OUTPUT, V1)
+    store.publish(OUTPUT, V1, KEEP)
     with pytest.raises(StoreError, match="is published; it is never written again"):
         store.write(OUTPUT, V1, IDS[:1], [b"z"])
     with pytest.raises(ValueError, match=r"ids\[1\] must be str, got bytes"):
@@ -370,9 +373,9 @@ def test_one_node_cluster(tmp_path: Path) -> None:
         settings = store.settings
         store.create_version(OUTPUT, V1, N)
         store.write(OUTPUT, V1, IDS, values_of(1))
-        store.publish(OUTPUT, V1, {IDS[0]: values_of(1)[0]})
+        store.publish(OUTPUT, V1, 2, {IDS[0]: values_of(1)[0]})
         for version in (V2, V3, V4):
-            publish(store, version)
+            publish(store, version, keep=2)
         assert store.rollback(OUTPUT) == V3
-        assert [v.name for v in store.versions(OUTPUT)] == [V2, V3, V4]  # keep_versions=2
+        assert [v.name for v in store.versions(OUTPUT)] == [V2, V3, V4]
         assert asyncio.run(read(settings, IDS[:50]))[:2] == (V3, values_of(3)[:50])

@@ -19,15 +19,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import qdrant_edge as qe
-from precompute.flows.validate import validate_version
+from qdrant_client import QdrantClient
+
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
+from precompute.jobs.index_check import check_index
 from precompute.jobs.staging import commit
 from precompute.stores.errors import StoreError, VersionNotFoundError
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.qdrant_server_store import QdrantServerStore
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import VectorStore, open_vector_store
-from qdrant_client import QdrantClient
 
 DIM = 16
 N = 60
@@ -56,26 +57,29 @@ def load(store: VectorStore, version: str) -> None:
     store.finalize(version)
 
 
+NAME = "corpus"
+"""The collection the tests write."""
+
 @pytest.fixture
 def store_settings(tmp_path: Path) -> VectorStoreSettings:
-    return VectorStoreSettings(path=tmp_path / "qdrant", name="corpus")
+    return VectorStoreSettings(path=tmp_path / "qdrant")
 
 
 @pytest.fixture(params=["edge", "server"])
 def store(request: pytest.FixtureRequest, store_settings: VectorStoreSettings) -> Iterator[VectorStore]:
     if request.param == "edge":
-        opened: VectorStore = QdrantEdgeStore(store_settings, pointer_check_s=0)
+        opened: VectorStore = QdrantEdgeStore(store_settings, NAME, pointer_check_s=0)
     else:
-        opened = QdrantServerStore(store_settings, client=QdrantClient(location=":memory:"))
+        opened = QdrantServerStore(store_settings, NAME, client=QdrantClient(location=":memory:"))
     with opened:
         yield opened
 
 
 def test_facade_picks_the_engine_from_settings(store_settings: VectorStoreSettings) -> None:
-    with open_vector_store(store_settings) as store:
+    with open_vector_store(store_settings, NAME) as store:
         assert isinstance(store, QdrantEdgeStore)
     with pytest.raises(ValueError, match="PRECOMPUTE_QDRANT_URL"):
-        open_vector_store(store_settings.model_copy(update={"type": "server"}))
+        open_vector_store(store_settings.model_copy(update={"type": "server"}), NAME)
 
 
 def test_write_publish_search(store: VectorStore) -> None:
@@ -214,11 +218,11 @@ def test_bad_input_names_the_parameter(store: VectorStore) -> None:
 def test_edge_finalize_indexes_each_scalar_payload_field(store_settings: VectorStoreSettings) -> None:
     """Without a payload index a filter reads every point's payload: 30x slower at 5,000 points."""
     odd = [{**p, "mixed": i if i % 2 else str(i), "tags": ["a"]} for i, p in enumerate(payloads(V1))]
-    with QdrantEdgeStore(store_settings) as store:
+    with QdrantEdgeStore(store_settings, NAME) as store:
         store.create_version(V1, DIM)
         store.upsert(V1, IDS, VECTORS, odd)
         store.finalize(V1)
-    shard = qe.EdgeShard.load(str(store_settings.path / store_settings.name / V1))
+    shard = qe.EdgeShard.load(str(store_settings.path / NAME / V1))
     try:
         schema = shard.info().payload_schema
         assert set(schema) == {"section", "free", "tier", "v"}
@@ -229,8 +233,8 @@ def test_edge_finalize_indexes_each_scalar_payload_field(store_settings: VectorS
 
 def test_edge_reader_picks_up_a_new_version_without_restart(store_settings: VectorStoreSettings) -> None:
     with (
-        QdrantEdgeStore(store_settings) as writer,
-        QdrantEdgeStore(store_settings, pointer_check_s=0.2) as reader,
+        QdrantEdgeStore(store_settings, NAME) as writer,
+        QdrantEdgeStore(store_settings, NAME, pointer_check_s=0.2) as reader,
     ):
         load(writer, V1)
         writer.publish(V1)
@@ -246,15 +250,15 @@ def test_edge_reader_picks_up_a_new_version_without_restart(store_settings: Vect
 
 def test_edge_published_shard_opens_in_two_processes(store_settings: VectorStoreSettings) -> None:
     """The service (another process) keeps the shard open while this one reads it too."""
-    with QdrantEdgeStore(store_settings) as writer:
+    with QdrantEdgeStore(store_settings, NAME) as writer:
         load(writer, V1)
         writer.publish(V1)
         assert writer.search(VECTORS[5], k=1)[0].id == IDS[5]  # this process holds V1 open
         script = (
             "import sys, numpy as np\n"
-            "from stores.qdrant_edge_store import QdrantEdgeStore\n"
-            "from stores.vector_settings import VectorStoreSettings\n"
-            "with QdrantEdgeStore(VectorStoreSettings(path=sys.argv[1], name='corpus')) as s:\n"
+            "from precompute.stores.qdrant_edge_store import QdrantEdgeStore\n"
+            "from precompute.stores.vector_settings import VectorStoreSettings\n"
+            "with QdrantEdgeStore(VectorStoreSettings(path=sys.argv[1]), 'corpus') as s:\n"
             "    print(s.search(np.array([float(x) for x in sys.argv[2].split(',')]), k=1)[0].id)\n"
         )
         vector = ",".join(str(x) for x in VECTORS[5])
@@ -286,7 +290,7 @@ def test_publish_under_load_every_answer_is_one_whole_version(
     with contextlib.ExitStack() as stack:
         reader = store
         if isinstance(store, QdrantEdgeStore):
-            reader = stack.enter_context(QdrantEdgeStore(store_settings, pointer_check_s=0))
+            reader = stack.enter_context(QdrantEdgeStore(store_settings, NAME, pointer_check_s=0))
 
         def query_forever(out: list[set[object]]) -> None:
             i = 0
@@ -340,7 +344,7 @@ def test_an_int8_version_is_gated_and_answers_with_exact_scores(
 ) -> None:
     """INT8 is a setting like any precision: the flow's recall gate measures the quantized index,
     and what readers get are FP32 cosines in FP32 order (rescored), not the INT8 approximations."""
-    settings = store_settings.model_copy(update={"quantization": "int8", "full_scan_threshold_kb": 1})
+    settings = store_settings.model_copy(update={"full_scan_threshold_kb": 1})
     ids = [f"doc-{i}" for i in range(2000)]
     vectors = clustered(len(ids), 64, seed=1)
     run_dir = tmp_path / "run"
@@ -348,15 +352,15 @@ def test_an_int8_version_is_gated_and_answers_with_exact_scores(
     pq.write_table(pa.table({"id": ids, EMBEDDING: embeddings_column(vectors)}), run_dir / "part-0.parquet")
     commit(run_dir, [{"name": "part-0.parquet", "rows": len(ids), "computed": len(ids)}])
     opened: VectorStore = (
-        QdrantEdgeStore(settings, pointer_check_s=0)
+        QdrantEdgeStore(settings, NAME, pointer_check_s=0)
         if kind == "edge"
-        else QdrantServerStore(settings, client=QdrantClient(location=":memory:"))
+        else QdrantServerStore(settings, NAME, client=QdrantClient(location=":memory:"))
     )
     with opened as store:
-        store.create_version(V1, 64)
+        store.create_version(V1, 64, quantization="int8")
         store.upsert(V1, ids, vectors, [{} for _ in ids])
         store.finalize(V1)
-        validation = validate_version(store, V1, run_dir, queries=100, min_recall=0.99)
+        validation = check_index(store, V1, run_dir, queries=100, min_recall=0.99)
         assert validation.count == len(ids) and validation.canaries_found == 100
         assert validation.recall_at_10 >= 0.99
         store.publish(V1)
@@ -366,7 +370,7 @@ def test_an_int8_version_is_gated_and_answers_with_exact_scores(
             exact = [float(vectors[int(h.id.removeprefix("doc-"))] @ vectors[i]) for h in hits]
             assert [h.score for h in hits] == pytest.approx(exact, abs=1e-5)
     if kind == "edge":  # the shard itself holds the INT8 vectors: unrescored scores are approximate
-        shard = qe.EdgeShard.load(str(settings.path / settings.name / V1))
+        shard = qe.EdgeShard.load(str(settings.path / NAME / V1))
         try:
             raw = shard.query(
                 qe.QueryRequest(
@@ -379,11 +383,3 @@ def test_an_int8_version_is_gated_and_answers_with_exact_scores(
             shard.close()
         assert abs(raw[0].score - 1.0) > 1e-4
 
-
-def test_quantization_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert VectorStoreSettings().quantization == "none"
-    monkeypatch.setenv("PRECOMPUTE_QDRANT_QUANTIZATION", "int8")
-    assert VectorStoreSettings().quantization == "int8"
-    monkeypatch.setenv("PRECOMPUTE_QDRANT_QUANTIZATION", "int4")
-    with pytest.raises(ValueError, match="quantization"):
-        VectorStoreSettings()

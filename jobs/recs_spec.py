@@ -1,26 +1,24 @@
-"""Typed settings of the recommendations job, read from PRECOMPUTE_RECS_* variables; the pipeline
-file sets the input, model, k and weights of each recs output."""
+"""What a recommendations output computes: the pipeline file's fields of a recs output that the
+job reads (its model, list length, weights and hyperparameters), declared once here."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from precompute.models.settings import DEMO_CORPUS
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-DEMO_INTERACTIONS = DEMO_CORPUS.with_name("interactions.parquet")
+Model = Literal["auto", "content", "itemknn", "ease", "als", "towers"]
 
 
-class RecsJobSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_RECS_", frozen=True)
+class RecsSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     k: int = Field(10, ge=1, le=100)
     """Recommendations per user. A value is 6 bytes a pair (stores/records.py): up to 10 pairs
     stay within Redis's 64-byte listpack value limit, which keeps the per-user hash compact;
     past that (product pages show 20-50 and rerank) the bucket holding it becomes a hash table."""
 
-    model: Literal["auto", "content", "itemknn", "ease", "als", "towers"] = "auto"
+    model: Model = "auto"
     """jobs/recs_models.py. auto: EASE where the catalogue is small enough for it, else ALS.
     towers: the pipeline's own two-tower model (its `towers` table)."""
 
@@ -42,19 +40,10 @@ class RecsJobSettings(BaseSettings):
     """ALS: latent factors per user and item."""
 
     regularization_als: float = Field(0.05, ge=0)
+    """ALS: the L2 penalty on the factors."""
 
     alpha: float = Field(2.0, gt=0)
     """ALS: confidence per unit of interaction weight."""
 
     iterations: int = Field(15, ge=1)
     """ALS: alternating least-squares sweeps."""
-
-    users_per_block: int = Field(512, ge=1)
-    """Users scored per matrix multiply, against tiles of items whose [block, tile] float32 score
-    buffer (at most 512 MB, jobs/recommend.py) is allocated once per actor."""
-
-    actors: int = Field(1, ge=1)
-    """Top-k actors, each holding the whole item matrix; one GPU each where there are GPUs."""
-
-    ray_address: str | None = None
-    """A Ray cluster (ray://host:10001 or auto); None starts a local Ray for this process."""

@@ -1,4 +1,4 @@
-"""Checks a new vector-store version must pass before anyone can read it.
+"""Checks a new vector-store version must pass before anyone can read it (the embeddings kind's).
 
 Count: every staged row is in the version. Canaries: a stored vector's nearest
 neighbour is itself (or an exact duplicate of it). Recall@10: the index's answers against
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
 from precompute.stores.vectors import VectorStore
@@ -19,7 +20,7 @@ K = 10
 TIE = 1e-5
 
 
-class ValidationError(Exception):
+class IndexCheckError(Exception):
     """The new version is not fit to publish; the current version stays."""
 
 
@@ -37,13 +38,13 @@ def staged_vectors(run_dir: Path) -> tuple[list[str], np.ndarray]:
     return [str(i) for i in table["id"].to_pylist()], embeddings_of(table)
 
 
-def validate_version(
+def check_index(
     store: VectorStore, version: str, run_dir: Path, queries: int, min_recall: float
 ) -> Validation:
     ids, vectors = staged_vectors(run_dir)
     count = store.count(version)
     if count != len(ids):
-        raise ValidationError(f"version {version} holds {count} points, {len(ids)} were staged")
+        raise IndexCheckError(f"version {version} holds {count} points, {len(ids)} were staged")
     sample = np.random.default_rng(0).choice(len(ids), size=min(queries, len(ids)), replace=False)
     exact = np.argsort(-(vectors[sample] @ vectors.T), axis=1)[:, :K]
     found, overlap = 0, 0
@@ -54,7 +55,7 @@ def validate_version(
         overlap += len({h.id for h in hits} & {ids[i] for i in truth})
     recall = overlap / (K * len(sample))
     if found < len(sample):
-        raise ValidationError(f"version {version}: {len(sample) - found} of {len(sample)} canaries not found")
+        raise IndexCheckError(f"version {version}: {len(sample) - found} of {len(sample)} canaries not found")
     if recall < min_recall:
-        raise ValidationError(f"version {version}: recall@10 {recall:.4f} < min_recall={min_recall}")
+        raise IndexCheckError(f"version {version}: recall@10 {recall:.4f} < min_recall={min_recall}")
     return Validation(count, len(sample), found, round(recall, 4))

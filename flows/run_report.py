@@ -1,0 +1,63 @@
+"""A run's report: `reports/<run>.json`, the page beside it (run_page.py), a Prefect artifact each,
+and its metrics (run_metrics.py). Each output's block is what its kind's `run` returned."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+from precompute.flows.run_metrics import publish_run_metrics
+from precompute.flows.run_page import render
+
+log = logging.getLogger(__name__)
+
+
+def report_path(work_dir: Path, run: str) -> Path:
+    return work_dir / "reports" / f"{run}.json"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    sections = []
+    for output, fields in report["outputs"].items():
+        rows = "\n".join(f"| {key} | {json.dumps(value)} |" for key, value in fields.items())
+        sections.append(f"## {output}\n\n| field | value |\n| --- | --- |\n{rows}\n")
+        if models := fields.get("validation", {}).get("models"):
+            sections.append(models_table(fields["validation"], models))
+    return f"# Nightly run {report['run']}\n\n" + "\n".join(sections)
+
+
+def models_table(quality: dict[str, Any], models: dict[str, dict[str, Any]]) -> str:
+    """An output's models side by side on the held-out split."""
+    k = quality["k"]
+    head = f"| model | HR@{k} | NDCG@{k} | coverage | cold users served |\n| --- | --- | --- | --- | --- |\n"
+    rows = "\n".join(
+        f"| {quality['published'] if name == 'published' else name} | {m['hit_rate']} | {m['ndcg']} | "
+        f"{m['coverage']} | {'-' if m['cold_served'] is None else m['cold_served']} |"
+        for name, m in models.items()
+    )
+    return (
+        f"Held-out quality ({quality['split']} split, {quality['users']} users, "
+        f"{quality['cold_users']} cold):\n\n{head}{rows}\n"
+    )
+
+
+def write_report(
+    report: dict[str, Any], work_dir: Path, pipeline: Path, seconds: float, finished: float, pushgateway: str | None
+) -> Path:
+    """The JSON (returned), its page, the Prefect artifacts and the run's metrics."""
+    path = report_path(work_dir, report["run"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    page = path.with_suffix(".html")
+    try:
+        page.write_text(render(report))
+    except Exception:  # a view of the JSON beside it: a bug here must not fail a run that published
+        log.exception("the run's page %s was not written", page)
+    create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {report['run']}")
+    create_link_artifact(page.as_uri(), link_text=f"run {report['run']} report", key="nightly-run-page")
+    publish_run_metrics(report, pipeline.stem, seconds, finished, work_dir, pushgateway)
+    return path

@@ -1,0 +1,65 @@
+"""The inputs the jobs read, as the pipeline file names them: a file (or URI) and its columns."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from precompute.models.location import Location
+from precompute.models.reference_texts import TextSample
+from precompute.models.text_columns import TEXT_TYPES
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return kind in TEXT_TYPES
+
+
+def _is_key(kind: pa.DataType) -> bool:
+    return kind in TEXT_TYPES or pa.types.is_integer(kind)
+
+
+COLUMN_TYPES = {
+    "id": (_is_key, "strings, bytes or integers"),
+    "text": (_is_text, "strings or UTF-8 bytes"),
+    "label": (
+        lambda kind: pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind),
+        "strings or integers",
+    ),
+    "user": (_is_key, "strings, bytes or integers"),
+    "item": (_is_key, "strings, bytes or integers"),
+    "weight": (lambda kind: pa.types.is_integer(kind) or pa.types.is_floating(kind), "numbers"),
+}
+"""What each input column may hold, by its field in an `input` table: anything else is refused
+before a job reads a row."""
+
+
+class CorpusInput(TextSample):
+    """A corpus Parquet (path or URI) and the names of its columns."""
+
+    label: str | None = None
+    """Labels with a trained head: the column it learns from."""
+    max_text_bytes: int = Field(1_000_000, ge=1)
+    """A longer text is rejected, not read: the model sees its first few hundred tokens anyway."""
+    max_reject_ratio: float = Field(0.01, ge=0, le=1)
+    """The job fails, before any inference, when more than this share of rows is rejected."""
+
+    def sample(self) -> TextSample:
+        """The id and text columns alone: where an engine draws its gate and calibration texts."""
+        return TextSample(path=self.path, id=self.id, text=self.text)
+
+
+class InteractionsInput(BaseModel):
+    """An interactions Parquet (path or URI) and the names of its columns."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Location
+    user: str = "user_id"
+    item: str = "item_id"
+    weight: str = "weight"
+    """Optional in the data: without the column every interaction weighs 1."""
+    time: str = "timestamp"
+    """Optional in the data (numbers or timestamps): with it, the quality check holds out each
+    user's last interaction; without it, a seeded random one."""
+    max_reject_ratio: float = Field(0.01, ge=0, le=1)
+    """The job fails when more than this share of interactions is rejected."""

@@ -1,0 +1,145 @@
+"""Corpus embeddings: a text encoder's vectors of every row, in a Qdrant collection, served by search.
+
+    run:   embed (jobs/embed.py) -> check the version (count, canaries, recall@10: jobs/index_check.py)
+           -> publish (pointer file or alias swap) -> collect old versions and their run folders
+    serve: POST /v1/search/<output> (and /v1/search for the first embeddings output)
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from precompute.jobs.inputs import CorpusInput
+from precompute.kinds import OutputKind, OutputSpec
+from precompute.kinds.text import engine_lines, engine_of, read_model
+from precompute.models.settings import EnginePolicy
+from precompute.models.source import BUNDLED, ModelSource, ModelSpec
+from precompute.stores.vector_settings import Quantization
+from precompute.stores.vectors import VectorStore, open_vector_store
+
+if TYPE_CHECKING:
+    from precompute.flows.steps import RunContext
+    from precompute.lookup.app import Service
+    from precompute.lookup.served import Served
+    from precompute.pipeline import Pipeline
+    from precompute.settings import Machine
+
+ROW_STAGES = ("validate", "embed", "load")
+"""Stages that pass over every row; rows/s of the others (engine build, publish) means nothing."""
+CHECK_QUERIES = 100
+"""Stored vectors searched for themselves (canaries) and for their exact top 10 (recall)."""
+
+
+class EmbeddingsSpec(OutputSpec):
+    kind: Literal["embeddings"]
+    input: CorpusInput
+    model: ModelSpec = BUNDLED
+    engine: EnginePolicy = Field(default_factory=EnginePolicy)
+    min_recall: float = Field(0.99, gt=0, le=1)
+    """A version whose recall@10 against exact search is lower is not published."""
+    quantization: Quantization = "none"
+    """int8: the version also keeps INT8 vectors that search walks, rescored in FP32
+    (stores/vector_settings.py); gated by min_recall like any precision."""
+
+
+class Embeddings(OutputKind):
+    name = "embeddings"
+    spec = EmbeddingsSpec
+    store_family = "qdrant"
+    route = "search"
+
+    def source(self, pipeline: Pipeline, name: str) -> ModelSource:
+        return read_model(pipeline, name, "model", "embed")
+
+    def check(self, pipeline: Pipeline, name: str) -> None:
+        spec = pipeline.outputs[name].input
+        pipeline.check_input(name, spec.path, {"id": spec.id, "text": spec.text})
+
+    def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
+        output = pipeline.outputs[name]
+        where = f"qdrant {machine.qdrant.type} collection {pipeline.store(name)!r}"
+        return [
+            f"  input   {output.input.path} (id={output.input.id}, text={output.input.text})",
+            *engine_lines(pipeline, name, machine.engine),
+            f"  store   {where}: a new version each run, {output.keep_versions} kept for rollback",
+        ]
+
+    def versions(self, pipeline: Pipeline, name: str, machine: Machine) -> AbstractContextManager[VectorStore]:
+        return open_vector_store(machine.qdrant, pipeline.store(name))
+
+    def run(self, run: RunContext, name: str) -> dict[str, Any]:
+        from precompute.jobs import progress, work_dir
+        from precompute.jobs.embed import STAGED, run_embed_job
+        from precompute.jobs.index_check import check_index
+        from precompute.stores.versions import new_version
+
+        output, machine = run.pipeline.outputs[name], run.machine
+        store_name, engine = run.pipeline.store(name), engine_of(run.pipeline, name, machine.engine)
+
+        def embed() -> Any:
+            """Each attempt writes a version of its own: a retry never appends to a failed one's parts."""
+            with open_vector_store(machine.qdrant, store_name) as store:
+                return run_embed_job(
+                    new_version(), store, output.input, machine.job, engine, name, output.quantization
+                )
+
+        embedded = run.step("embed", embed)
+        version, seconds = embedded.version, {}
+        staged = work_dir.run_dir(run.work_dir, name, version) / STAGED
+
+        def validate() -> Any:
+            with open_vector_store(machine.qdrant, store_name) as store:
+                return check_index(store, version, staged, CHECK_QUERIES, output.min_recall)
+
+        def publish() -> None:
+            with open_vector_store(machine.qdrant, store_name) as store:
+                store.publish(version)
+
+        def collect_garbage() -> list[str]:
+            """Old versions go whole, with their run folders (the cache is the newest run's)."""
+            with open_vector_store(machine.qdrant, store_name) as store:
+                deleted = store.gc(run.keep(name))
+                kept = set(store.versions())
+                work_dir.collect_runs(work_dir.runs(run.work_dir, name), store.current(), kept)
+            return deleted
+
+        start = time.perf_counter()
+        with progress.stage(name, "check index"):
+            validation = run.step("validate", validate, retry=False)
+        seconds["validate_version"] = round(time.perf_counter() - start, 2)
+        start = time.perf_counter()
+        with progress.stage(name, "publish"):
+            run.step("publish", publish)
+        seconds["publish"] = round(time.perf_counter() - start, 2)
+        deleted = run.step("collect_garbage", collect_garbage)
+        rates = {stage: round(embedded.rows / embedded.seconds[stage], 1) for stage in ROW_STAGES}
+        return {
+            "kind": self.name,
+            "version": version,
+            "published": True,
+            "rows": embedded.rows,
+            "rejects": embedded.rejects,
+            "rejects_path": embedded.rejects_path,
+            "reused": embedded.reused,
+            "computed": embedded.computed,
+            "seconds": {**embedded.seconds, **seconds},
+            "docs_per_s": rates,
+            "rates": rates,
+            "rate_unit": "rows/s",
+            "engine": {k: embedded.engine[k] for k in ("backend", "device", "precision")},
+            "gate": embedded.engine["gates"],
+            "validation": asdict(validation),
+            "deleted_versions": deleted,
+        }
+
+    def serve(self, service: Service, name: str) -> Served:
+        from precompute.lookup.search import SearchOutput
+
+        pipeline, machine = service.pipeline, service.machine
+        engine = engine_of(pipeline, name, machine.engine)
+        return SearchOutput(service, name, open_vector_store(machine.qdrant, pipeline.store(name)), engine)

@@ -1,0 +1,58 @@
+"""What the kinds kept in the key-value store share: a new version each run, status, rollback, routes.
+
+Each record is one id's ranked list, (index, score) pairs into the version's vocabulary
+(stores/records.py): label names for labels, item ids for recommendations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from precompute.jobs import work_dir
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.key_value_versions import NewVersion, OutputVersions
+
+if TYPE_CHECKING:
+    from precompute.flows.steps import RunContext
+    from precompute.pipeline import Pipeline
+    from precompute.settings import Machine
+
+
+class JobReport(Protocol):
+    samples: dict[str, bytes]
+    """A few id -> value as written, read back before the version is published."""
+
+
+Report = TypeVar("Report", bound=JobReport)
+
+
+@contextmanager
+def key_value_versions(pipeline: Pipeline, name: str, machine: Machine) -> Iterator[OutputVersions]:
+    with KeyValueStore(machine.redis) as store:
+        yield OutputVersions(store, pipeline.store(name))
+
+
+def store_line(pipeline: Pipeline, name: str, machine: Machine) -> str:
+    keep = pipeline.outputs[name].keep_versions
+    where = f"redis keys {machine.redis.prefix}:{pipeline.store(name)}:<version>"
+    return f"  store   {where}: a new version each run, {keep} kept for rollback"
+
+
+def publish_new_version(
+    run: RunContext, name: str, vocabulary: list[str], job: Callable[[NewVersion, Path], Report]
+) -> tuple[Report, str, list[str]]:
+    """Run `job(new_version, run_folder)` into a new version of the output and publish it with its
+    samples checked; then delete the run folders of versions the store no longer holds. A version
+    that failed before its publish is dropped whole. Returns (job report, version, versions deleted)."""
+    runs = work_dir.runs(run.work_dir, name)
+    with (
+        KeyValueStore(run.machine.redis) as store,
+        NewVersion(store, run.pipeline.store(name), {"vocabulary": vocabulary}) as new,
+    ):
+        report = job(new, runs / new.version)
+        deleted = new.publish(report.samples, run.keep(name))
+        work_dir.collect_runs(runs, new.version, {v.name for v in store.versions(new.output)})
+    return report, new.version, deleted

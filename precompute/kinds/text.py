@@ -1,0 +1,57 @@
+"""What the kinds that run a text model share: its folder read once, its engine, its lines in the plan."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from precompute.models.engine_cache import EngineCache
+from precompute.models.errors import ModelError
+from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
+from precompute.models.settings import Engine, EngineSettings
+from precompute.models.source import ModelSource, ModelSpec
+
+if TYPE_CHECKING:
+    from precompute.pipeline import Pipeline
+
+
+def read_model(pipeline: Pipeline, name: str, field: str, task: Literal["embed", "classify"]) -> ModelSource:
+    """The output's `field` (a ModelSpec) read as an encoder or a classifier; one line if it cannot be."""
+    spec: ModelSpec = getattr(pipeline.outputs[name], field)
+    try:
+        return spec.encoder() if task == "embed" else spec.classifier()
+    except ModelError as e:
+        raise pipeline.error(name, field, str(e)) from None
+
+
+def engine_of(pipeline: Pipeline, name: str, machine: EngineSettings) -> Engine:
+    """The output's engine: its model and policy, gated and calibrated on its own input's texts."""
+    output = pipeline.outputs[name]
+    return Engine(
+        model=pipeline.sources[name], reference=output.input.sample(), policy=output.engine, machine=machine
+    )
+
+
+def engine_lines(pipeline: Pipeline, name: str, machine: EngineSettings) -> list[str]:
+    """The model, the engine's ladder (and which precisions the cache already holds), and the gate."""
+    source, engine = pipeline.sources[name], engine_of(pipeline, name, machine)
+    what = (
+        f"{source.dim}-d, {source.pooling} pooling{', normalised' if source.normalize else ''}"
+        if source.task == "embed"
+        else f"classifier, {source.dim} labels, {'sigmoid' if source.multi_label else 'softmax'}"
+    )
+    device = resolve_device(machine)
+    backend = resolve_backend(machine, device).name
+    ladder = precision_ladder(engine.policy.precision, device, backend)
+    built = {
+        key["precision"]
+        for key in EngineCache(machine.cache_dir).keys()
+        if key.get("model") == source.hash and key.get("backend") == backend and "precision" in key
+    }
+    state = ", ".join(f"{p} {'reused' if p in built else 'built on first run'}" for p in ladder)
+    policy = engine.policy
+    return [
+        f"  model   {source.folder} ({source.architecture}, {what}, {source.max_seq_length} tokens, hash {source.hash})",
+        f"  engine  {backend}/{device}, ladder {' > '.join(ladder)}: {state}",
+        f"  gate    {policy.gate_texts} held-out and {policy.calibration_texts} calibration texts "
+        f"from {engine.reference.path}",
+    ]

@@ -1,0 +1,103 @@
+"""One output's versions in the key-value store: the one a run writes, and those an operator lists.
+
+`NewVersion` is the whole life of a run's version, so that no job or flow handles buckets,
+copies or cleanup: it is created once the job knows how many records it will hold (fresh, or
+as a server-side copy of the published version less the records that left, for an incremental
+run), written through a Ray Datasink, then published whole after its checks, or dropped whole
+if anything failed first. `OutputVersions` is the `Versioned` view `status` and `rollback` read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.versions import Version, new_version
+
+if TYPE_CHECKING:
+    from precompute.stores.key_value_sink import KeyValueSink
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """How an incremental version starts: a copy of `version`, less the records `gone`; the job
+    then writes only the records that changed, over the copied ones."""
+
+    version: str
+    gone: list[str]
+
+
+class NewVersion:
+    """A new version of `output`, written aside while readers keep the published one."""
+
+    def __init__(self, store: KeyValueStore, output: str, meta: Mapping[str, Any]) -> None:
+        self.store = store
+        self.output = output
+        self.meta = dict(meta)
+        """Stored with the version (JSON): e.g. the vocabulary its values index into."""
+        self.version = new_version()
+        self.published = False
+
+    def copyable(self, version: str) -> range:
+        """Record counts a copy of `version` holds well (KeyValueStore.copyable)."""
+        return self.store.copyable(self.output, version)
+
+    def create(self, rows: int, copy: CopyPlan | None = None) -> None:
+        """Register the version for `rows` records; with `copy`, fill it server-side first."""
+        if copy is None:
+            self.store.create_version(self.output, self.version, rows, self.meta)
+            return
+        buckets = self.store.buckets(self.output, copy.version)
+        self.store.create_version(self.output, self.version, rows, self.meta, buckets=buckets)
+        self.store.copy_version(self.output, copy.version, self.version)
+        self.store.delete(self.output, self.version, copy.gone)
+
+    def sink(self) -> KeyValueSink:
+        """A Ray Datasink writing (id, value) rows into the version, once it is created."""
+        return self.store.sink(self.output, self.version)
+
+    def publish(self, samples: Mapping[str, bytes], keep: int) -> list[str]:
+        """Check the version (record count, these sample values read back) and switch readers to it;
+        then delete all but `keep` older versions. Returns the versions deleted."""
+        deleted = self.store.publish(self.output, self.version, keep, samples)
+        self.published = True
+        return deleted
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """A version that failed before its publish is deleted whole, if it got as far as existing."""
+        if exc is not None and not self.published:
+            with contextlib.suppress(Exception):
+                if self.store.current(self.output) != self.version:
+                    self.store.drop_version(self.output, self.version)
+
+
+class OutputVersions:
+    """`Versioned` (versions.py) for one output of the key-value store."""
+
+    def __init__(self, store: KeyValueStore, output: str) -> None:
+        self.store = store
+        self.output = output
+        self.where = f"redis: {store.settings.prefix}:{output}"
+
+    def current(self) -> str | None:
+        return self.store.current(self.output)
+
+    def listing(self) -> list[Version]:
+        now = datetime.now(UTC)
+        return [
+            Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
+            for v in self.store.versions(self.output)
+        ]
+
+    def rollback(self, to: str | None = None) -> str:
+        return self.store.rollback(self.output, to)
