@@ -51,11 +51,14 @@ class CorpusInput(TextSample):
 class InteractionsInput(BaseModel):
     """An interactions Parquet (path or URI) and the names of its columns."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     path: Location
+    """The input: a local path (relative to the pipeline file) or an object-store URI."""
     user: str = "user_id"
+    """The column of the user's id."""
     item: str = "item_id"
+    """The column of the item's id: an id of the items' embeddings output."""
     weight: str = "weight"
     """Optional in the data: without the column every interaction weighs 1."""
     time: str = "timestamp"

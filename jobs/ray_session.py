@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 def worker_pool(num_cpus: int) -> dict[str, int]:
     """Ray's system config for a node's pool of worker processes. By default Ray kills an idle
     worker after 1 s once a node runs more workers than CPUs (actors count), so on a small node
-    each stage of a run starts new ones, each about 3 s of CPU to import Ray Data, pandas and
-    pyarrow: a 200-row nightly run on 2 CPUs started about 40. Kept a minute, up to four per
+    each stage of a run starts new ones, each seconds of CPU to import Ray Data, pandas and
+    pyarrow (README, "Figures behind the defaults"). Kept a minute, up to four per
     CPU, they are reused from stage to stage."""
     return {"num_workers_soft_limit": 4 * num_cpus, "idle_worker_killing_time_threshold_ms": 60_000}
 

@@ -287,7 +287,7 @@ def run_recs_job(
         users = users_of(grouped)
         mode, reason, copy, to_score, rescored = "full", planned.reason, None, grouped, users.num_rows
         if planned.previous is not None and users.num_rows not in planned.previous.users:
-            reason = f"{users.num_rows} users outgrow the buckets of {planned.previous.version}"
+            reason = f"{users.num_rows} users are more or fewer than a copy of {planned.previous.version} holds"
         elif planned.previous is not None:
             rescoring, gone = rescore(users, planned.users)
             mode, copy, rescored = (

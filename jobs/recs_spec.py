@@ -11,12 +11,12 @@ Model = Literal["auto", "content", "itemknn", "ease", "als", "towers"]
 
 
 class RecsSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     k: int = Field(10, ge=1, le=100)
     """Recommendations per user. A value is 6 bytes a pair (stores/records.py): up to 10 pairs
-    stay within Redis's 64-byte listpack value limit, which keeps the per-user hash compact;
-    past that (product pages show 20-50 and rerank) the bucket holding it becomes a hash table."""
+    stay within Redis's 64-byte listpack value limit, which keeps the store compact; past that
+    (product pages show 20-50 and rerank) it costs more memory (stores/redis_settings.py)."""
 
     model: Model = "auto"
     """jobs/recs_models.py. auto: EASE where the catalogue is small enough for it, else ALS.

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class JobSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_JOB_", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_JOB_", frozen=True, use_attribute_docstrings=True)
 
     work_dir: Path = Path.home() / ".local" / "share" / "precompute" / "jobs"
     """Rejects, staged outputs and the embedding caches (each the last run's staged output),

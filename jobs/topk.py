@@ -17,9 +17,8 @@ from precompute.jobs.recs_models import Seen
 SCORE_BUFFER_BYTES = 512 * 2**20
 """The score buffer's bound: a block of users is scored against tiles of at most this many bytes
 of scores (262,144 items at 512 users a block), so the buffer stops growing with the items
-(a [512, items] buffer was 2 GB at 1M items). More tiles cost time: with 300,000 items, one
-tile took 1.27 s a 1,024-user batch, tiles of 131,072 items 1.47 s, of 8,192 items 2.8 s
-(measured beside a running bench: the ratios, not the seconds)."""
+(a [512, items] buffer would be 2 GB at 1M items). Smaller tiles cost time, so the bound is
+generous (README, "Figures behind the defaults")."""
 
 
 class BlockedTopK:

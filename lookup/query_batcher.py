@@ -5,14 +5,14 @@ takes the first query waiting, gives others up to `wait_s` to join (at most `row
 them as one call per length bucket. Every call of a bucket has one fixed shape, `rows` rows
 (unused ones are a single [CLS]-like token) by the bucket's tokens, so a query's vector
 depends on its own tokens only: the same alone and beside any peers. Engines run one code
-path per shape (measured on ONNX Runtime FP32: 200 of 200 queries bit-identical alone and in a
-batch of the same shape, 3 of 200 when the shapes differ). The engine must also be static:
-dynamic INT8 takes its activation scales from the whole batch (models.engine.peer_independent).
+path per shape (bit-identical alone and in a batch of the same shape, not when the shapes
+differ: `precompute bench query-engines`). The engine must also be static: dynamic INT8 takes
+its activation scales from the whole batch (models.engine.peer_independent).
 
-On CPU, batching does not pay: in batches of 8, FP32 cost 3.7 ms per query and static INT8
-5.1 ms, against 1.6 ms for one query on the dynamic INT8 graph the service runs (2.3x;
-`precompute bench query-engines`, AMD EPYC with AVX-512 VNNI); on a GPU a call of 8 rows takes
-about as long as a call of 1. Hence ServiceSettings.query_batch = "auto": on for GPUs only.
+On CPU, batching does not pay: a batched query costs more than one query on the dynamic INT8
+graph the service runs (`precompute bench query-engines`; README, "Serving capacity"); on a
+GPU a call of 8 rows takes about as long as a call of 1. Hence ServiceSettings.query_batch =
+"auto": on for GPUs only.
 """
 
 from __future__ import annotations

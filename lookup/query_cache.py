@@ -1,7 +1,7 @@
 """The search path's caches: query text -> vector, and search request -> answer.
 
 Real query traffic repeats (a few queries make up much of it), and a repeated search costs
-an embedding (about 2-3 ms of CPU) and an index search for an answer that has not changed.
+an embedding (milliseconds of CPU) and an index search for an answer that has not changed.
 
     vectors  (model hash, query) -> the query's vector. A vector depends only on the model, so
              it outlives versions made by the same model.

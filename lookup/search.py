@@ -76,8 +76,8 @@ class SearchRequest(BaseModel):
 
 
 QUERY_ENGINE = {"streams": 1, "threads": 1, "graph": "query"}
-"""One query per call, one thread: after idle gaps a woken 2-thread pool measured p99 7.3 ms
-against 3.8 ms single-threaded, for a p50 0.4 ms lower. The fused graph suits one short text."""
+"""One query per call, one thread: after idle gaps, waking a thread pool costs more at the p99
+than it saves at the p50 (README, "Figures behind the defaults"). The fused graph suits one short text."""
 
 
 class QueryEncoder(Protocol):

@@ -9,10 +9,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ServiceSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_SERVICE_", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_SERVICE_", frozen=True, use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
+    """The address the service listens on (0.0.0.0: every interface)."""
     port: int = Field(8000, ge=1, le=65535)
+    """The port the service listens on, shared by its workers."""
     auth_token: str | None = None
     """When set, /v1/* requires `Authorization: Bearer <token>`; health and metrics stay open."""
 
@@ -34,8 +36,8 @@ class ServiceSettings(BaseSettings):
     408. Idle, half-open and byte-at-a-time clients hold no socket for longer."""
 
     workers: int = Field(1, ge=1, le=64)
-    """Processes serving the port, each with its own engine (about 100 MB) and store readers:
-    searches embed in parallel across them. bench capacity measures 1 and 2."""
+    """Processes serving the port, each with its own engine and store readers: searches embed in
+    parallel across them, at the memory of one engine each. `precompute bench capacity` measures 1 and 2."""
 
     max_connections: int = Field(1000, ge=1)
     """Connections (and requests in flight) beyond this get 503 at once, before any work."""

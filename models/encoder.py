@@ -56,8 +56,8 @@ def encode_texts(
 class Encoder:
     """A model's outputs in input order: sentence embeddings, or label probabilities of a classifier.
 
-    On CPU, `streams` single-threaded batches run at once on one ONNX Runtime session:
-    two cores measured 1.1x faster this way than one session with two threads.
+    On CPU, `streams` single-threaded batches run at once on one ONNX Runtime session, which
+    measured faster than one session with every thread (README, "Figures behind the defaults").
     """
 
     def __init__(

@@ -114,7 +114,7 @@ class _Builder:
 
         def quantize(directory: Path) -> None:
             from precompute.models.quantize import (
-                QUANTIZERS,  # onnxruntime's quantization tools: 0.35 s to import
+                QUANTIZERS,  # onnxruntime's quantization tools: slow to import, needed on a miss only
             )
 
             calibration = reference_texts(

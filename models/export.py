@@ -34,8 +34,8 @@ class SentenceEncoder(torch.nn.Module):
 
     def __init__(self, source: ModelSource) -> None:
         super().__init__()
-        # Eager attention exports as MatMul/Softmax with an additive mask. The SDPA
-        # export adds Where/IsNaN guards over every score (7% of CPU time, measured).
+        # Eager attention exports as MatMul/Softmax with an additive mask. The SDPA export adds
+        # Where/IsNaN guards over every score, which cost CPU time (README, "Figures behind the defaults").
         self.transformer = AutoModel.from_pretrained(source.folder, attn_implementation="eager")
         self.pooling, self.normalize = source.pooling, source.normalize
 

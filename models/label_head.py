@@ -42,7 +42,7 @@ HEAD_ROWS = 4096
 class LabelPolicy(BaseModel):
     """How an output's labels are made: the pipeline file's fields of a labels output."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     top: int = Field(3, ge=1, le=10)
     """Labels stored per item, best first."""

@@ -47,9 +47,9 @@ def int8_dynamic(fp32: Path, out: Path, calibration: Sequence[str], source: Mode
 
 
 def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
-    """For a single short text, per-node overhead outweighs arithmetic: fusing cut a query
-    after an idle gap from 3.2 to 2.8 ms, while batches of 16 ran 13% slower (hence not
-    for jobs). Attention becomes QAttention; accuracy to FP32 is the same as int8-dynamic's."""
+    """For a single short text, per-node overhead outweighs arithmetic: fusing makes a query
+    faster, and batches slower (hence not for jobs; README, "Figures behind the defaults").
+    Attention becomes QAttention; accuracy to FP32 is the same as int8-dynamic's."""
     config = json.loads((source.folder / "config.json").read_text())
     fused = out.with_suffix(".fused.onnx")
     optimizer.optimize_model(
@@ -87,7 +87,7 @@ class _TextBatches(CalibrationDataReader):
 def outlier_matmuls(model: onnx.ModelProto) -> list[str]:
     """MatMuls kept in float: attention scores and values (both operands are activations)
     and the FFN down-projection, whose GELU input has outliers that one INT8 scale cannot
-    hold. Quantizing them too measured a mean cosine of 0.85 against FP32."""
+    hold: quantizing them too fails any cosine gate (README, "Figures behind the defaults")."""
     return [
         node.name
         for node in model.graph.node

@@ -25,12 +25,14 @@ SPLIT_SLOT = {"gate": 0, "calibration": 1}
 class TextSample(BaseModel):
     """A Parquet input's texts, by the names of its id and text columns."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     path: Location
-    """Local path or object-store URI."""
+    """The input: a local path (relative to the pipeline file) or an object-store URI."""
     id: str = "id"
+    """The column of each row's unique id."""
     text: str = "text"
+    """The column of each row's text."""
 
 
 def split_slot(id_: object) -> int:

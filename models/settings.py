@@ -30,7 +30,7 @@ Graph = Literal["batch", "query"]
 class EngineSettings(BaseSettings):
     """How this machine builds and runs engines; env PRECOMPUTE_ENGINE_<NAME>."""
 
-    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True, use_attribute_docstrings=True)
 
     backend: Backend = "auto"
     """auto: TensorRT where it imports and a GPU is present, else ONNX Runtime. torch is
@@ -65,7 +65,7 @@ class EnginePolicy(BaseSettings):
     """How close to FP32 a quantized engine must be; the pipeline file's `engine` table of an
     output, each field left out there read from PRECOMPUTE_ENGINE_<NAME>, else its default."""
 
-    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     precision: Precision = "auto"
     """Where the precision ladder starts. auto: int8 (fastest); a precision that fails
@@ -75,7 +75,7 @@ class EnginePolicy(BaseSettings):
     """Accuracy gate: a quantized encoder is used only if its mean cosine to FP32 reaches this."""
 
     gate_min_cosine: float = Field(0.97, gt=0, le=1)
-    """... and its worst text's cosine to FP32 reaches this."""
+    """Accuracy gate: a quantized encoder is used only if its worst text's cosine to FP32 reaches this too."""
 
     gate_agreement: float = Field(0.99, gt=0, le=1)
     """Labels and classifiers: a precision labels only if its top label is FP32's on this share

@@ -80,7 +80,7 @@ class ModelSource(BaseModel):
 class ModelSpec(BaseModel):
     """A model folder, or an installed package that ships one (the pipeline file's `model` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     path: Location | None = None
     """A local folder: sentence-transformers, a Hugging Face encoder, or a sequence classifier."""

@@ -48,10 +48,12 @@ CALIBRATION_BATCH = 256
 class FeaturesInput(BaseModel):
     """A features Parquet (path or URI): an id column and the columns the tower's inputs name."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     path: Location
+    """The features file: a local path (relative to the pipeline file) or an object-store URI."""
     id: str = "id"
+    """The column of the user's (or item's) id."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails when more than this share of feature rows is rejected (null, NaN, wrong width)."""
 
@@ -59,7 +61,7 @@ class FeaturesInput(BaseModel):
 class TowersSpec(BaseModel):
     """The pipeline file's `towers` of a recs output whose model is "towers"."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     user: Location
     """ONNX file: the user tower, user features -> [batch, dim]."""

@@ -52,7 +52,7 @@ class PipelineError(Exception):
 
 
 class FlowSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     cron: str = "0 3 * * *"
     """When `precompute schedule` runs the nightly flow (cron syntax, UTC)."""

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 COUNT_CHUNK = 1000
 """Buckets per HLEN round trip when counting a version."""
 COPY_CHUNK = 500
-"""Buckets per COPY round trip: a bucket is a listpack of about 100 records, copied in microseconds."""
+"""Buckets per COPY round trip: a bucket is one small listpack, cheap to copy."""
 WRONG_SAMPLES_SHOWN = 5
 BUCKET_SLACK = 0.25
 """How far (as a fraction) the mean records per bucket of a copied version may drift from
@@ -74,8 +74,8 @@ def check_items(name: str, items: Sequence[object], kind: type) -> None:
 class KeyValueStore:
     """For jobs, flows and the CLI (sync). The service reads with KeyValueReader."""
 
-    def __init__(self, settings: RedisSettings | None = None) -> None:
-        self.settings = settings or RedisSettings()
+    def __init__(self, settings: RedisSettings) -> None:
+        self.settings = settings
         self._client = connect(self.settings)
         self._buckets: dict[tuple[str, str], int] = {}
         """Bucket count of each version this instance writes, read once from the registry."""
@@ -195,7 +195,7 @@ class KeyValueStore:
 
     def sink(self, output: str, version: str) -> KeyValueSink:
         """A Ray Datasink writing into `version`, which create_version must have registered."""
-        from precompute.stores.key_value_sink import KeyValueSink  # Ray Data: 0.5 s to import, for jobs only
+        from precompute.stores.key_value_sink import KeyValueSink  # Ray Data: slow to import, for jobs only
 
         return KeyValueSink(self.settings, check_output(output), check_version(version))
 

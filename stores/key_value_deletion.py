@@ -30,7 +30,7 @@ return 1
 its entry stays there until its last key is gone, so an interrupted deletion is finished later."""
 
 UNLINK_CHUNK = 100
-"""Keys per UNLINK round trip: freeing a hundred small hashes keeps Redis busy well under 1 ms."""
+"""Keys per UNLINK round trip: freeing a hundred small hashes holds Redis only briefly."""
 GC_PAUSE = 1.0
 """After each UNLINK round trip the collector sleeps this many times as long as it took: flat
 out, it takes the CPU that Redis and its readers need on shared cores, and a concurrent

@@ -60,8 +60,8 @@ def async_client(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
 class KeyValueReader:
     """For the ASGI service; use one instance from one event loop (redis.asyncio connections are bound to it)."""
 
-    def __init__(self, settings: RedisSettings | None = None) -> None:
-        self.settings = settings or RedisSettings()
+    def __init__(self, settings: RedisSettings) -> None:
+        self.settings = settings
         self._client = async_client(self.settings)
         self._published: dict[str, str] = {}
         """The version each output's pointer named last time: where the next read looks first."""

@@ -3,8 +3,8 @@
 Layout: `<path>/<name>/<version>/` is one edge shard per version, `<version>/.finalized`
 marks a finished one, and `<path>/<name>/CURRENT` holds the published version's name.
 
-What qdrant-edge-py 0.9.0 does (its only documentation is `qdrant_edge/__init__.pyi`;
-measured here):
+What qdrant-edge-py 0.9.0 does (its only documentation is `qdrant_edge/__init__.pyi`; each
+point was tried here, and the figures are in README, "Figures behind the defaults"):
 - `EdgeShard.create(path, EdgeConfig)` makes a shard, `EdgeShard.load(path)` opens one (no
   config: keep what is on disk), `update(UpdateOperation.upsert_points([...]))` writes,
   `query(QueryRequest(..., filter=Filter(must=[FieldCondition(key, MatchValue(v))])))` reads,
@@ -19,17 +19,17 @@ measured here):
   to open WAL ... WouldBlock"; with `wal_enabled=False` (fixed at create) any number of
   processes open the same shard and query it, and nothing guards concurrent writes. Loading
   rewrites a few small files (edge_config.json, segment.json) by atomic rename with the same
-  content: 4 processes x 370 load/query/close cycles on one shard gave no error and left
-  every file's bytes unchanged. Hence: WAL off; the writer fills, optimizes, flushes and
+  content: processes loading, querying and closing one shard over and over saw no error and
+  changed no file's bytes. Hence: WAL off; the writer fills, optimizes, flushes and
   CLOSES a shard before it can be published, and a published shard is never written again.
 - A shard closed while another thread queries it fails that query ("Shard is not
   initialized"); `search` then retries once on the handle that replaced it.
 - `MatchValue(True)` is sent as the integer 1 and matches nothing boolean; `np.bool_(True)`
   matches. Filters pass bools as `np.bool_`.
-- Load of a 5,000 x 384 shard takes about 20 ms, so the first query after a switch pays that.
+- Loading a shard takes milliseconds, so the first query after a switch pays that.
 - Scalar INT8 quantization (`EdgeConfig.quantization_config`) is built by `optimize()` beside
   the FP32 vectors, and a query without `QuantizationSearchParams(rescore=True)` returns the
-  quantized scores (a vector's score against itself 1.003) in the quantized order; rescoring
+  quantized scores (a vector's score against itself above 1) in the quantized order; rescoring
   with oversampling gives exact cosines. Search always asks for it, which a shard without
   quantization ignores, so a reader needs no setting to read either kind.
 
@@ -77,8 +77,7 @@ INDEXING_THRESHOLD_KB = 1
 FIELD_SCHEMAS = {
     bool: qe.PayloadSchemaType.Bool,
     # Lookup only: filters match values exactly. A range index makes the HNSW build add links per
-    # block of values, which grew superlinearly: 100,000 x 64-d points with an int field of 5,000
-    # values optimized in 30.8 s with it, 16.6 s without (section keyword index in both).
+    # block of values, which grew superlinearly (README, "Corpus embeddings").
     int: qe.IntegerIndexParams(lookup=True, range=False),
     str: qe.PayloadSchemaType.Keyword,
 }

@@ -12,7 +12,8 @@ Records are grouped Instagram-style into small hashes, which Redis keeps as list
 allocation, about two bytes of framing per field and value) as long as a hash holds at
 most `hash-max-listpack-entries` fields (512 by default in Redis 7.0) of at most
 `hash-max-listpack-value` bytes each (64: a top-10 ranked value is 60, and ids must stay
-under it too). A key per record costs about 75 bytes of overhead instead (bench/publish.py). Cluster:
+under it too). A key per record costs several times the overhead instead (`precompute bench
+publish` measures both). Cluster:
 the three bookkeeping keys of an output share one hash tag, so the scripts that check and
 flip them touch one slot; buckets are tagged by number, so a version spreads over slots.
 """
@@ -51,7 +52,7 @@ RedisClusterException is what a cluster client raises when no node is reachable.
 class RedisSettings(BaseSettings):
     """Where key lookups live; every field has an env var PRECOMPUTE_REDIS_<NAME>."""
 
-    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_REDIS_", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_REDIS_", frozen=True, use_attribute_docstrings=True)
 
     url: str = "redis://127.0.0.1:6379/0"
     """redis:// or rediss:// (TLS); with `cluster`, any one node of the cluster."""
@@ -65,7 +66,7 @@ class RedisSettings(BaseSettings):
     entries_per_bucket: int = Field(100, ge=1, le=400)
     """Mean records per hash. Buckets vary around the mean (crc32 of the id, about +-10% at
     100); one past `hash-max-listpack-entries` (512; some deployments set 128, which 0.3%
-    of buckets would pass at 100) becomes a hash table, about 1.4x larger. A lookup scans
+    of buckets would pass at 100) becomes a hash table, markedly larger. A lookup scans
     its bucket's listpack, so buckets stay small; fewer records per bucket add per-key
     overhead (about 100 bytes a key). Fixed per version at create_version."""
 
@@ -74,10 +75,9 @@ class RedisSettings(BaseSettings):
 
     write_batch: int = Field(50_000, ge=1)
     """Records per pipelined round trip when writing, and per Ray write task. Larger puts
-    more records into each HSET, which is what makes writes fast (bench/publish.py, 100,000
-    records on 2 busy cores: 10,000 per call 0.64-0.76x the speed of MSET, 50,000
-    0.77-1.01x); a pipeline of 50,000 records is about 5 MB, and Redis serves other
-    clients between its 16 KB reads of it."""
+    more records into each HSET, which is what makes writes fast (`precompute bench publish`);
+    a pipeline of 50,000 records is about 5 MB, and Redis serves other clients between its
+    16 KB reads of it."""
 
 
 def check_output(output: str) -> str:

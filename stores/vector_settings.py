@@ -25,11 +25,11 @@ embeddings")."""
 class VectorStoreSettings(BaseSettings):
     """Where corpus vectors live; every field has an env var PRECOMPUTE_QDRANT_<NAME>."""
 
-    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_QDRANT_", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_QDRANT_", frozen=True, use_attribute_docstrings=True)
 
     type: Literal["edge", "server"] = "edge"
     """edge: Qdrant's Rust engine in-process (qdrant-edge-py), files under `path`; nothing to
-    run, about 1 ms a query, but one machine only. server: a Qdrant server at `url`; shared
+    run and no network hop, but one machine only. server: a Qdrant server at `url`; shared
     by many service replicas and scales out, at the cost of a network hop and a process to run."""
 
     path: Path = Path.home() / ".local" / "share" / "precompute" / "qdrant"
@@ -51,12 +51,10 @@ class VectorStoreSettings(BaseSettings):
     """A version (or segment) smaller than this many KB of vectors is searched by exact scan,
     a larger one through its HNSW graph; fixed when a version is created. Qdrant's default
     is 10,000 (about 6,500 x 384); ours is lower because a scan reads every vector, and at
-    low request rates other work evicts them from the CPU caches between queries: on the
-    5,000 demo vectors (7.5 MB) a top-10 after a 50 ms idle gap took 1.4 ms scanned and
-    1.0 ms through the graph, both with recall@10 1.0 (`precompute bench vectors` measures it)."""
+    low request rates other work evicts them from the CPU caches between queries, where the
+    graph reads a few (`precompute bench vectors`; README, "Figures behind the defaults")."""
 
     hnsw_ef: int = Field(64, ge=1)
     """Candidates the graph search keeps (Qdrant's `hnsw_ef`): more is slower and nearer to
-    exact. On the demo corpus, top-10 recall against exact search was 0.9973 at 64 and
-    0.9993 at Qdrant's default (100), and a query after an idle gap took 0.70 against
-    0.90 ms; the nightly flow refuses to publish a version whose recall@10 is under 0.99."""
+    exact (README, "Figures behind the defaults"); the nightly flow refuses to publish a version
+    whose recall@10 against exact search is under its output's min_recall."""

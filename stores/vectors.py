@@ -65,7 +65,7 @@ def note_field_types(payloads: Sequence[Mapping[str, Any]], seen: dict[str, type
     """Record each payload key's scalar type (bool, int or str) in `seen`; None once it varies.
 
     Finalize gives every key with one scalar type a payload index: without one, a filter
-    reads every point's payload (measured on edge, 5,000 points: 4.6 ms against 0.16 ms).
+    reads every point's payload (README, "Figures behind the defaults").
     """
     for payload in payloads:
         for key, value in payload.items():

@@ -88,6 +88,15 @@ def schema() -> None:
 
 
 @app.command()
+def settings() -> None:
+    """Print every setting in one table: this machine's (PRECOMPUTE_* variables) and each output's
+    (the pipeline file's fields), with its environment variable and default."""
+    from precompute.settings_table import markdown
+
+    print(markdown())
+
+
+@app.command()
 def schedule(
     pipeline: PipelineOption = None,
     cron: Annotated[

@@ -65,7 +65,7 @@ BUILT_IN = {
 class OutputSpec(BaseModel):
     """The fields every output's table has; a kind's spec adds its own."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     kind: str
     store: str | None = Field(None, pattern=NAME)

@@ -138,14 +138,14 @@ def test_an_items_changed_text_rescores_exactly_the_users_who_hold_it(
     assert set(rerun.written) == holders and rerun.report.rescored == len(holders)
 
 
-def test_users_past_what_the_published_buckets_hold_run_in_full(
+def test_users_past_what_a_copy_of_the_published_version_holds_run_in_full(
     items: Items, interactions: Path, published: Run, tmp_path: Path
 ) -> None:
     rerun = recs_run(items, interactions, tmp_path, previous_of(published, users=range(10)))
     assert rerun.report.mode == "full" and rerun.copy is None
     assert (
         rerun.report.mode_reason
-        == f"{published.report.users} users outgrow the buckets of 20261124T030000Z-aaaaaa"
+        == f"{published.report.users} users are more or fewer than a copy of 20261124T030000Z-aaaaaa holds"
     )
     assert_same_values(rerun.written, published.written)
 
