@@ -13,7 +13,6 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +20,7 @@ import anyio
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -28,7 +28,7 @@ from starlette.routing import Route
 from precompute.kinds import kinds
 from precompute.lookup.errors import Refused, error, unavailable
 from precompute.lookup.keys import KeyLookups
-from precompute.lookup.metrics import Metrics
+from precompute.lookup.metrics import Metrics, RequestMetrics
 from precompute.lookup.openapi import openapi_document
 from precompute.lookup.query_cache import QueryCache
 from precompute.lookup.search import Encoders
@@ -139,26 +139,21 @@ class Service:
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    def timed(self, route: str, handler: Handler) -> Handler:
-        """Latency histogram per route, and optional bearer-token auth on /v1/*."""
+    def guarded(self, handler: Handler) -> Handler:
+        """The bearer token checked first, when the service has one (a data route's: /v1/*); a
+        Refused's answer given (lookup/errors.py)."""
         token = self.settings.auth_token
         expected = None if token is None else f"Bearer {token}".encode()
 
         async def wrapped(request: Request) -> Response:
-            start = time.perf_counter()
-            if (
-                expected is not None
-                and route.startswith("/v1/")
-                and not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+            if expected is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), expected
             ):
-                response: Response = error(401, "missing or wrong bearer token")
-            else:
-                try:
-                    response = await handler(request)
-                except Refused as e:
-                    response = e.response
-            self.metrics.latency.labels(route, str(response.status_code)).observe(time.perf_counter() - start)
-            return response
+                return error(401, "missing or wrong bearer token")
+            try:
+                return await handler(request)
+            except Refused as e:
+                return e.response
 
         wrapped.__doc__ = handler.__doc__
         return wrapped
@@ -168,12 +163,10 @@ def create_app(machine: Machine | None = None, pipeline: Pipeline | None = None)
     """Settings left out are read from their PRECOMPUTE_* variables; the pipeline from its file."""
     service = Service(machine or Machine.from_environment(), pipeline or load_pipeline())
     endpoints = service.endpoints()
-    routes = [
-        Route(e.path, service.timed(e.template, e.handler), methods=[e.method]) for e in endpoints
-    ]
+    routes = [Route(e.path, service.guarded(e.handler), methods=[e.method]) for e in endpoints]
     routes += [
-        Route("/healthz", service.timed("/healthz", service.healthz)),
-        Route("/readyz", service.timed("/readyz", service.readyz)),
+        Route("/healthz", service.healthz),
+        Route("/readyz", service.readyz),
         Route("/metrics", service.metrics_endpoint, include_in_schema=False),
     ]
     document = openapi_document(endpoints)
@@ -182,6 +175,7 @@ def create_app(machine: Machine | None = None, pipeline: Pipeline | None = None)
         return JSONResponse(document)
 
     routes.append(Route("/openapi.json", openapi, include_in_schema=False))
-    app = Starlette(routes=routes, lifespan=service.lifespan)
+    metrics = Middleware(RequestMetrics, latency=service.metrics.latency)
+    app = Starlette(routes=routes, middleware=[metrics], lifespan=service.lifespan)
     app.state.service = service
     return app

@@ -10,9 +10,11 @@ workers).
 from __future__ import annotations
 
 import os
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -60,3 +62,36 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
         return generate_latest(registry)
+
+
+UNMATCHED = "unmatched"
+"""The route label of a request no route matched (a 404 or 405 from the router)."""
+
+
+class RequestMetrics:
+    """The app's outermost own layer (only Starlette's 500 page is outside it): every HTTP response's
+    latency and status by route template. An exception no handler caught reaches the server as
+    the 500 that Starlette's error middleware answers; it is counted here as that 500 on its way
+    out, so a crash shows on the dashboard like any other answer."""
+
+    def __init__(self, app: ASGIApp, latency: Histogram) -> None:
+        self.app = app
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path_format", UNMATCHED)  # set by the router
+            self.latency.labels(route, str(status)).observe(time.perf_counter() - start)

@@ -27,6 +27,7 @@ from precompute.stores.redis_server import redis_server
 from precompute.stores.redis_settings import RedisSettings, output_keys
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
+from tests.waiting import wait_for
 
 LABELS = """
 [outputs.labels]
@@ -184,10 +185,11 @@ def test_flow_killed_mid_embedding_then_rerun(
     )
     runs = tmp_path / "work" / "runs" / "docs"
     killed = precompute_run(dict(os.environ))
-    deadline = time.monotonic() + 600
-    while not any(runs.glob("*/embeddings/part-*.parquet")):
-        assert killed.poll() is None and time.monotonic() < deadline, "the run ended before it embedded"
-        time.sleep(0.05)
+    def embedding() -> bool:
+        assert killed.poll() is None, "the run ended before it embedded"
+        return any(runs.glob("*/embeddings/part-*.parquet"))
+
+    wait_for(embedding, "the run's first embedded part", ceiling_s=600)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.communicate()
     (dead,) = [p.name for p in runs.iterdir()]

@@ -21,6 +21,7 @@ from precompute.models import Engine
 from precompute.stores.redis_server import free_port
 from tests.faults.service import published_service
 from tests.lookup.test_keys import ITEMS
+from tests.waiting import wait_for
 
 INFRA = Path(__file__).parents[2] / "infra"
 RULES = INFRA / "prometheus" / "alerts.yml"
@@ -50,17 +51,16 @@ def process(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
     """Start a server, wait until `ready_url` answers 200, terminate it on exit."""
     with open(log, "wb") as out:
         child = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        def ready() -> bool:
+            if child.poll() is not None:
+                raise RuntimeError(f"{args[0]} did not start: {log.read_text()[-2000:]}")
+            try:
+                return httpx.get(ready_url).status_code == 200
+            except httpx.TransportError:
+                return False
+
         try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                try:
-                    if httpx.get(ready_url).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if child.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{args[0]} did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.2)
+            wait_for(ready, f"{args[0]} to answer {ready_url}", ceiling_s=START_TIMEOUT_S, every_s=0.2)
             yield
         finally:
             child.terminate()
@@ -146,10 +146,12 @@ def scrape(base: str, gateway: str, prometheus: str, tmp_path: Path) -> None:
         assert answer["status"] == "success", (expr, answer)
         return answer["data"]["result"]
 
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not (query('precompute_request_seconds_count{status="200"}') and query("precompute_run_success")):
-        assert time.monotonic() < deadline, "Prometheus never scraped both targets"
-        time.sleep(0.5)
+    wait_for(
+        lambda: query('precompute_request_seconds_count{status="200"}') and query("precompute_run_success"),
+        "Prometheus to scrape both targets",
+        ceiling_s=START_TIMEOUT_S,
+        every_s=0.5,
+    )
     assert query('up{job="precompute-lookup"}')[0]["value"][1] == "1"
     run = query("precompute_run_success")[0]
     assert (run["metric"]["job"], run["metric"]["pipeline"], run["value"][1]) == (JOB, "demo", "0")

@@ -14,13 +14,14 @@ from urllib.parse import urlparse
 
 import numpy as np
 import pytest
+import redis as redis_client
 from starlette.testclient import TestClient
 
 from precompute.lookup.settings import ServiceSettings
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.records import encode_ranked
 from precompute.stores.redis_server import redis_server
-from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.redis_settings import RedisSettings, output_keys
 from precompute.stores.vector_settings import VectorStoreSettings
 from tests.lookup.apps import app_of
 
@@ -282,3 +283,18 @@ def test_redis_down_is_503_then_recovers(
     outages = [r.getMessage() for r in caplog.records if r.name == "lookup"]
     assert len(outages) == 2, outages  # one line down (with the address), one line back
     assert outages[0].startswith("redis unavailable: Redis at") and "recovered after" in outages[1]
+
+
+def test_a_crash_is_a_500_and_counted_like_any_answer(redis: RedisSettings, settings, tmp_path: Path) -> None:
+    """A corrupt registry entry (not JSON) is a fault no handler expects: the answer is Starlette's
+    500 page, and the metrics count it under its route, as every other status."""
+    publish(redis, "labels", V1, ITEMS, labels_of(1))
+    with TestClient(app(settings, tmp_path, redis), raise_server_exceptions=False) as client:
+        publish(redis, "labels", V2, ITEMS, labels_of(2))
+        with redis_client.from_url(redis.url) as raw:
+            raw.hset(output_keys(redis, "labels").registry, V2, b"{not json")  # what readers read next
+        assert client.get("/v1/labels/pkg-1").status_code == 500
+        assert client.get("/v1/nowhere").status_code == 404
+        metrics = client.get("/metrics").text
+    assert 'precompute_request_seconds_count{route="/v1/labels/{id}",status="500"} 1.0' in metrics
+    assert 'precompute_request_seconds_count{route="unmatched",status="404"} 1.0' in metrics

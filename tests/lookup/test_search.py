@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
 from tests.lookup.apps import app_of
+from tests.waiting import wait_for
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 
@@ -200,10 +200,7 @@ def test_a_key_lookup_is_answered_while_a_search_is_embedding(client: TestClient
     with ThreadPoolExecutor(2) as pool:
         with service.encoders._lock:  # the search's thread now waits inside its embedding
             search = pool.submit(client.post, "/v1/search", json={"query": "a query nobody asked yet"})
-            deadline = time.monotonic() + 30
-            while service.search_threads.borrowed_tokens == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert service.search_threads.borrowed_tokens == 1
+            wait_for(lambda: service.search_threads.borrowed_tokens == 1, "the search to take its thread")
             lookup = pool.submit(client.get, "/v1/labels/some-item")
             assert lookup.result(timeout=30).status_code == 503  # answered: nothing published
             assert not search.done()

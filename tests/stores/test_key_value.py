@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from precompute.stores.key_value_reader import KeyValueReader
 from precompute.stores.records import decode_ranked, encode_ranked
 from precompute.stores.redis_server import redis_server
 from precompute.stores.redis_settings import RedisSettings
+from tests.waiting import wait_for
 
 N = 250
 K = 10
@@ -284,18 +284,24 @@ def test_readers_never_see_errors_or_mixed_versions(store: KeyValueStore, settin
             except Exception as e:
                 errors.append(e)
 
+    def read_again(version: str) -> None:
+        """Until the readers answered from `version` a few more times: each step is seen."""
+        seen = answers[version]
+        wait_for(lambda: answers[version] >= seen + 20, f"readers to answer from {version}")
+
     def operate() -> None:
         try:
-            for step in (
-                lambda: publish(store, V2),
-                lambda: publish(store, V3),  # deletes V1 (KEEP=1)
-                lambda: store.rollback(OUTPUT),
-                lambda: store.rollback(OUTPUT, to=V3),
-                lambda: publish(store, V4),  # deletes V2
+            for step, then in (
+                (lambda: publish(store, V2), V2),
+                (lambda: publish(store, V3), V3),  # deletes V1 (KEEP=1)
+                (lambda: store.rollback(OUTPUT), V2),
+                (lambda: store.rollback(OUTPUT, to=V3), V3),
+                (lambda: publish(store, V4), V4),  # deletes V2
             ):
-                time.sleep(0.15)
+                read_again(store.current(OUTPUT))
                 step()
-            time.sleep(0.15)
+                assert store.current(OUTPUT) == then
+            read_again(V4)
         finally:
             stop.set()
 

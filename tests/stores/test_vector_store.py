@@ -10,7 +10,6 @@ import contextlib
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.qdrant_server_store import QdrantServerStore
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import VectorStore, open_vector_store
+from tests.waiting import wait_for
 
 DIM = 16
 N = 60
@@ -241,10 +241,7 @@ def test_edge_reader_picks_up_a_new_version_without_restart(store_settings: Vect
         assert reader.search(VECTORS[0], k=1)[0].payload["v"] == V1
         load(writer, V2)
         writer.publish(V2)
-        deadline = time.monotonic() + 2
-        while reader.search(VECTORS[0], k=1)[0].payload["v"] != V2:
-            assert time.monotonic() < deadline, "reader never saw the new version"
-            time.sleep(0.02)
+        wait_for(lambda: reader.search(VECTORS[0], k=1)[0].payload["v"] == V2, "the reader to serve V2")
         assert reader.current() == V2
 
 
@@ -309,15 +306,12 @@ def test_publish_under_load_every_answer_is_one_whole_version(
         try:
             load(store, V2)
             store.publish(V2)
-            deadline = time.monotonic() + 5
-            while not all(out and out[-1] == {V2} for out in answers) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for(lambda: all(out and out[-1] == {V2} for out in answers), "both readers to serve V2")
             seen = [len(out) for out in answers]
-            while (
-                any(len(out) < n + 50 for out, n in zip(answers, seen, strict=False))
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.01)
+            wait_for(
+                lambda: all(len(out) >= n + 50 for out, n in zip(answers, seen, strict=True)),
+                "50 more answers from each reader",
+            )
         finally:
             stop.set()
             for thread in threads:
