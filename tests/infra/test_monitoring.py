@@ -6,6 +6,7 @@ Debian's prometheus and prometheus-pushgateway."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -70,6 +71,17 @@ def process(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
 def dashboard_expressions() -> list[str]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     return [target["expr"] for panel in panels for target in panel.get("targets", [])]
+
+
+SAMPLE_SUFFIXES = ("", "_bucket", "_count", "_sum", "_total", "_created")
+"""The series names a metric family exposes (a histogram's buckets, a counter's total)."""
+
+
+def exposed_names(exposition: str) -> set[str]:
+    """Every series name the families in a /metrics text can have, samples or not yet: a labelled
+    counter with no sample so far (store errors, say) is still a real name."""
+    families = re.findall(r"^# TYPE (\S+) ", exposition, re.MULTILINE)
+    return {family + suffix for family in families for suffix in SAMPLE_SUFFIXES}
 
 
 def report() -> dict:
@@ -156,8 +168,11 @@ def scrape(base: str, gateway: str, prometheus: str, tmp_path: Path) -> None:
     run = query("precompute_run_success")[0]
     assert (run["metric"]["job"], run["metric"]["pipeline"], run["value"][1]) == (JOB, "demo", "0")
     assert {r["metric"]["output"] for r in query("precompute_output_published == 0")} == {"labels"}
+    exposed = exposed_names(httpx.get(f"{base}/metrics").text + httpx.get(f"http://{gateway}/metrics").text)
     for expr in dashboard_expressions():
-        query(expr)  # each panel's query is valid PromQL over the metrics' real names
+        query(expr)  # each panel's query is valid PromQL ...
+        named = set(re.findall(r"\bprecompute_[a-z_]+\b", expr))
+        assert named and named <= exposed, (expr, named - exposed)  # ... over the metrics' real names
     rules = httpx.get(f"{prometheus}/api/v1/rules").json()["data"]["groups"]
     loaded = {rule["name"]: rule["health"] for group in rules for rule in group["rules"]}
     assert "PrecomputeRunFailed" in loaded and set(loaded.values()) == {"ok"}

@@ -190,6 +190,31 @@ def test_int8_is_static_with_explicit_qdq_and_auto_takes_the_fastest_engine_that
     assert strict.precision == ("int8" if strict.gates[-1].overlap == 1.0 else "fp32")
 
 
+def test_a_precision_that_moves_users_top_items_falls_back_to_fp32(towers_data, tmp_path: Path) -> None:
+    """Prices a million from zero and within one of each other: static INT8's one scale for the
+    item layer's input cannot keep the categories beside them, every item looks alike, and users'
+    top 10 moves; the gate refuses INT8 and the towers run in FP32."""
+    spec, _, _ = towers_data
+    users = pq.read_table(spec.users.path).slice(0, USERS - 1)
+    rng = np.random.default_rng(5)
+    items = pa.table(
+        {
+            "item_id": [f"i{n:02d}" for n in range(ITEMS)],
+            "category": rng.integers(0, 10, ITEMS),
+            "price": 1e6 + rng.uniform(0, 1, ITEMS),
+        }
+    )
+    graphs = {"user": Path(spec.user).read_bytes(), "item": Path(spec.item).read_bytes()}
+    policy = spec.model_copy(update={"precision": "auto", "gate_overlap": 0.9})
+    engines = choose_engines(
+        policy, graphs, (users, users), (items, items), "cpu", EngineSettings(cache_dir=tmp_path)
+    )
+    fp32, int8 = engines.gates
+    assert (fp32.precision, fp32.passed, int8.precision, int8.passed) == ("fp32", True, "int8", False)
+    assert int8.overlap is not None and int8.overlap < 0.9 and "overlap" in int8.reason
+    assert engines.precision == "fp32" and engines.item == graphs["item"] and engines.user == graphs["user"]
+
+
 def test_every_way_a_feature_row_cannot_be_fed_is_named() -> None:
     inputs = [TowerInput("age", np.float32, None), TowerInput("taste", np.float32, 3)]
     table = pa.table(

@@ -16,6 +16,7 @@ from precompute.jobs.topk import BlockedTopK
 
 IDS = ["a0", "a1", "b0", "b1", "cold", "popular"]
 A0, A1, B0, B1, COLD, POPULAR = range(6)
+FILLERS = 14
 
 
 def vectors() -> np.ndarray:
@@ -102,15 +103,21 @@ def test_the_temporal_split_holds_out_each_users_latest_interaction() -> None:
 def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless_it_beats_most_popular() -> (
     None
 ):
-    quality = evaluate(valid_interactions(interactions(times=True), IDS), vectors(), RecsSpec())
-    assert (quality.published, quality.split, quality.users, quality.k) == ("ease+content", "temporal", 40, 6)
+    # Fillers nobody took, so that a top 10 cannot hold every item a user has not seen.
+    ids = IDS + [f"filler{i}" for i in range(FILLERS)]
+    texts = np.eye(len(ids), dtype=np.float32)
+    texts[: len(IDS), : len(IDS)] = vectors()
+    quality = evaluate(valid_interactions(interactions(times=True), ids), texts, RecsSpec())
+    assert (quality.published, quality.split, quality.users, quality.k) == ("ease+content", "temporal", 40, 10)
     assert set(quality.models) == {"published", "most_popular", "itemknn", "content", "collaborative"}
     published, popular = quality.models["published"], quality.models["most_popular"]
-    assert published.ndcg > popular.ndcg and published.hit_rate == 1.0
+    unseen = len(ids) - 2  # a trio user's catalogue less the two items it trained on
+    assert unseen > quality.k and published.hit_rate == 1.0  # the held-out item made the top 10 of 18
+    assert published.ndcg > popular.ndcg
     assert 0 < popular.coverage <= 1 and 0 < published.coverage <= 1
     assert beats_most_popular(quality, min_lift=1.0) is None
     refusal = beats_most_popular(quality, min_lift=100.0)
-    assert refusal is not None and refusal.startswith("ease+content's held-out NDCG@6")
+    assert refusal is not None and refusal.startswith("ease+content's held-out NDCG@10")
     assert "is not above 100.0 x most-popular's" in refusal
 
 

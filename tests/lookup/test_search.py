@@ -128,7 +128,7 @@ def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
     client.post("/v1/search", json={"query": "editor"})
     metrics = client.get("/metrics").text
     assert 'precompute_request_seconds_bucket{le="0.00025",route="/v1/search",status="200"}' in metrics
-    assert "precompute_version_age_seconds" in metrics
+    assert 'precompute_version_age_seconds{output="embeddings"}' in metrics  # readiness set it
     assert "/v1/search" in client.get("/openapi.json").json()["paths"]
 
 

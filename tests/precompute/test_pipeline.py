@@ -86,7 +86,7 @@ def test_vector_quantization_is_set_per_output(tmp_path: Path, monkeypatch: pyte
         (
             '[outputs.recs]\nkind = "recs"\ninput = { path = "x.parquet" }\nitems = "docs"',
             "outputs.recs.items",
-            "",
+            "no output named 'docs'",
         ),
     ],
 )
