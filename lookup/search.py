@@ -188,6 +188,20 @@ class Searcher:
         """Blocking on a model's first query: the engine loads (from the cache, or built)."""
         return self.encoders.get(self.engine_of(version))
 
+    def search_published(
+        self, version: str, query: str, k: int, filter: Filter | None
+    ) -> tuple[str, list[Hit]]:
+        """(version, hits) of `version`, or of the version published now if `version` was collected
+        meanwhile: a reader's view of the pointer may be a moment old, and another process deletes
+        a version as soon as it is neither published nor kept. A search never fails for that."""
+        try:
+            return version, self.search(version, query, k, filter)
+        except VersionNotFoundError:
+            published = self.store.current()
+            if published is None or published == version:
+                raise
+            return published, self.search(published, query, k, filter)
+
     def search(self, version: str, query: str, k: int, filter: Filter | None) -> list[Hit]:
         """Hits of `version`, on a search thread (the event loop stays free for key lookups): the
         version's encoder (loaded on a model's first query), the query's vector (cached), the
@@ -258,8 +272,8 @@ class SearchOutput:
                 if body is not None:
                     service.answers.put_answer(self.name, version, key, body)
             if body is None:
-                hits = await anyio.to_thread.run_sync(
-                    searcher.search, version, req.query, req.k, req.filter, limiter=service.search_threads
+                version, hits = await anyio.to_thread.run_sync(
+                    searcher.search_published, version, req.query, req.k, req.filter, limiter=service.search_threads
                 )
                 body = answer_body(version, hits)
                 service.answers.put_answer(self.name, version, key, body)

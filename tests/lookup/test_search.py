@@ -12,6 +12,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from precompute.demo_data import DEMO_CORPUS
+from precompute.lookup.metrics import Metrics
+from precompute.lookup.query_cache import QueryCache
+from precompute.lookup.search import Encoders, Searcher
 from precompute.lookup.settings import ServiceSettings
 from precompute.stores.redis_server import free_port
 from precompute.stores.redis_settings import RedisSettings
@@ -137,6 +140,25 @@ def test_a_new_version_is_served_without_restart(client: TestClient, encoder, st
     answer = client.post("/v1/search", json={"query": rows[100]["title"], "k": 3}).json()
     assert answer["version"] == V2
     assert all(h["id"] in {r["id"] for r in rows[:50]} for h in answer["hits"])
+
+
+def test_a_search_of_a_version_collected_meanwhile_answers_from_the_published_one(
+    encoder, settings, stores, rows
+) -> None:
+    """A reader's pointer may be a moment old when another process publishes and collects: the
+    version it names is gone, and the search answers from the one published now."""
+    write_version(stores, V1, rows, encoder)
+    searcher = Searcher("embeddings", open_vector_store(stores, "corpus"), Encoders(ServiceSettings()), settings,
+                        QueryCache("vectors", 0, lambda v: v.nbytes, Metrics()))
+    try:
+        write_version(stores, V2, rows[:50], encoder)
+        with open_vector_store(stores, "corpus") as other:
+            assert other.gc(0) == [V1]
+        version, hits = searcher.search_published(V1, rows[10]["title"], 3, None)
+        assert version == V2 and {h.id for h in hits} <= {r["id"] for r in rows[:50]}
+    finally:
+        searcher.store.close()
+        searcher.encoders.close()
 
 
 def test_nothing_published_is_503_yet_ready(encoder, settings, stores, redis) -> None:
