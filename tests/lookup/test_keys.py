@@ -298,3 +298,32 @@ def test_a_crash_is_a_500_and_counted_like_any_answer(redis: RedisSettings, sett
         metrics = client.get("/metrics").text
     assert 'precompute_request_seconds_count{route="/v1/labels/{id}",status="500"} 1.0' in metrics
     assert 'precompute_request_seconds_count{route="unmatched",status="404"} 1.0' in metrics
+
+
+def requests_of(document: dict) -> list[tuple[str, str, dict | None]]:
+    """(method, path, JSON body) of every operation in an OpenAPI document, ids filled in and a body
+    that passes validation (its schema's required fields)."""
+    bodies = {"query": "editor", "ids": ["pkg-1"]}
+    requests = []
+    for template, operations in document["paths"].items():
+        for method, operation in operations.items():
+            schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            body = None if schema is None else {name: bodies[name] for name in schema.get("required", [])}
+            requests.append((method.upper(), template.replace("{id}", "pkg-1"), body))
+    return requests
+
+
+@pytest.mark.parametrize("token", [None, "Bearer wrong", f"Bearer {TOKEN} ", f"bearer {TOKEN}"])
+def test_every_data_route_in_the_schema_refuses_a_missing_or_wrong_token(served: TestClient, token) -> None:
+    """Read off /openapi.json, so a route added later is covered without anyone remembering it."""
+    requests = requests_of(served.get("/openapi.json").json())
+    data = [(m, p, b) for m, p, b in requests if p.startswith("/v1/")]
+    assert {p for _, p, _ in data} >= {"/v1/search", "/v1/labels/pkg-1", "/v1/recs:batchGet", "/v1/search/embeddings"}
+    headers = {} if token is None else {"Authorization": token}
+    for method, path, body in data:
+        refused = served.request(method, path, json=body, headers={"Authorization": ""} | headers)
+        assert refused.status_code == 401, (method, path)
+        assert served.request(method, path, json=body).status_code != 401, (method, path)  # the right token
+    for method, path, body in requests:
+        if not path.startswith("/v1/"):  # health and readiness stay open
+            assert served.request(method, path, json=body, headers={"Authorization": ""}).status_code == 200
