@@ -242,3 +242,38 @@ def test_a_feature_column_of_the_wrong_type_is_named(tmp_path: Path) -> None:
         PipelineError, match=r"outputs\.recs\.towers\.users: column 'age' of .* is string, not numbers"
     ):
         load_pipeline(path).check()
+
+
+@pytest.mark.parametrize("command", ["check", "run", "serve", "schedule", "status", "rollback recs"])
+def test_every_command_refuses_a_bad_file_in_one_line_with_exit_code_2(command: str, tmp_path: Path) -> None:
+    bad = write(tmp_path, f'[outputs.docs]\nkind = "embeddings"\n{CORPUS}\nkeep = 1')
+    result = CliRunner().invoke(app, [*command.split(), "--pipeline", str(bad)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {bad}: outputs.docs.keep: unknown key"
+
+
+@pytest.mark.parametrize(
+    ("file", "environment", "message"),
+    [
+        (None, {"PRECOMPUTE_OUTPUTS__RECS__K": "abc"}, "outputs.recs.k: Input should be a valid integer"),
+        (None, {"PRECOMPUTE_OUTPUTS__RECS__K": "101"}, "outputs.recs.k: Input should be less than or equal to 100"),
+        ("k = 101", {}, "outputs.recs.k: Input should be less than or equal to 100"),
+        ("k = 0", {}, "outputs.recs.k: Input should be greater than or equal to 1"),
+        (None, {"PRECOMPUTE_OUTPUTS__EMBEDDINGS__KIND": "vectors"}, "outputs.embeddings.kind: 'vectors', not one of"),
+    ],
+)
+def test_a_bad_value_from_the_file_or_the_environment_is_one_line_with_exit_code_2(
+    file: str | None, environment: dict[str, str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(
+        tmp_path,
+        f'[outputs.embeddings]\nkind = "embeddings"\n{CORPUS}\n'
+        f'[outputs.recs]\nkind = "recs"\ninput = {{ path = "{DEMO_INTERACTIONS}" }}\nitems = "embeddings"\n'
+        f"{file or ''}\n",
+    )
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(app, ["check", "--pipeline", str(path)])
+    assert result.exit_code == 2
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: {path}: {message}"), line
