@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -204,6 +205,23 @@ def test_flow_killed_mid_embedding_then_rerun(
     assert re.search(rf"docs .* {new} .* 1,000 ", output), output  # the summary table's row
     assert [p.name for p in runs.iterdir()] == [new]  # the killed run's folder is collected
     assert pq.read_table(next((runs / new / "embeddings").glob("part-*.parquet"))).num_rows > 0
+
+    # A version its checks refuse is never published: a graph searched with one candidate
+    # (hnsw_ef 1, no exact scan) misses some of the exact top 10 that min_recall 1.0 demands.
+    refusing = {
+        **os.environ,
+        "PRECOMPUTE_QDRANT_HNSW_EF": "1",
+        "PRECOMPUTE_QDRANT_FULL_SCAN_THRESHOLD_KB": "1",
+        "PRECOMPUTE_OUTPUTS__DOCS__MIN_RECALL": "1.0",
+    }
+    refused = precompute_run(refusing)
+    output = refused.communicate(timeout=900)[0].decode()
+    assert refused.returncode == 1, output
+    refusal = r"^error: docs failed at validate: IndexCheckError: version \S+: recall@10 0\.\d+ < min_recall=1\.0$"
+    assert re.search(refusal, output, re.MULTILINE), output
+    with open_vector_store(VectorStoreSettings(), "docs") as store:
+        assert store.current() == new and store.count(new) == 1000  # still served
+        assert len(store.search(np.full(384, 0.05, np.float32), 3)) == 3  # and answers from it
 
 
 def test_two_runs_started_at_once(

@@ -188,3 +188,20 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
         ]
         assert store.current("recs") == moved["version"]
         assert [v.name for v in store.versions("recs")] == [again["version"], moved["version"]]
+
+    # Fourth run: every user took one package everyone took, and one of their own. Content alone
+    # (no popularity prior) ranks by text and loses to most-popular, which the check refuses: the
+    # published version stays, and the refused one is deleted whole.
+    packages = [r["id"] for r in pq.read_table(small_corpus).to_pylist() if r["id"] not in (None, "dup")]
+    everyone = [{"user_id": f"fan{u}", "item_id": item} for u in range(60) for item in (packages[0], packages[u + 1])]
+    pq.write_table(pa.Table.from_pylist(everyone), environment / "everyone.parquet")
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__INPUT__PATH", str(environment / "everyone.parquet"))
+    monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__POPULARITY_WEIGHT", "0")
+    monkeypatch.delenv("PRECOMPUTE_OUTPUTS__LABELS__INPUT__PATH")
+    with pytest.raises(RunFailedError, match=r"^recs failed at recommend: QualityError: content's held-out"):
+        nightly(keep_versions=1)
+    fourth = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
+    assert list(fourth["failed"]) == ["recs"] and fourth["outputs"]["labels"]["published"]
+    with KeyValueStore(RedisSettings()) as store:
+        assert store.current("recs") == moved["version"]
+        assert [v.name for v in store.versions("recs")] == [again["version"], moved["version"]]

@@ -19,6 +19,7 @@ from precompute.jobs.recs_quality import evaluate, valid_interactions
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import Items
 from precompute.jobs.settings import JobSettings
+from precompute.jobs.validate import RejectRatioExceededError
 from precompute.models.settings import EngineSettings
 from precompute.models.towers import (
     FeaturesInput,
@@ -235,3 +236,14 @@ def test_every_way_a_feature_row_cannot_be_fed_is_named() -> None:
     assert column_problem(pa.float64(), inputs[1]) == "is double, not a list of 3 numbers"
     assert column_problem(pa.float64(), TowerInput("category", np.int64, None)) == "is double, not integers"
     assert column_problem(pa.list_(pa.float32()), inputs[1]) is None
+
+
+def test_feature_rows_past_the_reject_ratio_fail_the_job_with_their_reasons_kept(
+    ray_local, towers_data, tmp_path: Path
+) -> None:
+    spec, items, _ = towers_data
+    strict = spec.model_copy(update={"users": spec.users.model_copy(update={"max_reject_ratio": 0.01})})
+    with pytest.raises(RejectRatioExceededError, match=r"^5 of \d+ user features rejected, over max_reject_ratio=0\.01"):
+        own_towers(strict, items.ids, tmp_path / "work", EngineSettings(cache_dir=tmp_path / "cache"))
+    rejects = pq.read_table(tmp_path / "work" / "user_features_rejects.parquet")
+    assert rejects.num_rows == 5 and set(rejects.column_names) >= {"user_id", "reject_reason"}
