@@ -27,7 +27,10 @@ BAD_ROWS = [
 
 
 class ParquetSink(Datasink[None]):
-    """Stands in for the Redis sink a flow passes: each block a Parquet part, read back by the test."""
+    """A stand-in for the Redis sink a flow passes: each block a Parquet part, so a test reads back
+    exactly what the job wrote (the rescored users only), which a Redis version, holding the copied
+    users too, cannot show. What it cannot show, a version really copied, deleted from and written
+    in Redis, test_recommend_incremental.py's carried-out plan shows."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -4,6 +4,7 @@ test processes run them beside the full-run tests (tests/jobs/test_recommend.py)
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -11,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import redis as redis_client
 
 from precompute.jobs.content_cache import content_keys
 from precompute.jobs.inputs import InteractionsInput
@@ -18,11 +20,14 @@ from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import Items, Previous, model_fingerprint, plan
 from precompute.jobs.settings import JobSettings
-from precompute.stores.key_value_versions import CopyPlan
+from precompute.stores.key_value import KeyValueStore
+from precompute.stores.key_value_versions import CopyPlan, NewVersion
 from precompute.stores.records import decode_ranked
+from precompute.stores.redis_settings import RedisSettings, output_keys
 from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
 
 MODEL = "minilm"
+OUTPUT = "recs"
 
 
 class Run(NamedTuple):
@@ -190,3 +195,59 @@ def test_a_collaborative_model_copies_nobody_once_it_is_retrained(
     retrained = recs_run(items, moved, tmp_path / "retrained", previous, model="ease")
     assert retrained.report.mode == "full"
     assert retrained.report.mode_reason.startswith("trained changed from")
+
+
+def redis_run(
+    items: Items, interactions: Path, run_dir: Path, redis: RedisSettings, previous: Previous | None = None
+) -> tuple[str, RecsJobReport, dict[str, bytes]]:
+    """A run as the flow makes one (precompute/kinds/recs.py): a new version in real Redis, created
+    fresh or as a server-side copy of `previous` less the users gone, written, published. Returns
+    (version, report, every record the published version holds)."""
+    with KeyValueStore(redis) as store, NewVersion(store, OUTPUT, {"vocabulary": items.ids}) as new:
+        if previous is not None:
+            previous = Previous(previous.version, previous.run_dir, new.copyable(previous.version))
+        report = run_recs_job(
+            InteractionsInput(path=str(interactions)),
+            RecsSpec(model="content"),
+            JobSettings(users_per_block=256),
+            items,
+            new.sink(),
+            run_dir,
+            new.create,
+            items_model=MODEL,
+            previous=previous,
+        )
+        new.publish(report.samples, keep=5)
+        keys = output_keys(redis, OUTPUT)
+        with redis_client.from_url(redis.url) as client:
+            held = {
+                user.decode(): value
+                for bucket in range(store.buckets(OUTPUT, new.version))
+                for user, value in client.hgetall(keys.bucket(new.version, bucket)).items()
+            }
+    return new.version, report, held
+
+
+def test_the_copy_plan_carried_out_in_redis_serves_copied_users_as_before_and_rescored_ones_afresh(
+    items: Items, interactions: Path, redis_url: str, tmp_path: Path
+) -> None:
+    redis = RedisSettings(url=redis_url, prefix=f"inc{uuid.uuid4().hex[:8]}")
+    first, report, before = redis_run(items, interactions, tmp_path / "first", redis)
+    assert len(before) == report.users
+    held = histories(interactions)
+    changed, gone, *_ = (user for user, items_held in sorted(held.items()) if len(items_held) >= 3)
+    rows = good_rows(interactions)
+    first_of_changed = next(i for i, row in enumerate(rows) if row["user_id"] == changed)
+    rows = [row for i, row in enumerate(rows) if i != first_of_changed and row["user_id"] != gone]
+    rows += [{"user_id": "u-new", "item_id": item, "weight": 1.0} for item in items.ids[:2]]
+    moved = tmp_path / "interactions.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), moved)
+
+    previous = Previous(first, tmp_path / "first", range(0))  # its bucket fit: the store says
+    _, rerun, after = redis_run(items, moved, tmp_path / "second", redis, previous)
+    assert (rerun.mode, rerun.rescored, rerun.copied) == ("incremental", 2, report.users - 2)
+    assert gone not in after and set(after) == set(before) - {gone} | {"u-new"}
+    unchanged = set(after) - {changed, "u-new"}
+    assert {user: after[user] for user in unchanged} == {user: before[user] for user in unchanged}  # copied
+    _, _, fresh = redis_run(items, moved, tmp_path / "full", redis)
+    assert_same_values({user: after[user] for user in (changed, "u-new")}, {u: fresh[u] for u in (changed, "u-new")})
