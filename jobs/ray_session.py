@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,7 +38,7 @@ def start_local(num_cpus: int, **options: Any) -> None:
         try:
             # "local": never join the cluster `ray start` or a test cluster recorded in
             # /tmp/ray/ray_current_cluster, which a plain ray.init() would.
-            ray.init(
+            init(
                 address="local",
                 num_cpus=num_cpus,
                 include_dashboard=False,
@@ -49,6 +51,18 @@ def start_local(num_cpus: int, **options: Any) -> None:
             if attempt == LOCAL_START_ATTEMPTS:
                 raise
             log.warning("local Ray start %d of %d failed (%s); retrying", attempt, LOCAL_START_ATTEMPTS, e)
+
+
+def init(**options: Any) -> None:
+    """ray.init, keeping this process's SIGTERM handler. Ray's replaces it with a bare exit, and in
+    a flow run Prefect's (which tells the server the run ended) must stay: a scheduled run stopped
+    by SIGTERM would otherwise be shown running forever."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(**options)
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
 
 
 def stop_local() -> None:
@@ -82,7 +96,7 @@ def ray_session(address: str | None) -> Iterator[None]:
         yield
         return
     if address:
-        ray.init(address=address)
+        init(address=address)
     else:
         start_local(len(os.sched_getaffinity(0)))
     try:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.demo_data import DEMO_CORPUS
+from precompute.kinds import registry
 from precompute.models import Encoder, Engine, EngineSettings, load_encoder
 from precompute.models.reference_texts import TextSample
 from precompute.models.source import bundled_encoder
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
 
 GATE_TEXTS, CALIBRATION_TEXTS = "64", "32"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -182,3 +184,20 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url
+
+
+@pytest.fixture
+def lengths_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test-only kind tests/kinds/lengths.py installed as a plug-in: its distribution on the
+    path, whose metadata declares the entry point as a package's `[project.entry-points.
+    "precompute.kinds"]` would once installed; processes the test starts find it too."""
+    site = tmp_path / "site"
+    metadata = site / "lengths_kind-1.0.dist-info"
+    metadata.mkdir(parents=True)
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: lengths-kind\nVersion: 1.0\n")
+    (metadata / "entry_points.txt").write_text("[precompute.kinds]\nlengths = tests.kinds.lengths:Lengths\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))  # for the processes started
+    registry.cache_clear()
+    yield
+    registry.cache_clear()

@@ -103,26 +103,20 @@ def schedule(
         str | None, typer.Option(help="When to run, in cron syntax (UTC); default: the file's [flow] cron.")
     ] = None,
 ) -> None:
-    """Serve the nightly flow on a schedule until interrupted: needs a Prefect server (PREFECT_API_URL).
+    """Serve the nightly flow on a schedule until stopped: needs a Prefect server (PREFECT_API_URL).
 
-    Registers the deployment `nightly/nightly` with the schedule and runs each scheduled flow
-    run in a subprocess; the schedule stays active across restarts of this command. One run
-    at a time: a run due while another is running waits, so two runs never race to publish
-    and collect each other's versions.
+    One run at a time; runs read the pipeline file this command was given. SIGTERM stops it
+    within 30 s, a run in progress stopped before it publishes. Exit code 2: a bad pipeline
+    file, or no PREFECT_API_URL; 1: the Prefect API does not answer.
     """
-    from prefect.deployments.runner import EntrypointType
-
-    from precompute.flows.nightly import nightly
+    from precompute.flows.schedule import ScheduleError, serve
 
     checked = checked_pipeline(pipeline)
-    nightly.serve(
-        name="nightly",
-        cron=cron or checked.flow.cron,
-        parameters={"pipeline": str(checked.path)},
-        global_limit=1,
-        pause_on_shutdown=False,
-        entrypoint_type=EntrypointType.MODULE_PATH,
-    )
+    try:
+        serve(checked, cron)
+    except ScheduleError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(e.exit_code) from None
 
 
 @app.command()

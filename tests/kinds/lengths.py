@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow.parquet as pq
+import ray
 
 from precompute.jobs.inputs import CorpusInput
+from precompute.jobs.ray_session import ray_session
 from precompute.kinds import OutputKind, OutputSpec
 from precompute.kinds.keyed import key_value_versions, publish_new_version, store_line
 from precompute.lookup.keys import LabelsBatchGet, Output
@@ -34,6 +36,20 @@ SAMPLES = 3
 class LengthsSpec(OutputSpec):
     kind: Literal["lengths"]
     input: CorpusInput
+    hold_s: float = 0
+    """Seconds a run holds its written version before publishing it, in a Ray session as the
+    built-in kinds' jobs run: a test stops it midway."""
+
+
+class Held:
+    """An actor, as the built-in kinds' engines run in, that holds its batch."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(self.seconds)
+        return batch
 
 
 class Counted:
@@ -58,7 +74,8 @@ class Lengths(OutputKind):
         return key_value_versions(pipeline, name, machine)
 
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
-        spec = run.pipeline.outputs[name].input
+        output = run.pipeline.outputs[name]
+        spec = output.input
         start = time.perf_counter()
 
         def count(new: NewVersion, folder: Path) -> Counted:
@@ -68,6 +85,12 @@ class Lengths(OutputKind):
             values = encode_ranked(np.zeros(lengths.shape, np.int64), lengths)
             new.create(len(ids))
             new.store.write(new.output, new.version, ids, values)
+            if output.hold_s:
+                with ray_session(None):
+                    print(f"holding {new.version} for {output.hold_s:g} s", flush=True)
+                    ray.data.range(1).map_batches(
+                        Held, fn_constructor_kwargs={"seconds": output.hold_s}, concurrency=1, num_cpus=0.5
+                    ).materialize()
             return Counted(len(ids), dict(list(zip(ids, values, strict=True))[:SAMPLES]))
 
         counted, version, deleted = run.step(

@@ -5,11 +5,9 @@ check`, the nightly flow, `status`, `rollback` and the lookup service, none of w
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,34 +16,16 @@ import pytest
 
 from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
-from precompute.kinds import registry
 from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
 from precompute.stores.redis_server import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 ROWS = 40
 
 
 @pytest.fixture
-def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The kind's distribution on the path: its metadata declares the entry point, as a package's
-    `[project.entry-points."precompute.kinds"]` would once installed."""
-    site = tmp_path / "site"
-    metadata = site / "lengths_kind-1.0.dist-info"
-    metadata.mkdir(parents=True)
-    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: lengths-kind\nVersion: 1.0\n")
-    (metadata / "entry_points.txt").write_text("[precompute.kinds]\nlengths = tests.kinds.lengths:Lengths\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))  # for the processes started
-    registry.cache_clear()
-    yield
-    registry.cache_clear()
-
-
-@pytest.fixture
-def environment(installed: None, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def environment(lengths_kind: None, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     corpus = tmp_path / "corpus.parquet"
     pq.write_table(pq.read_table(DEMO_CORPUS).slice(0, ROWS), corpus)
     pipeline = tmp_path / "precompute.toml"
@@ -62,7 +42,9 @@ def environment(installed: None, redis_url: str, tmp_path: Path, monkeypatch: py
 
 
 def precompute(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "precompute", *args], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "precompute", *args], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
