@@ -1,4 +1,5 @@
-"""The reject threshold (jobs/validate.py quarantine): a job fails past its ratio, not at it."""
+"""Row validation (jobs/validate.py): every way a row can be bad is quarantined with its reason, and
+a job fails past its reject ratio, not at it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from precompute.jobs.validate import REASON, RejectRatioExceededError, quarantine
+from precompute.jobs.inputs import CorpusInput
+from precompute.jobs.validate import REASON, RejectRatioExceededError, quarantine, validated_corpus
 
 ROWS = 200
 
@@ -34,3 +36,61 @@ def test_one_row_past_the_limit_fails_naming_the_count_and_where_the_reasons_are
         quarantine(tagged(3), ROWS, 2 / ROWS, path, noun="interactions")
     assert str(raised.value) == f"3 of 200 interactions rejected, over max_reject_ratio=0.01; reasons in {path}"
     assert pq.read_table(path).num_rows == 3  # kept, with their reasons, though the job fails
+
+
+def test_every_bad_row_is_quarantined_with_its_reason_and_the_good_ones_read_back_as_text(
+    ray_local, tmp_path: Path
+) -> None:
+    """The corpus contract end to end (validated_corpus), on columns named otherwise than id and
+    text: each way a row can be bad gets its reason and keeps its exact bytes, both copies of a
+    duplicated id go, a text of exactly max_text_bytes is read, and the good rows come back with
+    their own column names' values as strings, every other column as it was."""
+    rows = [
+        (b"good", b"a fine text", b"t1"),
+        (b"at-limit", b"x" * 20, b"t2"),
+        (b"dup", b"one copy", b"t"),
+        (b"dup", b"the other", b"t"),
+        (None, b"no id", b"t"),
+        (b"null-text", None, b"t"),
+        (b"oversize", b"y" * 21, b"t"),
+        (b"blank", b" \n ", b"t"),
+        (b"bad-text", b"caf\xe9", b"t"),
+        (b"bad-title", b"fine", b"caf\xe9"),
+        (b"\xff\xfeid", b"a bad id", b"t"),
+    ]
+    key, body, title = zip(*rows, strict=True)
+    path = tmp_path / "corpus.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "key": pa.array(key, pa.binary()).view(pa.string()),
+                "body": pa.array(body, pa.binary()),
+                "title": pa.array(title, pa.binary()).view(pa.string()),
+            }
+        ),
+        path,
+    )
+    corpus = CorpusInput(path=str(path), id="key", text="body", max_text_bytes=20, max_reject_ratio=0.9)
+    rejects_path = tmp_path / "rejects.parquet"
+
+    good, read, rejected = validated_corpus(corpus, rejects_path)
+
+    assert (read, rejected) == (11, 9)
+    assert sorted(good.take_all(), key=lambda r: r["id"]) == [
+        {"id": "at-limit", "text": "x" * 20, "title": "t2"},
+        {"id": "good", "text": "a fine text", "title": "t1"},
+    ]
+    quarantined = pq.read_table(rejects_path)
+    assert quarantined.column_names == ["id", "text", "title", REASON]
+    reasons = sorted((r["id"], r["text"], r[REASON]) for r in quarantined.to_pylist() if r["id"] is not None)
+    assert reasons == [
+        (b"bad-text", b"caf\xe9", "text is not valid UTF-8 (byte 3)"),
+        (b"bad-title", b"fine", "title is not valid UTF-8 (byte 3)"),
+        (b"blank", b" \n ", "text is empty"),
+        (b"dup", b"one copy", "id 'dup' is duplicated"),
+        (b"dup", b"the other", "id 'dup' is duplicated"),
+        (b"null-text", None, "text is null"),
+        (b"oversize", b"y" * 21, "text is 21 bytes, over max_text_bytes=20"),
+        (b"\xff\xfeid", b"a bad id", "id is not valid UTF-8 (byte 0)"),
+    ]
+    assert [r[REASON] for r in quarantined.to_pylist() if r["id"] is None] == ["id is null"]
