@@ -35,9 +35,10 @@ test: $(BIN)/precompute redis-server test-tools
 # cosmic-ray config per area, its modules and the fast tests run against each mutant). Prints each
 # area's survivors with their diffs, then its score. Takes hours on 2 cores: not part of `test`.
 MUTATION_AREAS := rows index_check key_value service
+mutation: export PRECOMPUTE_TEST_ENGINE_CACHE := $(CURDIR)/.mutation/engines
 mutation: $(BIN)/precompute redis-server
 	$(BIN)/pip install --quiet -e '.[test,mutation]'
-	@mkdir -p .mutation
+	@mkdir -p .mutation/engines
 	@for area in $(MUTATION_AREAS); do \
 	  $(BIN)/cosmic-ray init tests/mutation/$$area.toml .mutation/$$area.sqlite --force && \
 	  $(BIN)/cr-filter-operators .mutation/$$area.sqlite tests/mutation/$$area.toml && \

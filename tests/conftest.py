@@ -41,7 +41,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("engines")
+    """A fresh cache per run, or PRECOMPUTE_TEST_ENGINE_CACHE's: `make mutation` runs the same
+    tests once per mutant and keeps the real model's export and gate results between runs."""
+    kept = os.environ.get("PRECOMPUTE_TEST_ENGINE_CACHE")
+    return Path(kept) if kept else tmp_path_factory.mktemp("engines")
 
 
 @pytest.fixture(scope="session")
