@@ -5,7 +5,7 @@ Quality, per data set (bench/recs_data.py: MovieLens 100K and 1M from the regist
 demo's Debian relations, which have no timestamps): jobs/recs_quality.py's split and models,
 run with the job's default settings (the model and weights a pipeline gets when it names
 none; not tuned on these data sets): HR@10, NDCG@10, coverage and cold users served for the
-model the flow would publish, item-kNN, content, most-popular and the collaborative part alone.
+model the flow would publish, item-kNN, first-order transitions (markov), content, most-popular and the collaborative part alone.
 Item texts (title, year, genres) are embedded by the bundled encoder.
 
 Speed, on the default data set: BlockedTopK of the published model's towers over every user, a
@@ -186,6 +186,8 @@ def main(
     result["itemknn_ndcg10"] = default["models"]["itemknn"]["ndcg"]
     result["published_hr10"] = default["models"]["published"]["hit_rate"]
     result["itemknn_hr10"] = default["models"]["itemknn"]["hit_rate"]
+    result["markov_ndcg10"] = default["models"]["markov"]["ndcg"]
+    result["markov_hr10"] = default["models"]["markov"]["hit_rate"]
     print(f"machine {result['machine']}")
     print(json.dumps(result))
     return result

@@ -18,6 +18,25 @@ def _is_key(kind: pa.DataType) -> bool:
     return kind in TEXT_TYPES or pa.types.is_integer(kind)
 
 
+TIME_TYPES = "timestamps, dates, numbers or ISO-8601 strings"
+
+
+def is_time(kind: pa.DataType) -> bool:
+    """A column type jobs/interactions.py time_seconds reads."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return (
+        pa.types.is_timestamp(kind)
+        or pa.types.is_date(kind)
+        or pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
+
+
 COLUMN_TYPES = {
     "id": (_is_key, "strings, bytes or integers"),
     "text": (_is_text, "strings or UTF-8 bytes"),
@@ -28,6 +47,7 @@ COLUMN_TYPES = {
     "user": (_is_key, "strings, bytes or integers"),
     "item": (_is_key, "strings, bytes or integers"),
     "weight": (lambda kind: pa.types.is_integer(kind) or pa.types.is_floating(kind), "numbers"),
+    "time": (is_time, TIME_TYPES),
 }
 """What each input column may hold, by its field in an `input` table: anything else is refused
 before a job reads a row."""
@@ -62,7 +82,8 @@ class InteractionsInput(BaseModel):
     weight: str = "weight"
     """Optional in the data: without the column every interaction weighs 1."""
     time: str = "timestamp"
-    """Optional in the data (numbers or timestamps): with it, the quality check holds out each
-    user's last interaction; without it, a seeded random one."""
+    """Optional in the data (timestamps of any unit or zone, dates, numbers, ISO-8601 strings):
+    it orders each user's history, and the quality check holds out each user's last
+    interaction; without it, a seeded random one."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails when more than this share of interactions is rejected."""

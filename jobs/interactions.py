@@ -1,21 +1,76 @@
 """Interactions as the recommendations job reads them: the input's columns under the job's names,
-each row checked against the contract and the item table, good rows in the job's own types."""
+each row checked against the contract and the item table, good rows in the job's own types.
+
+Time comes as warehouses write it (Arrow timestamps of any unit and zone, dates, numbers,
+ISO-8601 strings) and leaves here as float64 SECONDS: what orders each user's history. Numbers
+are taken as they are (seconds or milliseconds: only their order matters), a time without a zone
+as UTC.
+"""
 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.inputs import TIME_TYPES, InteractionsInput, is_time
 from precompute.jobs.validate import REASON, id_key
 from precompute.models.text_columns import lossless, utf8_errors
 
-USER, ITEM, WEIGHT = "user_id", "item_id", "weight"
+USER, ITEM, WEIGHT, TIME = "user_id", "item_id", "weight", "time"
 INDEX = "item_index"
 """The item's position in the item table (sorted by id): what values and vectors are indexed by."""
+SECONDS = "seconds"
+"""The row's time as float64 (null without a time column): the order of a user's history."""
+def iso_seconds(value: object) -> float | None:
+    """An ISO-8601 string's (or its UTF-8 bytes') seconds since the epoch; None if it is not one."""
+    try:
+        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        moment = datetime.fromisoformat(text.strip())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def as_float(numbers: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """float64, rounding integers past 2**53 (nanoseconds since 1970) rather than refusing them."""
+    return pc.cast(numbers, pa.float64(), safe=False)
+
+
+def time_seconds(column: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, list[str | None]]:
+    """(float64 seconds, a reason per row that has none: null, NaN or not ISO-8601)."""
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.cast(kind.value_type), kind.value_type
+    if pa.types.is_timestamp(kind):
+        per_second = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}[kind.unit]
+        seconds = pc.divide(as_float(pc.cast(column, pa.int64())), per_second)
+    elif pa.types.is_date32(kind):
+        seconds = pc.multiply(as_float(pc.cast(column, pa.int32())), 86_400.0)
+    elif pa.types.is_date64(kind):
+        seconds = pc.divide(as_float(pc.cast(column, pa.int64())), 1e3)
+    elif pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        seconds = as_float(column)
+    elif is_time(kind):
+        seconds = pa.array([None if v is None else iso_seconds(v) for v in column.to_pylist()], pa.float64())
+    else:
+        raise ValueError(f"{TIME} column is {kind}, not {TIME_TYPES}")
+    if isinstance(seconds, pa.ChunkedArray):
+        seconds = seconds.combine_chunks()
+    if not pc.any(pc.fill_null(pc.is_nan(seconds), True)).as_py():
+        return seconds, [None] * len(seconds)
+    return seconds, [time_reason(r, v) for r, v in zip(column.to_pylist(), seconds.to_pylist(), strict=True)]
+
+
+def time_reason(raw: object, seconds: float | None) -> str | None:
+    if raw is None:
+        return f"{TIME} is null"
+    if seconds is None:
+        return f"{TIME} {raw!r} is not an ISO-8601 time"
+    return f"{TIME} is NaN" if math.isnan(seconds) else None
 
 
 def row_reason(user_id: object, item_id: object, weight: float | None, index: dict[str, int]) -> str | None:
@@ -35,8 +90,13 @@ def row_reason(user_id: object, item_id: object, weight: float | None, index: di
 
 
 def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[str, str]:
-    """The input's user, item and weight columns (those present) to the names the job uses."""
-    names = {interactions.user: USER, interactions.item: ITEM, interactions.weight: WEIGHT}
+    """The input's user, item, weight and time columns (those present) to the names the job uses."""
+    names = {
+        interactions.user: USER,
+        interactions.item: ITEM,
+        interactions.weight: WEIGHT,
+        interactions.time: TIME,
+    }
     return {old: new for old, new in names.items() if old != new and old in present}
 
 
@@ -47,18 +107,25 @@ def read_interactions(interactions: InteractionsInput) -> ray.data.Dataset:
 
 
 def tag_rejects(batch: pa.Table, index: dict[str, int]) -> pa.Table:
-    """Add `reject_reason` (null for good rows) and the item's position in the item table; string
-    columns are read as their bytes."""
+    """Add `reject_reason` (null for good rows), the item's position in the item table and the
+    row's SECONDS; string columns are read as their bytes."""
     undecodable = utf8_errors(batch, [USER, ITEM])
+    if TIME in batch.column_names:
+        seconds, bad_times = time_seconds(batch[TIME])
+    else:
+        seconds, bad_times = pa.nulls(batch.num_rows, pa.float64()), [None] * batch.num_rows
     batch = lossless(batch)
     weights = batch[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * batch.num_rows
     users, items = batch[USER].to_pylist(), batch[ITEM].to_pylist()
     reasons = [
-        bad or row_reason(*row, index) for bad, *row in zip(undecodable, users, items, weights, strict=True)
+        bad or row_reason(*row, index) or bad_time
+        for bad, bad_time, *row in zip(undecodable, bad_times, users, items, weights, strict=True)
     ]
     positions = [None if r else index[id_key(i)] for r, i in zip(reasons, items, strict=True)]
-    return batch.append_column(REASON, pa.array(reasons, pa.string())).append_column(
-        INDEX, pa.array(positions, pa.int64())
+    return (
+        batch.append_column(REASON, pa.array(reasons, pa.string()))
+        .append_column(INDEX, pa.array(positions, pa.int64()))
+        .append_column(SECONDS, seconds)
     )
 
 
@@ -70,5 +137,6 @@ def clean(batch: pa.Table) -> pa.Table:
             USER: pc.cast(batch[USER], pa.string()),
             INDEX: batch[INDEX],
             WEIGHT: pc.fill_null(pc.cast(weights, pa.float32()), 1.0),
+            SECONDS: batch[SECONDS],
         }
     )

@@ -36,7 +36,7 @@ from ray.data.expressions import col
 
 from precompute.jobs import progress
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import INDEX, USER, WEIGHT, clean, read_interactions, tag_rejects
+from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT, clean, read_interactions, tag_rejects
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.recs_models import OwnTowers, Seen, Towers, resolve, rows_of, train_towers
 from precompute.jobs.recs_spec import RecsSpec
@@ -59,7 +59,7 @@ from precompute.stores.records import RANKED, encode_ranked
 ITEMS, WEIGHTS = "items", "weights"
 HOLDS = "holds_changed"
 SAMPLES = 5
-RECIPE = "towers/log1p-prior/exact-topk/v2"
+RECIPE = "towers/log1p-prior/exact-topk/v3"
 """The scoring code's identity in the model fingerprint: change it when a change to the code changes values."""
 
 
@@ -98,9 +98,15 @@ def popularity_prior(counts: np.ndarray, weight: float) -> np.ndarray:
     return (weight * logs / max(float(logs.max()), 1e-12)).astype(np.float32)
 
 
+HISTORY_ORDER = [(SECONDS, "ascending"), (INDEX, "ascending"), (WEIGHT, "ascending")]
+"""A user's history in time order; ties at one time (and no time at all) by item, then weight:
+the same order in every run, whatever order the rows arrive in."""
+
+
 def gather_user(rows: pa.Table, changed: np.ndarray) -> pa.Table:
-    """One user's rows -> one row with the user's item positions and weights as lists, their
-    fingerprint, and whether they hold one of the `changed` item positions."""
+    """One user's rows -> one row with the user's item positions and weights as lists in
+    HISTORY_ORDER, their fingerprint, and whether they hold one of the `changed` item positions."""
+    rows = rows.sort_by(HISTORY_ORDER)
     items, weights = rows[INDEX].combine_chunks(), rows[WEIGHT].combine_chunks()
     positions = items.to_numpy()
     return pa.table(
@@ -129,8 +135,9 @@ def users_of(grouped: ray.data.Dataset) -> pa.Table:
 
 
 def seen_by_user(good: pa.Table) -> Seen:
-    """Clean rows (any order) -> CSR, users in id order: a collaborative model's training matrix."""
-    good = good.sort_by([(USER, "ascending")])
+    """Clean rows (any order) -> CSR, users in id order, each user's items in HISTORY_ORDER: a
+    model's training data."""
+    good = good.sort_by([(USER, "ascending"), *HISTORY_ORDER])
     encoded = good[USER].combine_chunks().dictionary_encode()
     users = encoded.indices.to_numpy()
     offsets = np.zeros(users.max(initial=-1) + 2, np.int64)
@@ -252,9 +259,8 @@ def run_recs_job(
         tagged = read_interactions(interactions).map_batches(
             tag_rejects, batch_format="pyarrow", fn_kwargs={"index": index}
         )
-        rejects = quarantine(
-            tagged.drop_columns([INDEX]), rows, interactions.max_reject_ratio, rejects_path, "interactions"
-        )
+        checked = tagged.drop_columns([INDEX, SECONDS])
+        rejects = quarantine(checked, rows, interactions.max_reject_ratio, rejects_path, "interactions")
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

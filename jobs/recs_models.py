@@ -9,6 +9,10 @@ blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
              Autoencoders", 2019); user: their row of the interaction matrix
     als      item: implicit's ALS item factors; user: ALS's least-squares solve of their row
              against the item factors (the training's own user step)
+    transitions
+             first-order transitions, the baseline of sequence models: item j: column j of the
+             share of moves out of each item that went straight to j, in users' time order;
+             user: their latest `history` items, the t-th latest weighted decay**t
     towers   the pipeline's own two-tower model (models/towers.py): item j: its item tower's
              vector; user: their user tower's vector, looked up by id (jobs/own_towers.py
              computes both once a run)
@@ -16,9 +20,10 @@ blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
              scale + content_weight * cosine (scale: the users' median best collaborative score). An item with no interactions has a zero
              collaborative column, so the content part is what ranks it (cold items).
 
-Collaborative models are trained here on one process's interaction matrix (users x items, CSR):
-EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
-catalogues up to ITEM_ITEM_MAX_ITEMS, as is item-kNN (its columns are dense here); ALS scales
+Collaborative models are trained here on one process's interaction matrix (users x items, CSR,
+each user's items in time order: jobs/recommend.py HISTORY_ORDER): EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
+catalogues up to ITEM_ITEM_MAX_ITEMS, as are item-kNN and transitions (their columns are dense
+here); ALS scales
 with the interactions.
 """
 
@@ -34,6 +39,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from precompute.jobs.recs_spec import Model, RecsSpec
+from precompute.jobs.sequence_train import TrainReport, histories, train_sequence
+from precompute.models.sequence import SASRec
 
 
 class Seen(NamedTuple):
@@ -93,6 +100,49 @@ class RowTowers:
 
     def users(self, seen: Seen) -> np.ndarray:
         return interaction_matrix(seen, len(self.items)).toarray().astype(np.float32)
+
+
+class TransitionTowers:
+    name = "transitions"
+
+    def __init__(self, matrix: np.ndarray, history: int, decay: float) -> None:
+        self.items = np.ascontiguousarray(np.asarray(matrix, np.float32).T)
+        self.history, self.decay = history, decay
+
+    def users(self, seen: Seen) -> np.ndarray:
+        """Each user's `history` latest items (the last of their items in `seen`), weighted decay**t."""
+        lengths = np.diff(seen.offsets)
+        rows, columns, weights = [], [], []
+        for t in range(self.history):
+            users = np.flatnonzero(lengths > t)
+            rows.append(users)
+            columns.append(seen.items[seen.offsets[users + 1] - 1 - t])
+            weights.append(np.full(len(users), self.decay**t, np.float32))
+        shape = (len(lengths), len(self.items))
+        latest = sp.csr_matrix((np.concatenate(weights), (np.concatenate(rows), np.concatenate(columns))), shape)
+        return latest.toarray()
+
+
+class SequenceTowers:
+    """The sequence model: item j's vector is its item embedding; a user's is the network's state
+    after their latest items (models/sequence.py). The network runs here, on the users' side."""
+
+    name = "sequence"
+    USERS_PER_CALL = 512
+
+    def __init__(self, model: SASRec, report: TrainReport) -> None:
+        self.model, self.report = model.eval(), report
+        with torch.no_grad():
+            self.items = model.item_vectors().numpy().copy()
+
+    def users(self, seen: Seen) -> np.ndarray:
+        everyone = np.arange(len(seen.offsets) - 1)
+        states = []
+        with torch.no_grad():
+            for start in range(0, len(everyone), self.USERS_PER_CALL):
+                users = everyone[start : start + self.USERS_PER_CALL]
+                states.append(self.model.user_states(histories(seen.items, seen.offsets, users, self.model.max_length)))
+        return torch.cat(states).numpy() if states else np.zeros((0, self.items.shape[1]), np.float32)
 
 
 class ALSTowers:
@@ -211,6 +261,20 @@ def ease(matrix: sp.csr_matrix, regularization: float) -> RowTowers:
     return RowTowers("ease", weights.cpu().numpy())
 
 
+def transitions(train: Seen, items: int, settings: RecsSpec) -> TransitionTowers:
+    """Counts of each user's consecutive (item, next item) pairs, a repeat of one item left out,
+    each row divided by its sum."""
+    check_item_item("transitions", items)
+    sources, targets = train.items[:-1], train.items[1:]
+    pairs = sources != targets
+    ends = train.offsets[1:-1] - 1  # a user's last item and the next user's first are no pair
+    pairs[ends[(ends >= 0) & (ends < len(pairs))]] = False
+    sources, targets = sources[pairs], targets[pairs]
+    counts = sp.csr_matrix((np.ones(len(sources), np.float32), (sources, targets)), (items, items))
+    outgoing = np.asarray(counts.sum(axis=1), np.float32)
+    return TransitionTowers(counts.toarray() / np.maximum(outgoing, 1), settings.history, settings.decay)
+
+
 def als(matrix: sp.csr_matrix, settings: RecsSpec) -> ALSTowers:
     """implicit's ALS: on the GPU where its CUDA build sees one (then copied to the CPU: the
     top-k actors solve users against it), else on every core."""
@@ -241,6 +305,10 @@ def resolve(model: Model, items: int) -> Model:
 
 
 def collaborative(name: Model, train: Seen, items: int, settings: RecsSpec) -> Towers:
+    if name == "transitions":
+        return transitions(train, items, settings)
+    if name == "sequence":
+        return SequenceTowers(*train_sequence(train.items, train.offsets, items, settings.sequence))
     matrix = interaction_matrix(train, items)
     if name == "itemknn":
         return item_knn(matrix, settings.neighbours)

@@ -7,7 +7,8 @@ users), and evaluated on a seeded sample of at most MAX_USERS of the users with 
 scoring is O(users x items), and a few thousand users measure a rate to about +-0.01.
 
 Models, side by side on the same split: the published one (the output's model and weights),
-item-kNN (the field's simplest collaborative baseline, alone), content (text embeddings and the
+item-kNN (the field's simplest collaborative baseline, alone), markov (first-order transitions
+from each user's latest item alone: the simplest sequence baseline), content (text embeddings and the
 popularity prior), most-popular (training counts), and when the published model is a hybrid,
 its collaborative part alone. Metrics at EVAL_K: hit-rate (the held-out item in the top
 EVAL_K), NDCG (one relevant item: 1 / log2(rank + 2)), catalogue coverage (distinct items
@@ -27,7 +28,7 @@ import pyarrow.dataset as pads
 import torch
 
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import INDEX, USER, WEIGHT, clean, column_renames, tag_rejects
+from precompute.jobs.interactions import SECONDS, clean, column_renames, tag_rejects
 from precompute.jobs.recommend import popularity_prior, recommend_users, seen_by_user
 from precompute.jobs.recs_models import (
     ITEM_ITEM_MAX_ITEMS,
@@ -45,7 +46,6 @@ from precompute.jobs.validate import REASON
 MAX_USERS = 5000
 EVAL_K = 10
 COLD_HISTORY = 2
-TIME = "time"
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,8 @@ class RecsQuality:
     cold_users: int
     k: int
     models: dict[str, ModelQuality] = field(default_factory=dict)
-    """"published", "most_popular", "itemknn" (up to ITEM_ITEM_MAX_ITEMS items), "content" and,
+    """"published", "most_popular", "itemknn" and "markov" (up to ITEM_ITEM_MAX_ITEMS items),
+    "content" and,
     for a hybrid, "collaborative"."""
 
 
@@ -77,30 +78,25 @@ def interactions_table(interactions: InteractionsInput) -> pa.Table:
     """The input's user, item, weight and time columns (those present) under the job's names."""
     table = pads.dataset(interactions.path, format="parquet").to_table()
     renames = column_renames(interactions, table.column_names)
-    if interactions.time in table.column_names:
-        renames[interactions.time] = TIME
     return table.rename_columns([renames.get(c, c) for c in table.column_names])
 
 
 def valid_interactions(table: pa.Table, item_ids: list[str]) -> pa.Table:
-    """The contract's valid rows (user, item position, weight, and the time if given); rejected rows
+    """The contract's valid rows in the job's types (jobs/interactions.py clean); rejected rows
     are left out (the job quarantines them)."""
     tagged = tag_rejects(table, {item: i for i, item in enumerate(item_ids)})
-    good = tagged.filter(pc.is_null(tagged[REASON]))
-    cleaned = clean(good)
-    if TIME in good.column_names:
-        return cleaned.append_column(TIME, pc.cast(good[TIME], pa.float64()))
-    return cleaned
+    return clean(tagged.filter(pc.is_null(tagged[REASON])))
 
 
 def hold_out_last(good: pa.Table, seed: int) -> tuple[Seen, np.ndarray, str]:
     """(training part of every user, users in id order; the held-out item position per user, -1
-    for users with fewer than two interactions; the split's name)."""
-    split = "temporal" if TIME in good.column_names else "random"
-    order = np.random.default_rng(seed).random(good.num_rows)
-    keys = [(USER, "ascending")] + ([(TIME, "ascending")] if split == "temporal" else [])
-    good = good.append_column("order", pa.array(order)).sort_by([*keys, ("order", "ascending")])
-    seen = seen_by_user(good.select([USER, INDEX, WEIGHT]))  # stable: keeps the order within a user
+    for users with fewer than two interactions; the split's name). Without times, a seeded
+    random order stands in for them."""
+    split = "temporal" if good.num_rows and not good[SECONDS].null_count else "random"
+    if split == "random":
+        order = np.random.default_rng(seed).random(good.num_rows)
+        good = good.set_column(good.schema.get_field_index(SECONDS), SECONDS, pa.array(order))
+    seen = seen_by_user(good)
     lengths = np.diff(seen.offsets)
     eligible = lengths >= 2
     last = seen.offsets[1:] - 1
@@ -170,9 +166,11 @@ def evaluate(
         "published": (published, prior),
         "most_popular": (None, counts),
     }
-    if items <= ITEM_ITEM_MAX_ITEMS:  # past it, item-kNN's dense columns do not fit: no baseline
+    if items <= ITEM_ITEM_MAX_ITEMS:  # past it, their dense columns do not fit: no baselines
         no_content = settings.model_copy(update={"content_weight": 0})
         candidates["itemknn"] = (train_towers("itemknn", train, item_vectors, no_content), None)
+        first_order = no_content.model_copy(update={"history": 1})
+        candidates["markov"] = (train_towers("transitions", train, item_vectors, first_order), None)
     candidates["content"] = (train_towers("content", train, item_vectors, settings), prior)
     if isinstance(published, BlendTowers) and published.content is not None:
         # The hybrid's collaborative (or own towers) part, at its scale: the same model, not trained twice.

@@ -7,7 +7,36 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Model = Literal["auto", "content", "itemknn", "ease", "als", "towers"]
+Model = Literal["auto", "content", "itemknn", "ease", "als", "transitions", "sequence", "towers"]
+
+
+class SequenceSpec(BaseModel):
+    """The sequence model (models/sequence.py) and its training (jobs/sequence_train.py). The
+    network's defaults are SASRec's for MovieLens-1M (Kang and McAuley, 2018)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    history: int = Field(200, ge=1)
+    """Each user's latest items the model reads."""
+    dim: int = Field(64, ge=8)
+    """Width of the item vectors and of the network."""
+    blocks: int = Field(2, ge=1)
+    """Transformer blocks."""
+    heads: int = Field(1, ge=1)
+    """Attention heads per block (dim must be a multiple)."""
+    dropout: float = Field(0.2, ge=0, lt=1)
+    """Dropout on the embeddings and each block's residual branches while training."""
+    learning_rate: float = Field(1e-3, gt=0)
+    """Adam's step size."""
+    batch: int = Field(128, ge=1)
+    """Users per training step."""
+    max_epochs: int = Field(200, ge=1)
+    """Passes over the histories at most."""
+    patience: int = Field(5, ge=1)
+    """Training stops after this many checks (jobs/sequence_train.py EVAL_STEPS) without a
+    better validation NDCG@10."""
+    train_budget_s: float = Field(900, gt=0)
+    """Training stops here whatever the validation says, keeping its best check's weights."""
 
 
 class RecsSpec(BaseModel):
@@ -20,7 +49,8 @@ class RecsSpec(BaseModel):
 
     model: Model = "auto"
     """jobs/recs_models.py. auto: EASE where the catalogue is small enough for it, else ALS.
-    towers: the pipeline's own two-tower model (its `towers` table)."""
+    transitions and sequence read each user's history in the input's time order. towers: the
+    pipeline's own two-tower model (its `towers` table)."""
 
     content_weight: float = Field(0.1, ge=0)
     """The hybrid: a collaborative model's score (in units of the users' median best score) plus
@@ -47,3 +77,12 @@ class RecsSpec(BaseModel):
 
     iterations: int = Field(15, ge=1)
     """ALS: alternating least-squares sweeps."""
+
+    history: int = Field(3, ge=1)
+    """transitions: each user's latest items it scores from."""
+
+    decay: float = Field(0.5, gt=0, le=1)
+    """transitions: the weight of a user's t-th latest item is decay**t (the last one's is 1)."""
+
+    sequence: SequenceSpec = SequenceSpec()
+    """sequence: the network and its training, e.g. { dim = 64, train_budget_s = 600 }."""

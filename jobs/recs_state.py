@@ -100,10 +100,10 @@ def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], ids: li
 
 
 def interactions_fingerprint(items: np.ndarray, weights: np.ndarray) -> bytes:
-    """A user's (item position, weight) pairs in any order -> 16 bytes; positions are enough
-    because a run compares fingerprints only under the identical vocabulary."""
-    order = np.lexsort((weights, items))
-    pairs = items[order].astype("<i8").tobytes() + weights[order].astype("<f4").tobytes()
+    """A user's history (item positions and weights, in the job's history order: the order a
+    sequence model reads) -> 16 bytes; positions are enough because a run compares fingerprints
+    only under the identical vocabulary."""
+    pairs = items.astype("<i8").tobytes() + weights.astype("<f4").tobytes()
     return hashlib.blake2b(pairs, digest_size=16).digest()
 
 

@@ -117,9 +117,12 @@ class Pipeline(BaseModel):
             self.kind(name).check(self, name)
         self.sources  # noqa: B018 - reads every model folder, raising on the first bad one
 
-    def check_input(self, name: str, path: str, columns: dict[str, str]) -> None:
+    def check_input(
+        self, name: str, path: str, columns: dict[str, str], optional: dict[str, str] | None = None
+    ) -> None:
         """The output's input file is readable, holds rows, and has each column (by its field in the
-        output's `input` table) with a type COLUMN_TYPES accepts for that field."""
+        output's `input` table) with a type COLUMN_TYPES accepts for that field; each `optional`
+        one that it has, too."""
         try:
             dataset = pads.dataset(path, format="parquet")
             rows = dataset.count_rows()
@@ -128,7 +131,8 @@ class Pipeline(BaseModel):
         if rows == 0:
             raise self.error(name, "input.path", f"{path} holds no rows")
         schema = dataset.schema
-        for field, column in columns.items():
+        present = {field: column for field, column in (optional or {}).items() if column in schema.names}
+        for field, column in (present | columns).items():
             if column not in schema.names:
                 raise self.error(
                     name, f"input.{field}", f"column {column!r} is not in {path} (it has {', '.join(schema.names)})"

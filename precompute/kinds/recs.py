@@ -77,9 +77,10 @@ class Recs(OutputKind):
         if items.kind != "embeddings":
             raise pipeline.error(name, "items", f"output {output.items!r} is not of kind embeddings")
         columns = {"user": output.input.user, "item": output.input.item}
-        if "weight" in output.input.model_fields_set:
-            columns["weight"] = output.input.weight
-        pipeline.check_input(name, output.input.path, columns)
+        optional = {"weight": output.input.weight, "time": output.input.time}
+        given = output.input.model_fields_set
+        columns |= {field: column for field, column in optional.items() if field in given}
+        pipeline.check_input(name, output.input.path, columns, optional)
         if output.towers is not None:
             check_towers(pipeline, name, output.towers)
 
@@ -87,7 +88,7 @@ class Recs(OutputKind):
         output: RecsOutputSpec = pipeline.outputs[name]
         spec = output.input
         return [
-            f"  input   {spec.path} (user={spec.user}, item={spec.item}, weight={spec.weight})",
+            f"  input   {spec.path} (user={spec.user}, item={spec.item}, weight={spec.weight}, time={spec.time})",
             f"  items   the vectors of output {output.items!r}; top {output.k} per user",
             store_line(pipeline, name, machine),
         ]

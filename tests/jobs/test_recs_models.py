@@ -11,7 +11,7 @@ import torch
 from precompute.jobs.recommend import recommend_users
 from precompute.jobs.recs_models import Seen, train_towers
 from precompute.jobs.recs_quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
-from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.recs_spec import RecsSpec, SequenceSpec
 from precompute.jobs.topk import BlockedTopK
 
 IDS = ["a0", "a1", "b0", "b1", "cold", "popular"]
@@ -57,6 +57,42 @@ def test_content_finds_the_item_that_reads_alike_and_the_hybrid_ranks_it_after_t
     assert ranking("content", content_weight=0)[0] == COLD
     assert ranking("ease", content_weight=0.1)[:2] == [A1, COLD]
     assert ranking("ease", content_weight=0)[1] != COLD  # nobody took it: no collaborative signal
+
+
+def test_transitions_follow_the_users_latest_items_in_order() -> None:
+    """Histories a0 -> a1 -> b0 and b1 -> a0 -> b0: what follows a user's last item ranks first,
+    then what follows the one before, at decay's weight; the same items in another order differ."""
+    train = csr([[A0, A1, B0]] * 10 + [[B1, A0, B0]] * 4)
+    settings = RecsSpec(model="transitions", content_weight=0, history=2, decay=0.5)
+    towers = train_towers("transitions", train, vectors(), settings)
+    indices, scores = recommend_users(towers, BlockedTopK(towers.items, 2, 8), csr([[B1, A1], [A1, B1]]))
+    assert indices[0].tolist() == [B0, A0]  # after a1: b0 (1.0); after b1: a0 (0.5)
+    assert scores[0, 1] == pytest.approx(0.5 * scores[0, 0])  # in the hybrid's units
+    assert indices[1].tolist() == [A0, B0]  # after b1: a0 (1.0); after a1: b0 (0.5)
+    empty = towers.users(csr([[]]))
+    assert not empty.any()
+
+
+def test_the_sequence_model_learns_a_fixed_next_item_in_seconds() -> None:
+    """Items in one cycle of 40 (each item's successor fixed): users walk 3 to 13 steps of it, and
+    the model ranks the step after each user's latest item first, from the history alone."""
+    rng = np.random.default_rng(0)
+    cycle = rng.permutation(40)
+    successor = np.empty(40, np.int64)
+    successor[cycle] = np.roll(cycle, -1)
+    walks, following = [], []
+    for _ in range(300):
+        walk = [int(rng.integers(40))]
+        for _ in range(int(rng.integers(2, 13))):
+            walk.append(int(successor[walk[-1]]))
+        walks.append(walk)
+        following.append(successor[walk[-1]])
+    spec = SequenceSpec(dim=32, blocks=1, history=16, dropout=0.1, learning_rate=1e-2, batch=32, max_epochs=12)
+    settings = RecsSpec(model="sequence", content_weight=0, sequence=spec)
+    towers = train_towers("sequence", csr(walks), np.eye(40, dtype=np.float32), settings)
+    assert towers.collaborative.report.stopped == "max_epochs 12"
+    indices, _ = recommend_users(towers, BlockedTopK(towers.items, 1, 64), csr(walks))
+    assert (indices[:, 0] == np.array(following)).mean() >= 0.95
 
 
 def test_ease_refuses_a_catalogue_too_large_for_its_inverse() -> None:
@@ -109,7 +145,14 @@ def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless
     texts[: len(IDS), : len(IDS)] = vectors()
     quality = evaluate(valid_interactions(interactions(times=True), ids), texts, RecsSpec())
     assert (quality.published, quality.split, quality.users, quality.k) == ("ease+content", "temporal", 40, 10)
-    assert set(quality.models) == {"published", "most_popular", "itemknn", "content", "collaborative"}
+    assert set(quality.models) == {
+        "published",
+        "most_popular",
+        "itemknn",
+        "markov",
+        "content",
+        "collaborative",
+    }
     published, popular = quality.models["published"], quality.models["most_popular"]
     unseen = len(ids) - 2  # a trio user's catalogue less the two items it trained on
     assert unseen > quality.k and published.hit_rate == 1.0  # the held-out item made the top 10 of 18
