@@ -75,6 +75,14 @@ def test_a_point_missing_from_the_version_is_refused_by_its_count(tmp_path: Path
     assert str(refused.value) == f"version {V1} holds {ROWS - 1} points, {ROWS} were staged"
 
 
+def test_a_point_the_run_did_not_stage_is_refused_by_its_count(tmp_path: Path) -> None:
+    """A stray point (a retried write's, or another run's) is as wrong as a missing one."""
+    extra = np.vstack([VECTORS, embeddings(1, seed=1)])
+    with store(tmp_path, [*IDS, "stray"], extra) as version, pytest.raises(IndexCheckError) as refused:
+        check_index(version, V1, staged(tmp_path), queries=50, min_recall=0.0)
+    assert str(refused.value) == f"version {V1} holds {ROWS + 1} points, {ROWS} were staged"
+
+
 def test_points_stored_under_other_vectors_are_missing_canaries(tmp_path: Path) -> None:
     """Ids stored under a wrong vector: one far from its own (not among its neighbours at all),
     one under another row's vector, one slightly off while another id holds its vector exactly
@@ -115,5 +123,11 @@ def test_recall_below_its_minimum_is_refused_with_the_figure(tmp_path: Path) -> 
         assert match, line
         recall = round(float(match.group(1)) * 10 * ROWS) / (10 * ROWS)  # neighbours found of 10 per query
         assert 0.3 < recall < 1.0
+        exact = np.argsort(-(VECTORS @ VECTORS.T), axis=1)[:, :10]
+        found = [{h.id for h in version.search(v, 10, version=V1)} for v in VECTORS]
+        assert recall == sum(len(f & {IDS[i] for i in e}) for f, e in zip(found, exact, strict=True)) / (10 * ROWS)
         reached = check_index(version, V1, run_dir, queries=ROWS, min_recall=recall)
-    assert reached == Validation(count=ROWS, canaries=ROWS, canaries_found=ROWS, recall_at_10=round(recall, 4))
+        above = check_index(version, V1, run_dir, queries=ROWS, min_recall=0.3)
+    assert reached == above == Validation(
+        count=ROWS, canaries=ROWS, canaries_found=ROWS, recall_at_10=round(recall, 4)
+    )

@@ -23,7 +23,7 @@ def tagged(bad: int) -> ray.data.Dataset:
 
 @pytest.mark.parametrize("bad", [0, 2])
 def test_a_reject_ratio_at_its_limit_passes_with_every_bad_row_kept(ray_local, bad: int, tmp_path: Path) -> None:
-    path = tmp_path / "rejects.parquet"
+    path = tmp_path / "work" / "embeddings" / "rejects.parquet"  # its folders made as needed
     assert quarantine(tagged(bad), ROWS, 2 / ROWS, path) == bad  # 2 of 200 is exactly 1%
     assert pq.read_table(path).num_rows == bad if bad else not path.exists()
 

@@ -27,6 +27,7 @@ from precompute.stores.errors import (
 )
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.key_value_versions import NewVersion
 from precompute.stores.records import decode_ranked, encode_ranked
 from precompute.stores.redis_server import redis_server
 from precompute.stores.redis_settings import RedisSettings
@@ -345,8 +346,11 @@ def test_bad_parameters_are_named(store: KeyValueStore, settings: RedisSettings)
         store.create_version(OUTPUT, "../x", N)
     with pytest.raises(ValueError, match="output 'a:b' is not a valid output name"):
         store.create_version("a:b", V1, N)
-    with pytest.raises(ValueError, match="rows must be an int >= 0, got -1"):
-        store.create_version(OUTPUT, V1, -1)
+    for rows in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=f"rows must be an int >= 0, got {rows}"):
+            store.create_version(OUTPUT, V1, rows)
+    with pytest.raises(ValueError, match="buckets must be an int >= 1, got 0"):
+        store.create_version(OUTPUT, V1, N, buckets=0)
     with pytest.raises(ValueError, match="meta must be JSON-serializable"):
         store.create_version(OUTPUT, V1, N, {"when": object()})
     with pytest.raises(VersionNotFoundError, match="create_version first"):
@@ -385,3 +389,63 @@ def test_one_node_cluster(tmp_path: Path) -> None:
         assert store.rollback(OUTPUT) == V3
         assert [v.name for v in store.versions(OUTPUT)] == [V2, V3, V4]
         assert asyncio.run(read(settings, IDS[:50]))[:2] == (V3, values_of(3)[:50])
+
+
+def test_a_copy_holds_counts_within_the_slack_of_its_buckets(store: KeyValueStore) -> None:
+    """copyable: a copy keeps the source's buckets, so it holds well as many records as fill them
+    to entries_per_bucket, BUCKET_SLACK either side (here 100 a bucket, 25%: 3 buckets of a
+    250-record version hold 150 to 375 records, the fewest leaving one bucket to spare)."""
+    load(store, V1)
+    assert store.buckets(OUTPUT, V1) == 3
+    held = store.copyable(OUTPUT, V1)
+    assert (held.start, held.stop - 1) == (150, 375)
+    assert 149 not in held and 376 not in held
+    store.create_version(OUTPUT, V2, 0)
+    assert store.buckets(OUTPUT, V2) == 1  # an empty version still has a bucket to write to
+    assert store.copyable(OUTPUT, V2) == range(0, 126)
+
+
+def test_a_version_the_collector_deleted_is_never_written_again(
+    store: KeyValueStore, settings: RedisSettings
+) -> None:
+    """A run that dies before its publish leaves a version that a later publish collects; a
+    write to it afterwards (the dead run's straggler) is refused, not left as orphan keys."""
+    load(store, V1, rows=N - 1)  # written by this process, never published
+    publish(store, V2, keep=0)
+    assert [v.name for v in store.versions(OUTPUT)] == [V2]
+    with pytest.raises(VersionNotFoundError, match="create_version first"):
+        store.write(OUTPUT, V1, IDS[:1], values_of(1)[:1])
+    assert not any(f":{V1}:".encode() in key for key in keys_of(settings))
+
+
+def test_versions_newer_than_the_published_one_are_collected_once_rolled_back_from(
+    store: KeyValueStore,
+) -> None:
+    """After a rollback the versions newer than the published one were published once: they are
+    rollback targets like older ones, and keep=0 deletes them all; the listing marks only the
+    published version current."""
+    for version in (V1, V2, V3):
+        publish(store, version, keep=2)
+    store.rollback(OUTPUT, to=V1)
+    load(store, V4)  # in progress: newer, never published
+    assert [(v.name, v.is_current) for v in store.versions(OUTPUT)] == [
+        (V1, True),
+        (V2, False),
+        (V3, False),
+        (V4, False),
+    ]
+    assert store.collect_garbage(OUTPUT, keep=0) == [V2, V3]
+    assert [v.name for v in store.versions(OUTPUT)] == [V1, V4]
+
+
+def test_a_version_whose_run_fails_before_publish_is_deleted_whole(
+    store: KeyValueStore, settings: RedisSettings
+) -> None:
+    publish(store, V1)
+    before = keys_of(settings)
+    with pytest.raises(RuntimeError, match="the job failed"), NewVersion(store, OUTPUT, {}) as new:
+        new.create(N)
+        store.write(OUTPUT, new.version, IDS, values_of(2))
+        raise RuntimeError("the job failed")
+    assert keys_of(settings) == before
+    assert [v.name for v in store.versions(OUTPUT)] == [V1]
