@@ -68,6 +68,23 @@ def test_hostile_bodies_are_4xx(base: str, path: str, body: bytes, status: int) 
     assert answer.status_code == status, answer.text
 
 
+def sized(length: int) -> bytes:
+    """A batch body of exactly `length` bytes (its one id is too long to look up: 422 once read)."""
+    head, tail = b'{"ids": ["', b'"]}'
+    return head + b"x" * (length - len(head) - len(tail)) + tail
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_body_of_exactly_max_body_bytes_is_read_and_one_byte_more_is_413(base: str, declared: bool) -> None:
+    """max_body_bytes (65,536 here) is the largest body read, whether its length is declared or
+    only found by reading the chunks."""
+    for length, status in ((65_536, 422), (65_537, 413)):
+        body = sized(length)
+        content = body if declared else iter([body[:1000], body[1000:]])
+        answer = httpx.post(base + "/v1/recs:batchGet", content=content, headers={"content-type": "application/json"})
+        assert answer.status_code == status, (length, answer.text)
+
+
 def test_an_oversize_body_is_refused_unread(base: str) -> None:
     with connect(base) as sock:
         sock.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n{")

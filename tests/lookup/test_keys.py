@@ -223,11 +223,19 @@ def test_readiness_metrics_and_schema(served: TestClient) -> None:
     metrics = served.get("/metrics").text
     assert 'precompute_request_seconds_count{route="/v1/labels/{id}",status="200"}' in metrics
     assert 'precompute_version_age_seconds{output="recs"}' in metrics
+    assert 'precompute_request_seconds_bucket{le="0.0001",route="/v1/labels/{id}",status="200"}' in metrics
     paths = served.get("/openapi.json").json()["paths"]
     assert {"/v1/labels/{id}", "/v1/recs/{id}", "/v1/labels:batchGet", "/v1/recs:batchGet"} <= set(paths)
+    assert "/openapi.json" not in paths  # the schema describes the API, not itself
     assert paths["/v1/recs:batchGet"]["post"]["requestBody"]["content"]["application/json"]["schema"][
         "properties"
     ].keys() == {"ids", "k"}
+
+
+def test_not_ready_before_its_start_up_has_run(encoder, settings, tmp_path: Path, redis: RedisSettings) -> None:
+    """Requests that arrive before the lifespan's start-up (outputs opened, engines warmed) ran."""
+    early = TestClient(app(settings, tmp_path, redis)).get("/readyz")
+    assert (early.status_code, early.json(), early.headers["Retry-After"]) == (503, {"error": "warming up"}, "1")
 
 
 def test_nothing_published_is_503_yet_ready(client: TestClient, redis: RedisSettings) -> None:

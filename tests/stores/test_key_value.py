@@ -27,7 +27,7 @@ from precompute.stores.errors import (
 )
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
-from precompute.stores.key_value_versions import NewVersion
+from precompute.stores.key_value_versions import CopyPlan, NewVersion, OutputVersions
 from precompute.stores.records import decode_ranked, encode_ranked
 from precompute.stores.redis_server import redis_server
 from precompute.stores.redis_settings import RedisSettings
@@ -441,11 +441,65 @@ def test_versions_newer_than_the_published_one_are_collected_once_rolled_back_fr
 def test_a_version_whose_run_fails_before_publish_is_deleted_whole(
     store: KeyValueStore, settings: RedisSettings
 ) -> None:
+    def fails() -> None:
+        with pytest.raises(RuntimeError, match="the job failed"), NewVersion(store, OUTPUT, {}) as new:
+            new.create(N)
+            store.write(OUTPUT, new.version, IDS, values_of(2))
+            raise RuntimeError("the job failed")
+
+    fails()  # the first run of an output: nothing published yet
+    assert keys_of(settings) == set()
+    with NewVersion(store, OUTPUT, {}) as kept:  # no error: the caller may publish it later
+        kept.create(0)
+    assert [v.name for v in store.versions(OUTPUT)] == [kept.version]
+    store.drop_version(OUTPUT, kept.version)
     publish(store, V1)
     before = keys_of(settings)
-    with pytest.raises(RuntimeError, match="the job failed"), NewVersion(store, OUTPUT, {}) as new:
-        new.create(N)
-        store.write(OUTPUT, new.version, IDS, values_of(2))
-        raise RuntimeError("the job failed")
+    fails()
     assert keys_of(settings) == before
-    assert [v.name for v in store.versions(OUTPUT)] == [V1]
+    [published] = OutputVersions(store, OUTPUT).listing()
+    assert (published.name, published.count, published.current) == (V1, N, True)
+    assert 0 <= published.age_s < 24 * 3600
+
+
+def test_a_new_version_from_a_copy_plan_holds_the_copy_less_the_users_gone(
+    store: KeyValueStore, settings: RedisSettings
+) -> None:
+    """An incremental run's version: V1 copied server-side in V1's buckets, the users gone since
+    deleted, published with its own meta; the copied users read V1's values."""
+    published = load(store, V1)
+    store.publish(OUTPUT, V1, KEEP)
+    with NewVersion(store, OUTPUT, {"ordinal": 2}) as new:
+        new.create(N - 2, CopyPlan(V1, IDS[:2]))
+        assert store.buckets(OUTPUT, new.version) == store.buckets(OUTPUT, V1)
+        assert new.publish({IDS[5]: published[5]}, keep=KEEP) == []
+    version, values, meta = asyncio.run(read(settings, [IDS[0], IDS[1], IDS[5], IDS[-1]]))
+    assert (version, values, meta) == (new.version, [None, None, published[5], published[-1]], {"ordinal": 2})
+
+
+def test_a_publish_refuses_a_version_that_does_not_hold_what_it_was_created_for(store: KeyValueStore) -> None:
+    """More records than created for (a retried write's, another run's) or fewer; samples that
+    are not str ids to bytes; and many wrong samples name the first WRONG_SAMPLES_SHOWN (5)."""
+    store.create_version(OUTPUT, V1, N - 1)
+    store.write(OUTPUT, V1, IDS, values_of(1))
+    with pytest.raises(PublishValidationError, match=f"holds {N} records, but was created for {N - 1}"):
+        store.publish(OUTPUT, V1, KEEP)
+    values = load(store, V2)
+    with pytest.raises(ValueError, match="samples must map str ids to bytes values, got 7: bytes"):
+        store.publish(OUTPUT, V2, KEEP, {7: values[0]})
+    with pytest.raises(ValueError, match="samples must map str ids to bytes values, got 'pkg-0': str"):
+        store.publish(OUTPUT, V2, KEEP, {IDS[0]: "x"})
+    wrong = {item: values[0] for item in IDS[1:8]}
+    with pytest.raises(PublishValidationError) as refused:
+        store.publish(OUTPUT, V2, KEEP, wrong)
+    assert str(refused.value).endswith(f"7 of 7 samples read back missing or different, e.g. {IDS[1:6]}")
+    with pytest.raises(ValueError, match="ids and values differ in length: 1 and 2"):
+        store.write(OUTPUT, V2, IDS[:1], values[:2])
+    assert store.current(OUTPUT) is None
+
+
+def test_a_copy_into_a_version_of_another_bucket_count_is_refused(store: KeyValueStore) -> None:
+    load(store, V1)
+    store.create_version(OUTPUT, V2, N, buckets=4)
+    with pytest.raises(StoreError, match=f"'{V2}' of output 'recs' has 4 buckets and '{V1}' 3: create it with buckets=3"):
+        store.copy_version(OUTPUT, V1, V2)
