@@ -109,9 +109,9 @@ def test_a_rerun_with_nothing_changed_copies_every_user(
     assert rerun.written == {}
 
 
-def test_changed_new_and_gone_users_are_rescored_or_deleted_and_no_one_else(
-    items: Items, interactions: Path, published: Run, tmp_path: Path
-) -> None:
+def moved_interactions(items: Items, interactions: Path, tmp_path: Path) -> tuple[Path, str, str]:
+    """The night after: one user lost an interaction (changed), one left (gone), and u-new came
+    with two items. Returns (the new interactions file, changed, gone)."""
     held = histories(interactions)
     changed, gone, *_ = (user for user, items_held in sorted(held.items()) if len(items_held) >= 3)
     rows = good_rows(interactions)
@@ -120,6 +120,13 @@ def test_changed_new_and_gone_users_are_rescored_or_deleted_and_no_one_else(
     rows += [{"user_id": "u-new", "item_id": item, "weight": 1.0} for item in items.ids[:2]]
     moved = tmp_path / "interactions.parquet"
     pq.write_table(pa.Table.from_pylist(rows), moved)
+    return moved, changed, gone
+
+
+def test_changed_new_and_gone_users_are_rescored_or_deleted_and_no_one_else(
+    items: Items, interactions: Path, published: Run, tmp_path: Path
+) -> None:
+    moved, changed, gone = moved_interactions(items, interactions, tmp_path)
 
     rerun = recs_run(items, moved, tmp_path / "incremental", previous_of(published))
     assert (rerun.report.mode, rerun.report.rescored) == ("incremental", 2)
@@ -234,14 +241,7 @@ def test_the_copy_plan_carried_out_in_redis_serves_copied_users_as_before_and_re
     redis = RedisSettings(url=redis_url, prefix=f"inc{uuid.uuid4().hex[:8]}")
     first, report, before = redis_run(items, interactions, tmp_path / "first", redis)
     assert len(before) == report.users
-    held = histories(interactions)
-    changed, gone, *_ = (user for user, items_held in sorted(held.items()) if len(items_held) >= 3)
-    rows = good_rows(interactions)
-    first_of_changed = next(i for i, row in enumerate(rows) if row["user_id"] == changed)
-    rows = [row for i, row in enumerate(rows) if i != first_of_changed and row["user_id"] != gone]
-    rows += [{"user_id": "u-new", "item_id": item, "weight": 1.0} for item in items.ids[:2]]
-    moved = tmp_path / "interactions.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), moved)
+    moved, changed, gone = moved_interactions(items, interactions, tmp_path)
 
     previous = Previous(first, tmp_path / "first", range(0))  # its bucket fit: the store says
     _, rerun, after = redis_run(items, moved, tmp_path / "second", redis, previous)

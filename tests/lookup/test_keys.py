@@ -197,6 +197,7 @@ def test_bad_gets_are_422_naming_the_field(served: TestClient, path: str, field:
         ("/v1/recs:batchGet", {"ids": ["user-1"], "k": 0}, "k"),
         ("/v1/recs:batchGet", {"ids": ["user-1"], "k": 11}, "k"),
         ("/v1/recs:batchGet", {"ids": ["user-1"], "k": "3"}, "k"),
+        ("/v1/recs:batchGet", {"ids": ["user-1", 7], "k": 0}, "ids.1"),  # the first of two wrong fields
     ],
 )
 def test_bad_batches_are_422_naming_the_field(served: TestClient, path: str, body: dict, field: str) -> None:
