@@ -49,7 +49,9 @@ def staged(tmp_path: Path, vectors: np.ndarray = VECTORS) -> Path:
 
 def store(tmp_path: Path, ids: list[str], vectors: np.ndarray, **settings: object) -> QdrantEdgeStore:
     """The version as the store holds it, which a faulty write can make differ from the staged rows."""
-    opened = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant", **settings), "docs", pointer_check_s=0)
+    opened = QdrantEdgeStore(
+        VectorStoreSettings(path=tmp_path / "qdrant", **settings), "docs", pointer_check_s=0
+    )
     opened.create_version(V1, DIM)
     opened.upsert(V1, ids, vectors, [{} for _ in ids])
     opened.finalize(V1)
@@ -84,11 +86,12 @@ def test_a_point_the_run_did_not_stage_is_refused_by_its_count(tmp_path: Path) -
 
 
 def test_points_stored_under_other_vectors_are_missing_canaries(tmp_path: Path) -> None:
-    """Ids stored under a wrong vector: one far from its own (not among its neighbours at all),
+    """Ids stored under a wrong vector: two far from their own (not among their neighbours at all),
     one under another row's vector, one slightly off while another id holds its vector exactly
     (among its query's neighbours, but not first), and that other id."""
     wrong = VECTORS.copy()
     wrong[0] = -VECTORS[0]
+    wrong[6] = -VECTORS[6]
     wrong[1] = VECTORS[2]
     wrong[3] = VECTORS[3] + 0.4 * VECTORS[4]
     wrong[3] /= np.linalg.norm(wrong[3])
@@ -98,7 +101,17 @@ def test_points_stored_under_other_vectors_are_missing_canaries(tmp_path: Path) 
         assert hits[0] == IDS[5] and IDS[3] in hits
         with pytest.raises(IndexCheckError) as refused:
             check_index(version, V1, staged(tmp_path), queries=ROWS, min_recall=0.0)
-    assert str(refused.value) == f"version {V1}: 4 of {ROWS} canaries not found"
+    assert str(refused.value) == f"version {V1}: 5 of {ROWS} canaries not found"
+
+
+def test_a_version_of_shifted_vectors_finds_no_canary(tmp_path: Path) -> None:
+    """Every id stored under the next row's vector: each query's nearest point is another id."""
+    with (
+        store(tmp_path, IDS, np.roll(VECTORS, -1, axis=0)) as version,
+        pytest.raises(IndexCheckError) as refused,
+    ):
+        check_index(version, V1, staged(tmp_path), queries=50, min_recall=0.0)
+    assert str(refused.value) == f"version {V1}: 50 of 50 canaries not found"
 
 
 def test_exact_duplicates_find_each_other_as_canaries(tmp_path: Path) -> None:
@@ -125,9 +138,13 @@ def test_recall_below_its_minimum_is_refused_with_the_figure(tmp_path: Path) -> 
         assert 0.3 < recall < 1.0
         exact = np.argsort(-(VECTORS @ VECTORS.T), axis=1)[:, :10]
         found = [{h.id for h in version.search(v, 10, version=V1)} for v in VECTORS]
-        assert recall == sum(len(f & {IDS[i] for i in e}) for f, e in zip(found, exact, strict=True)) / (10 * ROWS)
+        assert recall == sum(len(f & {IDS[i] for i in e}) for f, e in zip(found, exact, strict=True)) / (
+            10 * ROWS
+        )
         reached = check_index(version, V1, run_dir, queries=ROWS, min_recall=recall)
         above = check_index(version, V1, run_dir, queries=ROWS, min_recall=0.3)
-    assert reached == above == Validation(
-        count=ROWS, canaries=ROWS, canaries_found=ROWS, recall_at_10=round(recall, 4)
+    assert (
+        reached
+        == above
+        == Validation(count=ROWS, canaries=ROWS, canaries_found=ROWS, recall_at_10=round(recall, 4))
     )

@@ -17,7 +17,9 @@ import pytest
 import redis as redis_client
 from starlette.testclient import TestClient
 
+from precompute.lookup.errors import unavailable
 from precompute.lookup.settings import ServiceSettings
+from precompute.stores.errors import StoreUnavailableError
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.records import encode_ranked
 from precompute.stores.redis_server import redis_server
@@ -220,6 +222,7 @@ def test_malformed_batch_is_400_and_auth_guards_lookups(served: TestClient) -> N
 def test_readiness_metrics_and_schema(served: TestClient) -> None:
     ready = served.get("/readyz").json()
     assert ready["versions"] == {"embeddings": None, "labels": V1, "recs": V1}
+    assert ready["engines"] == {}  # key lookups run none; embeddings, with one, has nothing published
     served.get("/v1/labels/pkg-1")
     metrics = served.get("/metrics").text
     assert 'precompute_request_seconds_count{route="/v1/labels/{id}",status="200"}' in metrics
@@ -231,6 +234,13 @@ def test_readiness_metrics_and_schema(served: TestClient) -> None:
     assert paths["/v1/recs:batchGet"]["post"]["requestBody"]["content"]["application/json"]["schema"][
         "properties"
     ].keys() == {"ids", "k"}
+
+
+@pytest.mark.parametrize(("retry_after", "header"), [(0.1, "1"), (1.0, "1"), (2.6, "3"), (10.0, "10")])
+def test_a_store_outage_says_when_to_retry_in_whole_seconds(retry_after: float, header: str) -> None:
+    """Retry-After is delay-seconds (RFC 9110): a whole number, never 0 (a client would spin)."""
+    answer = unavailable("key-value store", StoreUnavailableError("down", retry_after=retry_after))
+    assert (answer.status_code, answer.headers["Retry-After"]) == (503, header)
 
 
 def test_not_ready_before_its_start_up_has_run(encoder, settings, tmp_path: Path, redis: RedisSettings) -> None:

@@ -349,8 +349,11 @@ def test_bad_parameters_are_named(store: KeyValueStore, settings: RedisSettings)
     for rows in (-1, 2.5, True):
         with pytest.raises(ValueError, match=f"rows must be an int >= 0, got {rows}"):
             store.create_version(OUTPUT, V1, rows)
-    with pytest.raises(ValueError, match="buckets must be an int >= 1, got 0"):
-        store.create_version(OUTPUT, V1, N, buckets=0)
+    for buckets in (0, True):
+        with pytest.raises(ValueError, match=f"buckets must be an int >= 1, got {buckets}"):
+            store.create_version(OUTPUT, V1, N, buckets=buckets)
+    with pytest.raises(ValueError, match="keep must be >= 0, got -1"):
+        store.collect_garbage(OUTPUT, keep=-1)
     with pytest.raises(ValueError, match="meta must be JSON-serializable"):
         store.create_version(OUTPUT, V1, N, {"when": object()})
     with pytest.raises(VersionNotFoundError, match="create_version first"):
@@ -403,6 +406,10 @@ def test_a_copy_holds_counts_within_the_slack_of_its_buckets(store: KeyValueStor
     store.create_version(OUTPUT, V2, 0)
     assert store.buckets(OUTPUT, V2) == 1  # an empty version still has a bucket to write to
     assert store.copyable(OUTPUT, V2) == range(0, 126)
+    store.create_version(OUTPUT, V3, 0, buckets=4)
+    assert store.copyable(OUTPUT, V3) == range(225, 501)  # an even count: 3 buckets filled at least
+    store.create_version(OUTPUT, V4, 0, buckets=1)  # the fewest there can be
+    assert store.copyable(OUTPUT, V4) == range(0, 126)
 
 
 def test_a_version_the_collector_deleted_is_never_written_again(
@@ -498,8 +505,29 @@ def test_a_publish_refuses_a_version_that_does_not_hold_what_it_was_created_for(
     assert store.current(OUTPUT) is None
 
 
-def test_a_copy_into_a_version_of_another_bucket_count_is_refused(store: KeyValueStore) -> None:
+@pytest.mark.parametrize("buckets", [4, 2])  # more or fewer: a record would land in a bucket no reader asks
+def test_a_copy_into_a_version_of_another_bucket_count_is_refused(store: KeyValueStore, buckets: int) -> None:
     load(store, V1)
-    store.create_version(OUTPUT, V2, N, buckets=4)
-    with pytest.raises(StoreError, match=f"'{V2}' of output 'recs' has 4 buckets and '{V1}' 3: create it with buckets=3"):
+    store.create_version(OUTPUT, V2, N, buckets=buckets)
+    with pytest.raises(
+        StoreError, match=f"'{V2}' of output 'recs' has {buckets} buckets and '{V1}' 3: create it with buckets=3"
+    ):
         store.copy_version(OUTPUT, V1, V2)
+
+
+def test_versions_of_thousands_of_buckets_are_counted_and_copied_whole(
+    store: KeyValueStore, settings: RedisSettings
+) -> None:
+    """Counting and copying go a chunk of buckets a round trip (1,000 and 500): every chunk is
+    done, the last partial one too."""
+    buckets, ids = 2_345, [f"user-{i}" for i in range(6_000)]
+    values = [i.to_bytes(4, "little") for i in range(len(ids))]
+    store.create_version(OUTPUT, V1, len(ids), buckets=buckets)
+    store.write(OUTPUT, V1, ids, values)
+    store.publish(OUTPUT, V1, KEEP, {ids[0]: values[0]})  # the record count checked over every bucket
+    store.create_version(OUTPUT, V2, len(ids), buckets=buckets)
+    store.copy_version(OUTPUT, V1, V2)
+    store.publish(OUTPUT, V2, KEEP, {ids[-1]: values[-1]})
+    assert asyncio.run(read(settings, ids))[:2] == (V2, values)
+    assert store.collect_garbage(OUTPUT, keep=0) == [V1]  # its buckets unlinked a chunk a round trip
+    assert not [key for key in keys_of(settings) if V1.encode() in key]
