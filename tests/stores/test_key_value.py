@@ -182,6 +182,13 @@ def test_garbage_collection_keeps_current_and_newest(store: KeyValueStore, setti
         store.drop_version(OUTPUT, V3)
 
 
+def test_keeping_more_versions_than_there_are_deletes_none(store: KeyValueStore) -> None:
+    for version in (V1, V2, V3):
+        publish(store, version, keep=5)
+    assert store.collect_garbage(OUTPUT, keep=3) == []
+    assert [v.name for v in store.versions(OUTPUT)] == [V1, V2, V3]
+
+
 def test_a_failed_runs_version_is_collected_and_never_a_rollback_target(settings: RedisSettings) -> None:
     with KeyValueStore(settings) as store:
         publish(store, V1, keep=5)
