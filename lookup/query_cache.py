@@ -30,6 +30,8 @@ Value = TypeVar("Value", bytes, np.ndarray)
 
 class QueryCache(Generic[Value]):
     def __init__(self, name: str, max_bytes: int, size: Callable[[Value], int], metrics: Metrics) -> None:
+        self.max_bytes = max_bytes
+        """What the entries may hold in all (0: the cache is off)."""
         self._entries: LRUCache[Hashable, Value] = LRUCache(maxsize=max(max_bytes, 1), getsizeof=size)
         self._enabled = max_bytes > 0
         self._lock = threading.Lock()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,6 +230,9 @@ def test_readiness_metrics_and_schema(served: TestClient) -> None:
     assert 'precompute_request_seconds_count{route="/v1/labels/{id}",status="200"}' in metrics
     assert 'precompute_version_age_seconds{output="recs"}' in metrics
     assert 'precompute_request_seconds_bucket{le="0.0001",route="/v1/labels/{id}",status="200"}' in metrics
+    bounds = re.findall(r'precompute_request_seconds_bucket\{le="([^"]+)",route="/v1/labels/\{id\}"', metrics)
+    # 0.1 ms to 1 s, finest around the 1-5 ms the service is for
+    assert bounds == "0.0001 0.00025 0.0005 0.00075 0.001 0.0015 0.0025 0.005 0.01 0.025 0.1 1.0 +Inf".split()
     paths = served.get("/openapi.json").json()["paths"]
     assert {"/v1/labels/{id}", "/v1/recs/{id}", "/v1/labels:batchGet", "/v1/recs:batchGet"} <= set(paths)
     assert "/openapi.json" not in paths  # the schema describes the API, not itself
@@ -243,10 +248,34 @@ def test_a_store_outage_says_when_to_retry_in_whole_seconds(retry_after: float, 
     assert (answer.status_code, answer.headers["Retry-After"]) == (503, header)
 
 
-def test_not_ready_before_its_start_up_has_run(encoder, settings, tmp_path: Path, redis: RedisSettings) -> None:
+def test_the_service_is_sized_and_announced_as_its_settings_say(
+    encoder, settings, tmp_path: Path, redis: RedisSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Query caches of query_cache_mb each; a search thread per core (queries are not batched
+    on a CPU); and one start-up line naming every output and the version it serves."""
+    caplog.set_level(logging.INFO, logger="lookup")
+    publish(redis, "labels", V1, ITEMS, labels_of(1))
+    with TestClient(app(settings, tmp_path, redis, query_cache_mb=3)) as client:
+        service = client.app.state.service
+        assert service.answers.max_bytes == service.vectors.max_bytes == 3 * 2**20
+        assert service.search_threads.total_tokens == len(os.sched_getaffinity(0))
+        host, port = service.settings.host, service.settings.port
+    started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving on")]
+    assert started == [
+        f"serving on http://{host}:{port}: embeddings (nothing published), labels {V1}, recs (nothing published)"
+    ]
+
+
+def test_not_ready_before_its_start_up_has_run(
+    encoder, settings, tmp_path: Path, redis: RedisSettings
+) -> None:
     """Requests that arrive before the lifespan's start-up (outputs opened, engines warmed) ran."""
     early = TestClient(app(settings, tmp_path, redis)).get("/readyz")
-    assert (early.status_code, early.json(), early.headers["Retry-After"]) == (503, {"error": "warming up"}, "1")
+    assert (early.status_code, early.json(), early.headers["Retry-After"]) == (
+        503,
+        {"error": "warming up"},
+        "1",
+    )
 
 
 def test_nothing_published_is_503_yet_ready(client: TestClient, redis: RedisSettings) -> None:
@@ -326,7 +355,9 @@ def requests_of(document: dict) -> list[tuple[str, str, dict | None]]:
     requests = []
     for template, operations in document["paths"].items():
         for method, operation in operations.items():
-            schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            schema = (
+                operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            )
             body = None if schema is None else {name: bodies[name] for name in schema.get("required", [])}
             requests.append((method.upper(), template.replace("{id}", "pkg-1"), body))
     return requests
@@ -337,7 +368,12 @@ def test_every_data_route_in_the_schema_refuses_a_missing_or_wrong_token(served:
     """Read off /openapi.json, so a route added later is covered without anyone remembering it."""
     requests = requests_of(served.get("/openapi.json").json())
     data = [(m, p, b) for m, p, b in requests if p.startswith("/v1/")]
-    assert {p for _, p, _ in data} >= {"/v1/search", "/v1/labels/pkg-1", "/v1/recs:batchGet", "/v1/search/embeddings"}
+    assert {p for _, p, _ in data} >= {
+        "/v1/search",
+        "/v1/labels/pkg-1",
+        "/v1/recs:batchGet",
+        "/v1/search/embeddings",
+    }
     headers = {} if token is None else {"Authorization": token}
     for method, path, body in data:
         refused = served.request(method, path, json=body, headers={"Authorization": ""} | headers)
