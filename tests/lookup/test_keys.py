@@ -230,7 +230,9 @@ def test_readiness_metrics_and_schema(served: TestClient) -> None:
     assert 'precompute_request_seconds_count{route="/v1/labels/{id}",status="200"}' in metrics
     assert 'precompute_version_age_seconds{output="recs"}' in metrics
     assert 'precompute_request_seconds_bucket{le="0.0001",route="/v1/labels/{id}",status="200"}' in metrics
-    bounds = re.findall(r'precompute_request_seconds_bucket\{le="([^"]+)",route="/v1/labels/\{id\}"', metrics)
+    bounds = re.findall(
+        r'precompute_request_seconds_bucket\{le="([^"]+)",route="/v1/labels/\{id\}",status="200"', metrics
+    )
     # 0.1 ms to 1 s, finest around the 1-5 ms the service is for
     assert bounds == "0.0001 0.00025 0.0005 0.00075 0.001 0.0015 0.0025 0.005 0.01 0.025 0.1 1.0 +Inf".split()
     paths = served.get("/openapi.json").json()["paths"]
