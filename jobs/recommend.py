@@ -21,7 +21,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +38,20 @@ from precompute.jobs import progress
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT, clean, read_interactions, tag_rejects
 from precompute.jobs.ray_session import actor_pool, ray_session
-from precompute.jobs.recs_models import OwnTowers, Seen, Towers, resolve, rows_of, train_towers
+from precompute.jobs.recs_models import (
+    HISTORY_ORDER,
+    OwnTowers,
+    Seen,
+    Towers,
+    rows_of,
+    user_ids,
+)
+from precompute.jobs.recs_quality import RecsQuality, evaluate
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import (
     FINGERPRINT,
+    SEQUENCE_WEIGHTS,
+    STATE,
     Items,
     Previous,
     interactions_fingerprint,
@@ -50,9 +60,12 @@ from precompute.jobs.recs_state import (
     rescore,
     stage,
 )
+from precompute.jobs.sequence_towers import SequenceTowers
+from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.topk import BlockedTopK
+from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.validate import REASON, quarantine
+from precompute.models.settings import EngineSettings
 from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import RANKED, encode_ranked
 
@@ -83,24 +96,19 @@ class RecsJobReport:
     """Item ids by position: a value's indices point here, so a publish stores it with the version."""
     samples: dict[str, bytes]
     """A few user_id -> value as written, for the read-back checks of a publish."""
+    quality: RecsQuality
+    """The published model's held-out quality beside the baselines'; the model scored is the one
+    measured (jobs/recs_quality.py)."""
     towers: dict[str, object] | None = None
     """The towers model: its engines and feature rows (jobs/own_towers.py), and the users
     without a features row (ranked by the prior and content alone)."""
+    sequence: dict[str, object] | None = None
+    """The sequence model, when published: its training (jobs/sequence_train.py TrainReport:
+    warm or cold start, steps, why it stopped, the validation curve) and engines."""
 
 
 def count_items(batch: pa.Table, items: int) -> dict[str, np.ndarray]:
     return {"counts": np.bincount(batch[INDEX].to_numpy(), minlength=items)[None]}
-
-
-def popularity_prior(counts: np.ndarray, weight: float) -> np.ndarray:
-    """weight * log1p(count), scaled so the most popular item gets `weight`: on a cosine's scale."""
-    logs = np.log1p(counts.astype(np.float32))
-    return (weight * logs / max(float(logs.max()), 1e-12)).astype(np.float32)
-
-
-HISTORY_ORDER = [(SECONDS, "ascending"), (INDEX, "ascending"), (WEIGHT, "ascending")]
-"""A user's history in time order; ties at one time (and no time at all) by item, then weight:
-the same order in every run, whatever order the rows arrive in."""
 
 
 def gather_user(rows: pa.Table, changed: np.ndarray) -> pa.Table:
@@ -134,27 +142,6 @@ def users_of(grouped: ray.data.Dataset) -> pa.Table:
     return pa.concat_tables([t.cast(USERS_SCHEMA) for t in tables]) if tables else USERS_SCHEMA.empty_table()
 
 
-def seen_by_user(good: pa.Table) -> Seen:
-    """Clean rows (any order) -> CSR, users in id order, each user's items in HISTORY_ORDER: a
-    model's training data."""
-    good = good.sort_by([(USER, "ascending"), *HISTORY_ORDER])
-    encoded = good[USER].combine_chunks().dictionary_encode()
-    users = encoded.indices.to_numpy()
-    offsets = np.zeros(users.max(initial=-1) + 2, np.int64)
-    np.cumsum(np.bincount(users, minlength=len(offsets) - 1), out=offsets[1:])
-    return Seen(
-        offsets,
-        good[INDEX].to_numpy().astype(np.int64),
-        good[WEIGHT].to_numpy().astype(np.float32),
-        user_ids(encoded.dictionary),  # in order of first appearance: sorted
-    )
-
-
-def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """User ids as the numpy strings OwnTowers searches."""
-    return np.asarray(ids.to_pylist(), dtype=str)
-
-
 def seen_of(batch: pa.Table) -> Seen:
     items, weights = batch[ITEMS].combine_chunks(), batch[WEIGHTS].combine_chunks()
     return Seen(
@@ -170,11 +157,6 @@ def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
     lengths = (indices >= 0).sum(axis=1) * RANKED.itemsize
     values = encode_ranked(np.maximum(indices, 0), scores)
     return [value[:length] for value, length in zip(values, lengths, strict=True)]
-
-
-def recommend_users(towers: Towers, ranker: BlockedTopK, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
-    """(indices, scores) of the users in `seen`: their tower, then the exact top-k."""
-    return ranker(torch.from_numpy(towers.users(seen)), seen)
 
 
 class TopKActor:
@@ -229,6 +211,7 @@ def run_recs_job(
     previous: Previous | None = None,
     own: OwnTowers | None = None,
     output: str = "recs",
+    engine: EngineSettings | None = None,
 ) -> RecsJobReport:
     """Top-k items for every user with a valid interaction: all of them, or with `previous` (the
     published version) only those whose inputs moved since, written through `sink`.
@@ -236,6 +219,7 @@ def run_recs_job(
     items_model: the identity of the model that embedded the items (part of the model fingerprint).
     own: the towers model's vectors (jobs/own_towers.py), for settings.model "towers".
     output: the output's name, for the progress lines (jobs/progress.py).
+    engine: how this machine runs engines (the sequence model's), as train_towers takes it.
     before_write: called with the number of records (users) and, in an incremental run, the
     copy plan (the version to copy, the users gone since), once the users to rescore are scored
     and before the first write: a store creates the version there, and copies it (the sink then
@@ -248,7 +232,6 @@ def run_recs_job(
     index = {item: i for i, item in enumerate(items.ids)}
     if len(index) != len(items.ids):
         raise ValueError(f"item ids must be unique: {len(items.ids) - len(index)} duplicates")
-    model = resolve(settings.model, len(items.ids))
     rejects_path = work_dir / "rejects.parquet"
     seconds: dict[str, float] = {}
     with ray_session(job.ray_address):
@@ -272,12 +255,16 @@ def run_recs_job(
         seconds["popularity"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        train = None if model == "content" else seen_by_user(pa.concat_tables(ray.get(good.to_arrow_refs())))
-        towers = train_towers(model, train, items.vectors, settings, own)
+        valid = pa.concat_tables(ray.get(good.to_arrow_refs()))
+        warm = None
+        if previous is not None:
+            warm = warm_start(previous.run_dir / STATE / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
+        quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm)
+        trained = settings.model != "content"
         scoring = {
             "model": towers.name,
-            "trained": trained_digest(towers, own) if train is not None else None,
-            "content_weight": settings.content_weight if train is not None else None,
+            "trained": trained_digest(towers, own) if trained else None,
+            "content_weight": settings.content_weight if trained else None,
             "popularity_weight": settings.popularity_weight,
         }
         fingerprint = model_fingerprint(items_model, settings.k, scoring, items.ids, RECIPE)
@@ -293,7 +280,9 @@ def run_recs_job(
         users = users_of(grouped)
         mode, reason, copy, to_score, rescored = "full", planned.reason, None, grouped, users.num_rows
         if planned.previous is not None and users.num_rows not in planned.previous.users:
-            reason = f"{users.num_rows} users are more or fewer than a copy of {planned.previous.version} holds"
+            reason = (
+                f"{users.num_rows} users are more or fewer than a copy of {planned.previous.version} holds"
+            )
         elif planned.previous is not None:
             rescoring, gone = rescore(users, planned.users)
             mode, copy, rescored = (
@@ -306,6 +295,10 @@ def run_recs_job(
                 only_users, batch_format="pyarrow", batch_size=None, fn_kwargs={"ids": keep}
             )
         stage(work_dir, fingerprint, items, users)
+        sequence_report = None
+        if isinstance(sequence := getattr(towers, "collaborative", towers), SequenceTowers):
+            save_weights(sequence.model, settings.sequence, items.ids, work_dir / STATE / SEQUENCE_WEIGHTS)
+            sequence_report = {"training": asdict(sequence.report), "engines": sequence.engines}
         seconds["group"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -353,5 +346,7 @@ def run_recs_job(
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
         vocabulary=list(items.ids),
         samples=samples,
+        quality=quality,
         towers=towers_report,
+        sequence=sequence_report,
     )

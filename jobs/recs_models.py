@@ -1,5 +1,5 @@
 """The recommendation models, each as two towers whose dot product is the score, so that one exact
-blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
+blocked top-k (jobs/topk.py BlockedTopK) serves them all.
 
     content  item: its text embedding; user: the normalised weighted mean of their items'
     itemknn  item j: column j of the item-item cosine similarity of the interaction matrix, each
@@ -13,6 +13,9 @@ blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
              first-order transitions, the baseline of sequence models: item j: column j of the
              share of moves out of each item that went straight to j, in users' time order;
              user: their latest `history` items, the t-th latest weighted decay**t
+    sequence SASRec (models/sequence.py, trained by jobs/sequence_train.py): item j: its
+             embedding; user: the network's state after their latest items, both through the
+             engines its exported graphs passed the gate with
     towers   the pipeline's own two-tower model (models/towers.py): item j: its item tower's
              vector; user: their user tower's vector, looked up by id (jobs/own_towers.py
              computes both once a run)
@@ -21,7 +24,7 @@ blocked top-k (jobs/recommend.py BlockedTopK) serves them all.
              collaborative column, so the content part is what ranks it (cold items).
 
 Collaborative models are trained here on one process's interaction matrix (users x items, CSR,
-each user's items in time order: jobs/recommend.py HISTORY_ORDER): EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
+each user's items in time order: HISTORY_ORDER): EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
 catalogues up to ITEM_ITEM_MAX_ITEMS, as are item-kNN and transitions (their columns are dense
 here); ALS scales
 with the interactions.
@@ -34,13 +37,16 @@ import warnings
 from typing import NamedTuple, Protocol
 
 import numpy as np
+import pyarrow as pa
 import scipy.sparse as sp
 import torch
 from threadpoolctl import threadpool_limits
 
+from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
 from precompute.jobs.recs_spec import Model, RecsSpec
-from precompute.jobs.sequence_train import TrainReport, histories, train_sequence
-from precompute.models.sequence import SASRec
+from precompute.jobs.sequence_towers import sequence
+from precompute.jobs.sequence_train import WarmStart
+from precompute.models.settings import EngineSettings
 
 
 class Seen(NamedTuple):
@@ -51,6 +57,32 @@ class Seen(NamedTuple):
     weights: np.ndarray
     ids: np.ndarray | None = None
     """User u's id (str): what a model with its own user tower looks the user up by."""
+
+
+HISTORY_ORDER = [(SECONDS, "ascending"), (INDEX, "ascending"), (WEIGHT, "ascending")]
+"""A user's history in time order; ties at one time (and no time at all) by item, then weight:
+the same order in every run, whatever order the rows arrive in."""
+
+
+def seen_by_user(good: pa.Table) -> Seen:
+    """Clean rows (any order) -> CSR, users in id order, each user's items in HISTORY_ORDER: a
+    model's training data."""
+    good = good.sort_by([(USER, "ascending"), *HISTORY_ORDER])
+    encoded = good[USER].combine_chunks().dictionary_encode()
+    users = encoded.indices.to_numpy()
+    offsets = np.zeros(users.max(initial=-1) + 2, np.int64)
+    np.cumsum(np.bincount(users, minlength=len(offsets) - 1), out=offsets[1:])
+    return Seen(
+        offsets,
+        good[INDEX].to_numpy().astype(np.int64),
+        good[WEIGHT].to_numpy().astype(np.float32),
+        user_ids(encoded.dictionary),  # in order of first appearance: sorted
+    )
+
+
+def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """User ids as the numpy strings OwnTowers searches."""
+    return np.asarray(ids.to_pylist(), dtype=str)
 
 
 ITEM_ITEM_MAX_ITEMS = 20_000
@@ -119,30 +151,10 @@ class TransitionTowers:
             columns.append(seen.items[seen.offsets[users + 1] - 1 - t])
             weights.append(np.full(len(users), self.decay**t, np.float32))
         shape = (len(lengths), len(self.items))
-        latest = sp.csr_matrix((np.concatenate(weights), (np.concatenate(rows), np.concatenate(columns))), shape)
+        latest = sp.csr_matrix(
+            (np.concatenate(weights), (np.concatenate(rows), np.concatenate(columns))), shape
+        )
         return latest.toarray()
-
-
-class SequenceTowers:
-    """The sequence model: item j's vector is its item embedding; a user's is the network's state
-    after their latest items (models/sequence.py). The network runs here, on the users' side."""
-
-    name = "sequence"
-    USERS_PER_CALL = 512
-
-    def __init__(self, model: SASRec, report: TrainReport) -> None:
-        self.model, self.report = model.eval(), report
-        with torch.no_grad():
-            self.items = model.item_vectors().numpy().copy()
-
-    def users(self, seen: Seen) -> np.ndarray:
-        everyone = np.arange(len(seen.offsets) - 1)
-        states = []
-        with torch.no_grad():
-            for start in range(0, len(everyone), self.USERS_PER_CALL):
-                users = everyone[start : start + self.USERS_PER_CALL]
-                states.append(self.model.user_states(histories(seen.items, seen.offsets, users, self.model.max_length)))
-        return torch.cat(states).numpy() if states else np.zeros((0, self.items.shape[1]), np.float32)
 
 
 class ALSTowers:
@@ -297,18 +309,25 @@ def als(matrix: sp.csr_matrix, settings: RecsSpec) -> ALSTowers:
     return ALSTowers(model)
 
 
-def resolve(model: Model, items: int) -> Model:
-    """'auto': EASE where the catalogue fits ITEM_ITEM_MAX_ITEMS, ALS past it."""
+def candidates(model: Model, items: int, ordered: bool) -> list[Model]:
+    """The models a run trains: `model` itself, or for auto those the catalogue and the data
+    afford, to publish the best on held-out data (jobs/recs_quality.py): the sequence model and
+    transitions where histories have an order (a time column), EASE where its [items, items]
+    matrix fits ITEM_ITEM_MAX_ITEMS, ALS past it."""
     if model != "auto":
-        return model
-    return "ease" if items <= ITEM_ITEM_MAX_ITEMS else "als"
+        return [model]
+    small = items <= ITEM_ITEM_MAX_ITEMS
+    sequential = ["sequence", "transitions"] if small else ["sequence"]
+    return [*(sequential if ordered else []), "ease" if small else "als"]
 
 
-def collaborative(name: Model, train: Seen, items: int, settings: RecsSpec) -> Towers:
+def collaborative(
+    name: Model, train: Seen, items: int, settings: RecsSpec, engine: EngineSettings, warm: WarmStart | None
+) -> Towers:
     if name == "transitions":
         return transitions(train, items, settings)
     if name == "sequence":
-        return SequenceTowers(*train_sequence(train.items, train.offsets, items, settings.sequence))
+        return sequence(train, items, settings.sequence, engine, warm)
     matrix = interaction_matrix(train, items)
     if name == "itemknn":
         return item_knn(matrix, settings.neighbours)
@@ -340,16 +359,25 @@ def train_towers(
     item_vectors: np.ndarray,
     settings: RecsSpec,
     own: OwnTowers | None = None,
+    engine: EngineSettings | None = None,
+    warm: WarmStart | None = None,
 ) -> Towers:
-    """The towers of `model` (resolved) trained on `train` (the towers model: `own`, already
+    """The towers of `model` trained on `train` (the towers model: `own`, already
     computed); with content_weight > 0 a collaborative model or own towers are the hybrid
-    with the content towers of `item_vectors`."""
+    with the content towers of `item_vectors`. engine: how this machine runs engines (the
+    sequence model's; None: from the environment, PRECOMPUTE_ENGINE_*). warm: the sequence
+    model's start (jobs/sequence_train.py warm_start; None: cold)."""
+    if model == "auto":
+        raise ValueError("auto is a choice among trained models (candidates), not one to train")
     content = ContentTowers(item_vectors)
-    name = resolve(model, len(item_vectors))
-    if name == "content":
+    if model == "content":
         return content
-    if name == "towers" and own is None:
+    if model == "towers" and own is None:
         raise ValueError("model 'towers' needs the pipeline's own towers (jobs/own_towers.py)")
-    towers = own if name == "towers" else collaborative(name, train, len(item_vectors), settings)
+    towers = (
+        own
+        if model == "towers"
+        else collaborative(model, train, len(item_vectors), settings, engine or EngineSettings(), warm)
+    )
     hybrid = content if settings.content_weight > 0 else None
     return BlendTowers(towers, hybrid, settings.content_weight, best_score_scale(towers, train))

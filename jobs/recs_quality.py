@@ -6,6 +6,11 @@ input's time column, or a seeded random one without it. Every model is trained o
 users), and evaluated on a seeded sample of at most MAX_USERS of the users with a held-out item:
 scoring is O(users x items), and a few thousand users measure a rate to about +-0.01.
 
+The published model is the one measured: trained here on the split, it is what the job scores
+users with (their whole histories as input), so the figure estimates what users see and the
+model is trained once a night. With model auto, every candidate the data affords is trained
+(jobs/recs_models.py candidates) and the best by NDCG is published.
+
 Models, side by side on the same split: the published one (the output's model and weights),
 item-kNN (the field's simplest collaborative baseline, alone), markov (first-order transitions
 from each user's latest item alone: the simplest sequence baseline), content (text embeddings and the
@@ -29,19 +34,21 @@ import torch
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import SECONDS, clean, column_renames, tag_rejects
-from precompute.jobs.recommend import popularity_prior, recommend_users, seen_by_user
 from precompute.jobs.recs_models import (
     ITEM_ITEM_MAX_ITEMS,
     BlendTowers,
     OwnTowers,
     Seen,
     Towers,
-    resolve,
+    candidates,
+    seen_by_user,
     train_towers,
 )
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.topk import BlockedTopK
+from precompute.jobs.sequence_train import WarmStart
+from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.validate import REASON
+from precompute.models.settings import EngineSettings
 
 MAX_USERS = 5000
 EVAL_K = 10
@@ -70,8 +77,10 @@ class RecsQuality:
     k: int
     models: dict[str, ModelQuality] = field(default_factory=dict)
     """"published", "most_popular", "itemknn" and "markov" (up to ITEM_ITEM_MAX_ITEMS items),
-    "content" and,
-    for a hybrid, "collaborative"."""
+    "content" and, for a hybrid, "collaborative"."""
+    candidates: dict[str, ModelQuality] = field(default_factory=dict)
+    """Every model trained to choose the published one from, by name (model auto: several,
+    jobs/recs_models.py candidates; else the one named)."""
 
 
 def interactions_table(interactions: InteractionsInput) -> pa.Table:
@@ -147,9 +156,13 @@ def evaluate(
     seed: int = 0,
     max_users: int = MAX_USERS,
     own: OwnTowers | None = None,
-) -> RecsQuality:
+    engine: EngineSettings | None = None,
+    warm: WarmStart | None = None,
+) -> tuple[RecsQuality, Towers]:
     """Every model trained on the split's training part and measured on its held-out items
-    (the towers model, `own`, is the user's, trained elsewhere: it is measured as it is)."""
+    (the towers model, `own`, is the user's, trained elsewhere: it is measured as it is); and
+    the published model's towers as measured, which the job scores with: what users see is
+    what was measured, and a model is trained once a night."""
     items = len(item_vectors)
     train, targets, split = hold_out_last(good, seed)
     evaluated = np.flatnonzero(targets >= 0)
@@ -160,23 +173,25 @@ def evaluate(
     sample, sample_targets = users_subset(train, sample_users), targets[sample_users]
     counts = np.bincount(train.items, minlength=items).astype(np.float32)
     prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
-    model = resolve(settings.model, items)
-    published = train_towers(model, train, item_vectors, settings, own)
-    candidates: dict[str, tuple[Towers | None, np.ndarray | None]] = {
-        "published": (published, prior),
-        "most_popular": (None, counts),
-    }
+    ordered = split == "temporal"
+    trained = [
+        train_towers(name, train, item_vectors, settings, own, engine, warm)
+        for name in candidates(settings.model, items, ordered)
+    ]
+    judged = {towers.name: measure(towers, prior, sample, sample_targets, items) for towers in trained}
+    published = max(trained, key=lambda towers: judged[towers.name].ndcg)  # a tie: the first
+    baselines: dict[str, tuple[Towers | None, np.ndarray | None]] = {"most_popular": (None, counts)}
     if items <= ITEM_ITEM_MAX_ITEMS:  # past it, their dense columns do not fit: no baselines
         no_content = settings.model_copy(update={"content_weight": 0})
-        candidates["itemknn"] = (train_towers("itemknn", train, item_vectors, no_content), None)
+        baselines["itemknn"] = (train_towers("itemknn", train, item_vectors, no_content), None)
         first_order = no_content.model_copy(update={"history": 1})
-        candidates["markov"] = (train_towers("transitions", train, item_vectors, first_order), None)
-    candidates["content"] = (train_towers("content", train, item_vectors, settings), prior)
+        baselines["markov"] = (train_towers("transitions", train, item_vectors, first_order), None)
+    baselines["content"] = (train_towers("content", train, item_vectors, settings), prior)
     if isinstance(published, BlendTowers) and published.content is not None:
         # The hybrid's collaborative (or own towers) part, at its scale: the same model, not trained twice.
         alone = BlendTowers(published.collaborative, None, 0, published.scale)
-        candidates["collaborative"] = (alone, prior)
-    return RecsQuality(
+        baselines["collaborative"] = (alone, prior)
+    quality = RecsQuality(
         published=published.name,
         split=split,
         users=len(sample_users),
@@ -184,10 +199,15 @@ def evaluate(
         cold_users=int((np.diff(sample.offsets) <= COLD_HISTORY).sum()),
         k=min(EVAL_K, items),
         models={
-            name: measure(towers, model_prior, sample, sample_targets, items)
-            for name, (towers, model_prior) in candidates.items()
+            "published": judged[published.name],
+            **{
+                name: measure(towers, model_prior, sample, sample_targets, items)
+                for name, (towers, model_prior) in baselines.items()
+            },
         },
+        candidates=judged,
     )
+    return quality, published
 
 
 def beats_most_popular(quality: RecsQuality, min_lift: float) -> str | None:

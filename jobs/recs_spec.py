@@ -7,14 +7,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precompute.models.towers import GatedTowers
+
 Model = Literal["auto", "content", "itemknn", "ease", "als", "transitions", "sequence", "towers"]
 
 
-class SequenceSpec(BaseModel):
-    """The sequence model (models/sequence.py) and its training (jobs/sequence_train.py). The
-    network's defaults are SASRec's for MovieLens-1M (Kang and McAuley, 2018)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+class SequenceSpec(GatedTowers):
+    """The sequence model (models/sequence.py), its training (jobs/sequence_train.py) and its
+    engines (exported as a pair of towers: the same ladder and gate as the towers model's, on
+    the training users' histories). The network's defaults are SASRec's for MovieLens-1M (Kang
+    and McAuley, 2018)."""
 
     history: int = Field(200, ge=1)
     """Each user's latest items the model reads."""
@@ -28,13 +30,21 @@ class SequenceSpec(BaseModel):
     """Dropout on the embeddings and each block's residual branches while training."""
     learning_rate: float = Field(1e-3, gt=0)
     """Adam's step size."""
+    loss: Literal["softmax", "gbce"] = "softmax"
+    """softmax: cross-entropy over the whole catalogue at every position. gbce: gSASRec's
+    generalised binary cross-entropy over `negatives` items sampled per step (Petrov and
+    Macdonald, RecSys 2023): for catalogues whose full softmax does not fit a step."""
+    negatives: int = Field(256, ge=1)
+    """gbce: items sampled (uniformly, shared by the step's positions) as negatives."""
+    gbce_t: float = Field(0.75, ge=0, le=1)
+    """gbce: the calibration t, how far the loss corrects the sampled negatives' overconfidence (1: fully)."""
     batch: int = Field(128, ge=1)
     """Users per training step."""
     max_epochs: int = Field(200, ge=1)
     """Passes over the histories at most."""
     patience: int = Field(5, ge=1)
-    """Training stops after this many checks (jobs/sequence_train.py EVAL_STEPS) without a
-    better validation NDCG@10."""
+    """Training stops after this many checks (each epoch, or every jobs/sequence_train.py
+    EVAL_STEPS steps if sooner) without a better validation NDCG@10."""
     train_budget_s: float = Field(900, gt=0)
     """Training stops here whatever the validation says, keeping its best check's weights."""
 
@@ -48,9 +58,11 @@ class RecsSpec(BaseModel):
     (product pages show 20-50 and rerank) it costs more memory (stores/redis_settings.py)."""
 
     model: Model = "auto"
-    """jobs/recs_models.py. auto: EASE where the catalogue is small enough for it, else ALS.
-    transitions and sequence read each user's history in the input's time order. towers: the
-    pipeline's own two-tower model (its `towers` table)."""
+    """jobs/recs_models.py. auto: every model the data affords is trained and the best by
+    held-out NDCG@10 published (with a time column: sequence, transitions and EASE; without one:
+    EASE; ALS in EASE's place past 20,000 items). transitions and sequence read each user's
+    history in the input's time order. towers: the pipeline's own two-tower model (its `towers`
+    table)."""
 
     content_weight: float = Field(0.1, ge=0)
     """The hybrid: a collaborative model's score (in units of the users' median best score) plus

@@ -6,6 +6,8 @@ A run stages, in its run folder, `recs_state/`:
                    vocabulary (in order), the scoring recipe; any change -> a full run
     items.parquet  item_id -> content key of its text (the embeddings' staged `content_key`)
     users.parquet  user_id -> fingerprint of the user's valid interactions (item, weight)
+    sequence.pt    the sequence model's weights, when it was published: the next night starts
+                   from them (jobs/sequence_train.py warm_start)
 
 The next run compares itself with the published version's state: a user is rescored when
 their interactions changed, when they are new, or when they hold an item whose content key
@@ -37,7 +39,12 @@ from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
 
 STATE = "recs_state"
-MODEL, ITEMS_FILE, USERS_FILE = "model.json", "items.parquet", "users.parquet"
+MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS = (
+    "model.json",
+    "items.parquet",
+    "users.parquet",
+    "sequence.pt",
+)
 FINGERPRINT = "fingerprint"
 
 

@@ -1,11 +1,13 @@
 """Training the sequence model (models/sequence.py) on the night's histories, within a time budget.
 
-Loss: full softmax cross-entropy over the catalogue at every position of every history (SASRec
+Loss, at every position of every history: full softmax cross-entropy over the catalogue (SASRec
 trained this way beats its original sampled binary loss by a wide margin: Klenitskiy and Vasilev,
-"Turning Dross Into Gold Loss: is BERT4Rec really better than SASRec?", RecSys 2023).
+"Turning Dross Into Gold Loss: is BERT4Rec really better than SASRec?", RecSys 2023), or gSASRec's
+gBCE over sampled negatives (Petrov and Macdonald, RecSys 2023), whose step does not grow with
+the catalogue.
 
-Validation: each user's latest item is held out of their training history; every EVAL_STEPS
-steps the model ranks it from the rest (seen items masked) for a seeded sample of users, NDCG@10.
+Validation: each user's latest item is held out of their training history; every epoch or
+every EVAL_STEPS steps, whichever comes first, the model ranks it from the rest (seen items masked) for a seeded sample of users, NDCG@10.
 Training stops at `train_budget_s`, after `patience` checks without a better NDCG, or after
 `max_epochs`, and keeps the best check's weights. The returned model scores from whole histories, the held-out item included.
 """
@@ -17,17 +19,23 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
+from torch.nn import functional
 
 from precompute.jobs.recs_spec import SequenceSpec
 from precompute.models.sequence import SASRec
 
 VALIDATION_USERS = 2000
 EVAL_K = 10
+WARM_MIN_SHARED = 0.9
+"""A warm start needs this share of today's items to have weights from the last run."""
 EVAL_STEPS = 100
-"""Training steps between validation checks (a night's data may be a few steps an epoch, or thousands)."""
+"""Training steps between validation checks at most (a night's data may be a few steps an epoch,
+or thousands)."""
 
 
 @dataclass
@@ -41,7 +49,9 @@ class TrainReport:
     best_step: int = 0
     best_ndcg10: float = 0.0
     curve: list[float] = field(default_factory=list)
-    """Validation NDCG@10 every EVAL_STEPS steps."""
+    """Validation NDCG@10 at each check."""
+    start: str = "cold"
+    """Where the weights started: random (cold, and why) or the last run's (warm_start)."""
 
 
 def latest(items: np.ndarray, offsets: np.ndarray, users: np.ndarray, length: int) -> np.ndarray:
@@ -54,7 +64,9 @@ def latest(items: np.ndarray, offsets: np.ndarray, users: np.ndarray, length: in
     return out
 
 
-def length_batches(lengths: np.ndarray, users: np.ndarray, size: int, rng: np.random.Generator) -> list[np.ndarray]:
+def length_batches(
+    lengths: np.ndarray, users: np.ndarray, size: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """`users` in batches of about `size` of similar history length (a batch is padded to its
     longest), in a random order; ties shuffled, so batches differ from epoch to epoch."""
     order = users[np.lexsort((rng.random(len(users)), lengths[users]))]
@@ -68,7 +80,9 @@ def histories(items: np.ndarray, offsets: np.ndarray, users: np.ndarray, length:
     return torch.from_numpy(latest(items, offsets, users, max(1, min(length, longest))))
 
 
-def ndcg_at_10(model: SASRec, items: np.ndarray, offsets: np.ndarray, users: np.ndarray, device: str) -> float:
+def ndcg_at_10(
+    model: SASRec, items: np.ndarray, offsets: np.ndarray, users: np.ndarray, device: str
+) -> float:
     """Each of `users`' latest item ranked from the rest of their history, the rest masked."""
     model.eval()
     gains = []
@@ -92,14 +106,87 @@ def latest_before(items: np.ndarray, offsets: np.ndarray, users: np.ndarray, len
     ends = offsets[users + 1] - 1
     starts = offsets[users]
     cut = np.concatenate([[0], np.cumsum(ends - starts)])
-    flat = np.concatenate([items[s:e] for s, e in zip(starts, ends, strict=True)]) if len(users) else items[:0]
+    flat = (
+        np.concatenate([items[s:e] for s, e in zip(starts, ends, strict=True)]) if len(users) else items[:0]
+    )
     return histories(flat, cut, np.arange(len(users)), length)
 
 
+def step_loss(
+    model: SASRec, states: torch.Tensor, positives: torch.Tensor, settings: SequenceSpec
+) -> torch.Tensor:
+    """The loss of `states` [n, dim] whose next items are `positives` [n] (item positions)."""
+    vectors = model.item_vectors()
+    if settings.loss == "softmax":
+        return functional.cross_entropy(states @ vectors.T, positives)
+    # gBCE: positives' log-sigmoid raised to beta, which undoes what sampling `negatives` of the
+    # catalogue does to the scores' calibration (alpha: the share sampled; t: how much to undo).
+    count = max(1, min(settings.negatives, model.items - 1))  # alpha <= 1: a share of the others
+    negatives = torch.randint(0, model.items, (count,), device=states.device)
+    alpha = count / max(1, model.items - 1)
+    beta = alpha * (settings.gbce_t * (1 - 1 / alpha) + 1 / alpha)
+    positive = (states * vectors[positives]).sum(1)
+    negative = states @ vectors[negatives].T
+    collided = negatives[None, :] == positives[:, None]  # a positive drawn as a negative is no negative
+    negative_loss = functional.softplus(negative).masked_fill(collided, 0).sum(1)
+    return (beta * functional.softplus(-positive) + negative_loss).mean() / (1 + count)
+
+
+def network(settings: SequenceSpec) -> dict[str, int]:
+    """The shape of the network: weights carry over between runs only under the same one."""
+    return {
+        "dim": settings.dim,
+        "blocks": settings.blocks,
+        "heads": settings.heads,
+        "history": settings.history,
+    }
+
+
+def save_weights(model: SASRec, settings: SequenceSpec, item_ids: list[str], path: Path) -> None:
+    """What the next night starts from: the weights, the network's shape and the items' ids by row."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"items": list(item_ids), "network": network(settings), "state": model.state_dict()}, path)
+
+
+class WarmStart(NamedTuple):
+    state: dict[str, torch.Tensor] | None
+    """Weights for today's catalogue; None: train from random ones."""
+    reason: str
+
+
+def warm_start(path: Path, item_ids: list[str], settings: SequenceSpec) -> WarmStart:
+    """(weights for this catalogue, why) from a previous run's save_weights: each item keeps its
+    embedding, a new item gets a fresh one; None (train cold) when there is none, the network's
+    shape changed, or fewer than WARM_MIN_SHARED of today's items were in it."""
+    if not path.is_file():
+        return WarmStart(None, "cold: no weights from the published version")
+    saved = torch.load(path, weights_only=True)
+    if saved["network"] != network(settings):
+        return WarmStart(None, f"cold: the network changed from {saved['network']} to {network(settings)}")
+    before = {item: row for row, item in enumerate(saved["items"])}
+    shared = np.array([before.get(item, -1) for item in item_ids])
+    if (shared >= 0).mean() < WARM_MIN_SHARED:
+        return WarmStart(None, f"cold: {(shared < 0).sum():,} of {len(item_ids):,} items are new")
+    state = dict(saved["state"])
+    old = state["item_embedding.weight"]
+    fresh = SASRec(len(item_ids), settings.dim, settings.blocks, settings.heads, settings.history, 0)
+    embedding = fresh.item_embedding.weight.detach().clone()
+    rows = np.flatnonzero(shared >= 0)
+    embedding[rows + 1] = old[shared[rows] + 1]  # row 0 pads
+    state["item_embedding.weight"] = embedding
+    return WarmStart(state, f"warm: {len(rows):,} of {len(item_ids):,} items' weights carried over")
+
+
 def train_sequence(
-    items: np.ndarray, offsets: np.ndarray, catalogue: int, settings: SequenceSpec, seed: int = 0
+    items: np.ndarray,
+    offsets: np.ndarray,
+    catalogue: int,
+    settings: SequenceSpec,
+    seed: int = 0,
+    warm: WarmStart | None = None,
 ) -> tuple[SASRec, TrainReport]:
-    """SASRec trained on users' histories (CSR, each in time order): the best epoch by validation NDCG@10."""
+    """SASRec trained on users' histories (CSR, each in time order), from the weights of `warm`
+    or random ones: the best check's weights by validation NDCG@10 (a warm start's own among them)."""
     torch.manual_seed(seed)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -114,12 +201,18 @@ def train_sequence(
     train_items = items[keep]
     learners = np.flatnonzero(np.diff(train_offsets) >= 2)
     if not len(learners):
-        raise ValueError("the sequence model learns from users with two or more interactions, and there are none")
+        raise ValueError(
+            "the sequence model learns from users with two or more interactions, and there are none"
+        )
 
-    model = SASRec(catalogue, settings.dim, settings.blocks, settings.heads, settings.history, settings.dropout)
+    model = SASRec(
+        catalogue, settings.dim, settings.blocks, settings.heads, settings.history, settings.dropout
+    )
+    if warm is not None and warm.state is not None:
+        model.load_state_dict(warm.state)
     model = model.to(device)
     optimiser = torch.optim.Adam(model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.98))
-    report = TrainReport(device=device)
+    report = TrainReport(device=device, start=warm.reason if warm else "cold")
     best_state = copy.deepcopy(model.state_dict())
     start = time.perf_counter()
 
@@ -130,30 +223,37 @@ def train_sequence(
         model.train()
         report.curve.append(ndcg)
         if ndcg > report.best_ndcg10 or len(report.curve) == 1:
-            best_state, report.best_step, report.best_ndcg10 = copy.deepcopy(model.state_dict()), report.steps, ndcg
+            best_state, report.best_step, report.best_ndcg10 = (
+                copy.deepcopy(model.state_dict()),
+                report.steps,
+                ndcg,
+            )
         elif len(report.curve) - report.curve.index(report.best_ndcg10) > settings.patience:
             report.stopped = f"{settings.patience} checks without a better validation NDCG@10"
         if time.perf_counter() - start > settings.train_budget_s:
             report.stopped = f"train_budget_s {settings.train_budget_s}"
 
+    every = min(EVAL_STEPS, max(1, round(len(learners) / settings.batch)))  # length_batches' count
+    if warm is not None and warm.state is not None:
+        check()  # the weights to beat
     model.train()
     while not report.stopped:
         report.epochs += 1
         for batch in length_batches(np.diff(train_offsets), learners, settings.batch, rng):
             sequence = histories(train_items, train_offsets, batch, settings.history + 1).to(device)
             inputs, targets = sequence[:, :-1], sequence[:, 1:]
-            logits = model(inputs)[targets > 0] @ model.item_vectors().T
-            loss = torch.nn.functional.cross_entropy(logits, targets[targets > 0] - 1)
+            loss = step_loss(model, model(inputs)[targets > 0], targets[targets > 0] - 1, settings)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
             report.steps += 1
-            if report.steps % EVAL_STEPS == 0 or time.perf_counter() - start > settings.train_budget_s:
+            if report.steps % every == 0 or time.perf_counter() - start > settings.train_budget_s:
                 check()
                 if report.stopped:
                     break
         if report.epochs == settings.max_epochs and not report.stopped:
-            check()
+            if report.steps % every:
+                check()
             report.stopped = report.stopped or f"max_epochs {settings.max_epochs}"
     model.load_state_dict(best_state)
     report.seconds = round(time.perf_counter() - start, 1)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from precompute.jobs.recs_models import Seen
+from precompute.jobs.recs_models import Seen, Towers
 
 SCORE_BUFFER_BYTES = 512 * 2**20
 """The score buffer's bound: a block of users is scored against tiles of at most this many bytes
@@ -103,3 +103,14 @@ def top_k(
     """Exact top-k items per user by blocked matrix multiply; see BlockedTopK."""
     ranker = BlockedTopK(item_vectors, k, block, prior, tile)
     return ranker(torch.tensor(user_vectors, dtype=torch.float32), seen)
+
+
+def popularity_prior(counts: np.ndarray, weight: float) -> np.ndarray:
+    """weight * log1p(count), scaled so the most popular item gets `weight`: on a cosine's scale."""
+    logs = np.log1p(counts.astype(np.float32))
+    return (weight * logs / max(float(logs.max()), 1e-12)).astype(np.float32)
+
+
+def recommend_users(towers: Towers, ranker: BlockedTopK, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, scores) of the users in `seen`: their tower, then the exact top-k."""
+    return ranker(torch.from_numpy(towers.users(seen)), seen)

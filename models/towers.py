@@ -58,10 +58,25 @@ class FeaturesInput(BaseModel):
     """The job fails when more than this share of feature rows is rejected (null, NaN, wrong width)."""
 
 
-class TowersSpec(BaseModel):
-    """The pipeline file's `towers` of a recs output whose model is "towers"."""
+class GatedTowers(BaseModel):
+    """How a pair of tower graphs gets its engines: the precision ladder and its gate."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    precision: Literal["auto", "int8", "fp16", "fp32"] = "auto"
+    """Where the ladder starts (int8, then fp16 on GPUs, then fp32); auto: the fastest that passes."""
+    gate_overlap: float = Field(0.9, gt=0, le=1)
+    """A quantized pair is used only if gate users' top-10 items share this share with FP32's."""
+    calibration_rows: int = Field(512, ge=16)
+    """Input rows of each tower (feature rows; the sequence model's: users' histories, items)
+    that set static INT8's activation ranges."""
+    gate_users: int = Field(1000, ge=16)
+    """Users (after the calibration rows) whose top items the gate compares, against at most
+    GATE_ITEMS items."""
+
+
+class TowersSpec(GatedTowers):
+    """The pipeline file's `towers` of a recs output whose model is "towers"."""
 
     user: Location
     """ONNX file: the user tower, user features -> [batch, dim]."""
@@ -69,15 +84,6 @@ class TowersSpec(BaseModel):
     """ONNX file: the item tower, item features -> [batch, dim] (the same dim)."""
     users: FeaturesInput
     items: FeaturesInput
-    precision: Literal["auto", "int8", "fp16", "fp32"] = "auto"
-    """Where the ladder starts (int8, then fp16 on GPUs, then fp32); auto: the fastest that passes."""
-    gate_overlap: float = Field(0.9, gt=0, le=1)
-    """A quantized pair is used only if gate users' top-10 items share this share with FP32's."""
-    calibration_rows: int = Field(512, ge=16)
-    """Feature rows of each tower that set static INT8's activation ranges."""
-    gate_users: int = Field(1000, ge=16)
-    """Users (after the calibration rows) whose top items the gate compares, against at most
-    GATE_ITEMS items."""
 
 
 GATE_ITEMS = 20_000
@@ -262,7 +268,7 @@ def timed(runner: Runner, rows: pa.Table, inputs: list[TowerInput]) -> tuple[np.
 
 
 def choose_engines(
-    spec: TowersSpec,
+    spec: GatedTowers,
     graphs: dict[str, bytes],
     user_rows: tuple[pa.Table, pa.Table],
     item_rows: tuple[pa.Table, pa.Table],

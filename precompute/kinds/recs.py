@@ -102,12 +102,7 @@ class Recs(OutputKind):
         from precompute.jobs.own_towers import own_towers
         from precompute.jobs.ray_session import ray_session
         from precompute.jobs.recommend import RecsJobReport, run_recs_job
-        from precompute.jobs.recs_quality import (
-            beats_most_popular,
-            evaluate,
-            interactions_table,
-            valid_interactions,
-        )
+        from precompute.jobs.recs_quality import beats_most_popular
         from precompute.jobs.recs_state import Previous, staged_items
         from precompute.stores.key_value_versions import NewVersion
 
@@ -117,16 +112,14 @@ class Recs(OutputKind):
         embeddings = work_dir.run_dir(run.work_dir, output.items, items_version) / STAGED
         items_model = run.pipeline.sources[output.items].hash
 
-        def recommend() -> tuple[RecsJobReport, str, Any, list[str]]:
+        def recommend() -> tuple[RecsJobReport, str, list[str]]:
             """Recommend from the published embeddings into a new version, rescoring only the users
             whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
             model's held-out NDCG@10 beats most-popular's by `min_lift`."""
             items = staged_items(embeddings)
-            quality: Any = None
 
             def job(new: NewVersion, folder: Path) -> RecsJobReport:
                 """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
-                nonlocal quality
                 current = new.store.current(new.output)
                 previous = None
                 if current is not None:
@@ -147,17 +140,15 @@ class Recs(OutputKind):
                         previous=previous,
                         own=own,
                         output=name,
+                        engine=machine.engine,
                     )
-                good = valid_interactions(interactions_table(output.input), items.ids)
-                quality = evaluate(good, items.vectors, spec, own=own)
-                if refusal := beats_most_popular(quality, output.min_lift):
+                if refusal := beats_most_popular(report.quality, output.min_lift):
                     raise QualityError(refusal)
                 return report
 
-            report, version, deleted = publish_new_version(run, name, items.ids, job)
-            return report, version, quality, deleted
+            return publish_new_version(run, name, items.ids, job)
 
-        recs, version, quality, deleted = run.step("recommend", recommend)
+        recs, version, deleted = run.step("recommend", recommend)
         return {
             "kind": self.name,
             "version": version,
@@ -178,7 +169,8 @@ class Recs(OutputKind):
             "rates": {"top-k": recs.users_per_s},
             "rate_unit": "users/s",
             **({"towers": recs.towers} if recs.towers is not None else {}),
-            "validation": asdict(quality),
+            **({"sequence": recs.sequence} if recs.sequence is not None else {}),
+            "validation": asdict(recs.quality),
             "deleted_versions": deleted,
         }
 

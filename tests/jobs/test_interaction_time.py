@@ -18,8 +18,8 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import tag_rejects
 from precompute.jobs.recommend import run_recs_job
 from precompute.jobs.recs_quality import hold_out_last, valid_interactions
-from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.recs_state import Items
+from precompute.jobs.recs_spec import RecsSpec, SequenceSpec
+from precompute.jobs.recs_state import SEQUENCE_WEIGHTS, STATE, Items, Previous
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import REASON
 from precompute.pipeline import PipelineError, load_pipeline
@@ -161,3 +161,37 @@ def test_the_job_orders_each_history_by_a_warehouse_timestamp(ray_local, tmp_pat
     for row in written:
         indices, _ = decode_ranked(row["value"])
         assert ids[indices[0]] == f"i{(ids.index(latest[row['id']][1]) + 1) % CATALOGUE:02}"
+
+
+def test_a_sequence_night_stages_its_weights_and_the_next_night_starts_from_them(
+    ray_local, tmp_path: Path
+) -> None:
+    users, items, seconds = walks()
+    path = tmp_path / "interactions.parquet"
+    pq.write_table(pa.table({"user_id": users, "item_id": items, "timestamp": seconds}), path)
+    ids = items_table()
+    vectors = np.random.default_rng(1).standard_normal((CATALOGUE, 8)).astype(np.float32)
+    network = SequenceSpec(
+        dim=16, blocks=1, history=8, batch=16, max_epochs=3, calibration_rows=16, gate_users=16
+    )
+    settings = RecsSpec(model="sequence", content_weight=0, k=3, sequence=network)
+
+    def night(work: Path, previous: Previous | None) -> dict:
+        sink, catalogue = ParquetSink(work / "out"), Items(ids, vectors, content_keys("random", ids))
+        report = run_recs_job(
+            InteractionsInput(path=str(path)),
+            settings,
+            JobSettings(),
+            catalogue,
+            sink,
+            work,
+            previous=previous,
+        )
+        assert report.quality.published == "sequence" and report.users == USERS
+        return report.sequence
+
+    first = night(tmp_path / "first", None)
+    assert first["training"]["start"] == "cold" and first["engines"]["gates"][0]["precision"] == "fp32"
+    assert (tmp_path / "first" / STATE / SEQUENCE_WEIGHTS).is_file()
+    second = night(tmp_path / "second", Previous("v1", tmp_path / "first", range(0, 1000)))
+    assert second["training"]["start"] == f"warm: {CATALOGUE} of {CATALOGUE} items' weights carried over"

@@ -158,7 +158,7 @@ def test_the_job_ranks_by_the_users_own_towers_and_quarantines_feature_rows_it_c
         assert len(indices) == K and not set(indices) & history[user]  # served, from the prior alone
 
     good = valid_interactions(pq.read_table(interactions), items.ids)
-    quality = evaluate(good, items.vectors, settings.model_copy(update={"content_weight": 0.1}), own=own)
+    quality, _ = evaluate(good, items.vectors, settings.model_copy(update={"content_weight": 0.1}), own=own)
     assert quality.published == "towers+content"
     assert {"published", "most_popular", "itemknn", "content", "collaborative"} <= set(quality.models)
 

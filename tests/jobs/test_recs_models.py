@@ -8,11 +8,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from precompute.jobs.recommend import recommend_users
 from precompute.jobs.recs_models import Seen, train_towers
 from precompute.jobs.recs_quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
 from precompute.jobs.recs_spec import RecsSpec, SequenceSpec
-from precompute.jobs.topk import BlockedTopK
+from precompute.jobs.topk import BlockedTopK, recommend_users
 
 IDS = ["a0", "a1", "b0", "b1", "cold", "popular"]
 A0, A1, B0, B1, COLD, POPULAR = range(6)
@@ -73,9 +72,11 @@ def test_transitions_follow_the_users_latest_items_in_order() -> None:
     assert not empty.any()
 
 
-def test_the_sequence_model_learns_a_fixed_next_item_in_seconds() -> None:
+@pytest.mark.parametrize(("loss", "epochs"), [("softmax", 12), ("gbce", 30)])  # gBCE on 16 of 39 negatives
+def test_the_sequence_model_learns_a_fixed_next_item_in_seconds(loss: str, epochs: int) -> None:
     """Items in one cycle of 40 (each item's successor fixed): users walk 3 to 13 steps of it, and
-    the model ranks the step after each user's latest item first, from the history alone."""
+    the model ranks the step after each user's latest item first, from the history alone,
+    through the engines its exported graphs passed the gate with."""
     rng = np.random.default_rng(0)
     cycle = rng.permutation(40)
     successor = np.empty(40, np.int64)
@@ -87,10 +88,25 @@ def test_the_sequence_model_learns_a_fixed_next_item_in_seconds() -> None:
             walk.append(int(successor[walk[-1]]))
         walks.append(walk)
         following.append(successor[walk[-1]])
-    spec = SequenceSpec(dim=32, blocks=1, history=16, dropout=0.1, learning_rate=1e-2, batch=32, max_epochs=12)
+    spec = SequenceSpec(
+        dim=32,
+        blocks=1,
+        history=16,
+        dropout=0.1,
+        learning_rate=1e-2,
+        batch=32,
+        max_epochs=epochs,
+        loss=loss,
+        negatives=16,
+    )
     settings = RecsSpec(model="sequence", content_weight=0, sequence=spec)
     towers = train_towers("sequence", csr(walks), np.eye(40, dtype=np.float32), settings)
-    assert towers.collaborative.report.stopped == "max_epochs 12"
+    report = towers.collaborative.report
+    assert report.best_ndcg10 > 0.9 and report.epochs <= epochs
+    engines = towers.collaborative.engines
+    reference = engines["gates"][0]
+    assert (reference["precision"], reference["passed"], reference["overlap"]) == ("fp32", True, 1.0)
+    assert engines["precision"] in {gate["precision"] for gate in engines["gates"] if gate["passed"]}
     indices, _ = recommend_users(towers, BlockedTopK(towers.items, 1, 64), csr(walks))
     assert (indices[:, 0] == np.array(following)).mean() >= 0.95
 
@@ -143,8 +159,13 @@ def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless
     ids = IDS + [f"filler{i}" for i in range(FILLERS)]
     texts = np.eye(len(ids), dtype=np.float32)
     texts[: len(IDS), : len(IDS)] = vectors()
-    quality = evaluate(valid_interactions(interactions(times=True), ids), texts, RecsSpec())
-    assert (quality.published, quality.split, quality.users, quality.k) == ("ease+content", "temporal", 40, 10)
+    quality, towers = evaluate(valid_interactions(interactions(times=True), ids), texts, RecsSpec())
+    assert (quality.split, quality.users, quality.k) == ("temporal", 40, 10)
+    # auto: every model timed histories afford, trained and measured; the best published, as measured.
+    assert set(quality.candidates) == {"sequence+content", "transitions+content", "ease+content"}
+    best = max(quality.candidates.values(), key=lambda q: q.ndcg)
+    assert towers.name == quality.published and quality.candidates[quality.published] == best
+    assert quality.models["published"] == best
     assert set(quality.models) == {
         "published",
         "most_popular",
@@ -160,7 +181,7 @@ def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless
     assert 0 < popular.coverage <= 1 and 0 < published.coverage <= 1
     assert beats_most_popular(quality, min_lift=1.0) is None
     refusal = beats_most_popular(quality, min_lift=100.0)
-    assert refusal is not None and refusal.startswith("ease+content's held-out NDCG@10")
+    assert refusal is not None and refusal.startswith(f"{quality.published}'s held-out NDCG@10")
     assert "is not above 100.0 x most-popular's" in refusal
 
 
