@@ -18,7 +18,6 @@ from precompute.models.sequence import HISTORY, ITEM, SASRec, export_towers
 from precompute.models.settings import EngineSettings
 from precompute.models.towers import (
     GATE_ITEMS,
-    ROWS_PER_CALL,
     TowerEngines,
     TowerInput,
     choose_engines,
@@ -55,12 +54,10 @@ class SequenceTowers:
         if self.runner is None:
             self.runner = open_tower(self.graph, self.engine, resolve_device(self.engine))
         everyone = np.arange(len(seen.offsets) - 1)
-        states = [
-            self.runner.infer({HISTORY: latest(seen.items, seen.offsets, users, self.length)})
-            for users in np.array_split(everyone, max(1, -(-len(everyone) // ROWS_PER_CALL)))
-            if len(users)
-        ]
-        return np.concatenate(states) if states else np.zeros((0, self.items.shape[1]), np.float32)
+        if not len(everyone):
+            return np.zeros((0, self.items.shape[1]), np.float32)
+        rows = history_rows(seen, everyone, self.length)
+        return vectors_of(self.runner, rows, [TowerInput(HISTORY, np.int64, self.length)])
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "runner": None, "model": None}  # an engine is opened where it runs

@@ -89,8 +89,9 @@ class SASRec(nn.Module):
         length = history.shape[1]
         positions = torch.arange(self.max_length - length, self.max_length, device=history.device)
         x = self.dropout(self.item_embedding(history) + self.position_embedding(positions))
+        visible = visible_keys(history)
         for block in self.blocks:
-            x = block(x, visible_keys(history))
+            x = block(x, visible)
         return self.norm(x)
 
     def user_states(self, history: torch.Tensor) -> torch.Tensor:
