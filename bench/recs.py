@@ -144,10 +144,9 @@ def print_served(figures: dict[str, Any]) -> None:
     print(f"  {'model':14} {'HR@10':>7} {'NDCG@10':>8}")
     for model in ("published", "markov", "itemknn", "most_popular"):
         print(f"  {model:14} {figures[f'{model}_hr10']:7.4f} {figures[f'{model}_ndcg10']:8.4f}")
-    candidates = ", ".join(f"{name} {ndcg:.4f}" for name, ndcg in figures["job_candidates"].items())
-    print(
-        f"  the job's own estimate: NDCG@10 {figures['job_estimate_ndcg10']:.4f} (candidates: {candidates})"
-    )
+    print(f"  the job's own estimate: NDCG@10 {figures['job_estimate_ndcg10']:.4f}; its candidates:")
+    for candidate, measured in figures["job_candidates"].items():
+        print(f"  {candidate:14} {measured['hr10']:7.4f} {measured['ndcg10']:8.4f}")
 
 
 def main(

@@ -16,6 +16,7 @@ the same held-out items.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,8 @@ def served_quality(
 
     ids = items["id"].to_pylist()
     rest, held = held_out_last(good)
+    for previous in ("work", "qdrant"):  # a first night: no weights to start warm from, no versions
+        shutil.rmtree(folder / previous, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     write_inputs(folder, items, rest, ids)
     (folder / "precompute.toml").write_text(PIPELINE.format(store=name.replace("-", "_"), k=EVAL_K))
@@ -165,7 +168,9 @@ def served_quality(
         "most_popular_hr10": found["most_popular"]["hr10"],
         "most_popular_ndcg10": found["most_popular"]["ndcg10"],
         "job_estimate_ndcg10": recs["validation"]["models"]["published"]["ndcg"],
-        "job_candidates": {c: q["ndcg"] for c, q in recs["validation"]["candidates"].items()},
+        "job_candidates": {
+            c: {"hr10": q["hit_rate"], "ndcg10": q["ndcg"]} for c, q in recs["validation"]["candidates"].items()
+        },
         "train_s": recs["seconds"]["train"],
         "sequence": recs.get("sequence"),
     }

@@ -296,7 +296,8 @@ def run_recs_job(
             )
         stage(work_dir, fingerprint, items, users)
         sequence_report = None
-        if isinstance(sequence := getattr(towers, "collaborative", towers), SequenceTowers):
+        parts = [part for part, _ in getattr(towers, "parts", [])]  # a blend's; the content model has none
+        if sequence := next((part for part in parts if isinstance(part, SequenceTowers)), None):
             save_weights(sequence.model, settings.sequence, items.ids, work_dir / STATE / SEQUENCE_WEIGHTS)
             sequence_report = {"training": asdict(sequence.report), "engines": sequence.engines}
         seconds["group"] = time.perf_counter() - start

@@ -20,8 +20,11 @@ blocked top-k (jobs/topk.py BlockedTopK) serves them all.
              vector; user: their user tower's vector, looked up by id (jobs/own_towers.py
              computes both once a run)
     hybrid   a collaborative model's towers beside the content towers: score = collaborative /
-             scale + content_weight * cosine (scale: the users' median best collaborative score). An item with no interactions has a zero
+             scale + content_weight * cosine (jobs/recs_blend.py; scale: the users' median
+             spread of collaborative scores). An item with no interactions has a zero
              collaborative column, so the content part is what ranks it (cold items).
+    ensemble every collaborative model a night trained, each at its scale, added together
+             (jobs/recs_blend.py), with the content towers
 
 Collaborative models are trained here on one process's interaction matrix (users x items, CSR,
 each user's items in time order: HISTORY_ORDER): EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
@@ -32,7 +35,6 @@ with the interactions.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from typing import NamedTuple, Protocol
 
@@ -43,6 +45,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs_blend import BlendTowers, spread_scale
 from precompute.jobs.recs_spec import Model, RecsSpec
 from precompute.jobs.sequence_towers import sequence
 from precompute.jobs.sequence_train import WarmStart
@@ -89,8 +92,6 @@ ITEM_ITEM_MAX_ITEMS = 20_000
 """Item-item models (EASE, item-kNN) hold an [items, items] float32 matrix: 1.6 GB at 20,000
 items (EASE's Gram matrix and inverse too; a top-k actor holds it twice in a hybrid: alone and
 in the blend)."""
-SCALE_USERS = 2000
-"""Training users whose best collaborative score sets the hybrid's scale (a median: stable at this size)."""
 
 
 class Towers(Protocol):
@@ -202,44 +203,6 @@ class OwnTowers:
         return vectors
 
 
-class BlendTowers:
-    """A collaborative model in units of its users' median best score (so that the popularity
-    prior and content_weight mean the same on every model), with the content towers beside it
-    when content_weight > 0: their dot product is the sum of the two scores.
-
-    The scale and the weight go on the user side, so the item matrix is the parts' own side by
-    side, and the collaborative part keeps only a view of its columns, also once unpickled in
-    a top-k actor: EASE's [items, items] matrix is held once, not twice (its user tower needs
-    only the item count; ALS's and own towers' need none of it)."""
-
-    def __init__(
-        self, collaborative: Towers, content: ContentTowers | None, content_weight: float, scale: float
-    ) -> None:
-        self.name = collaborative.name + ("+content" if content else "")
-        self.collaborative, self.content = collaborative, content
-        self.content_weight, self.scale = content_weight, scale
-        self.width = collaborative.items.shape[1]
-        self.items = np.hstack([collaborative.items] + ([content.items] if content else [])).astype(
-            np.float32
-        )
-        self.collaborative.items = self.items[:, : self.width]
-
-    def users(self, seen: Seen) -> np.ndarray:
-        parts = [self.collaborative.users(seen) / self.scale]
-        if self.content:
-            parts.append(self.content_weight * self.content.users(seen))
-        return np.hstack(parts).astype(np.float32)
-
-    def __getstate__(self) -> dict[str, object]:
-        collaborative = copy.copy(self.collaborative)
-        collaborative.items = None
-        return {**self.__dict__, "collaborative": collaborative}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        self.collaborative.items = self.items[:, : self.width]
-
-
 def check_item_item(name: str, items: int) -> None:
     if items > ITEM_ITEM_MAX_ITEMS:
         raise ValueError(
@@ -338,21 +301,6 @@ def collaborative(
     raise ValueError(f"{name!r} is not a collaborative model")
 
 
-def best_score_scale(towers: Towers, train: Seen) -> float:
-    """The median over (up to SCALE_USERS) users of their best collaborative score: the unit in
-    which the hybrid adds content_weight * cosine."""
-    users = min(SCALE_USERS, len(train.offsets) - 1)
-    head = Seen(
-        train.offsets[: users + 1],
-        train.items[: train.offsets[users]],
-        train.weights[: train.offsets[users]],
-        None if train.ids is None else train.ids[:users],
-    )
-    best = (towers.users(head) @ towers.items.T).max(axis=1)
-    best = best[best > 0]
-    return float(np.median(best)) if len(best) else 1.0
-
-
 def train_towers(
     model: Model,
     train: Seen,
@@ -380,4 +328,4 @@ def train_towers(
         else collaborative(model, train, len(item_vectors), settings, engine or EngineSettings(), warm)
     )
     hybrid = content if settings.content_weight > 0 else None
-    return BlendTowers(towers, hybrid, settings.content_weight, best_score_scale(towers, train))
+    return BlendTowers([(towers, spread_scale(towers, train))], hybrid, settings.content_weight)

@@ -9,7 +9,8 @@ scoring is O(users x items), and a few thousand users measure a rate to about +-
 The published model is the one measured: trained here on the split, it is what the job scores
 users with (their whole histories as input), so the figure estimates what users see and the
 model is trained once a night. With model auto, every candidate the data affords is trained
-(jobs/recs_models.py candidates) and the best by NDCG is published.
+(jobs/recs_models.py candidates), and where there are several, their ensemble
+(jobs/recs_blend.py: each at its scale, added together); the best by NDCG is published.
 
 Models, side by side on the same split: the published one (the output's model and weights),
 item-kNN (the field's simplest collaborative baseline, alone), markov (first-order transitions
@@ -34,9 +35,9 @@ import torch
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import SECONDS, clean, column_renames, tag_rejects
+from precompute.jobs.recs_blend import BlendTowers, ensemble
 from precompute.jobs.recs_models import (
     ITEM_ITEM_MAX_ITEMS,
-    BlendTowers,
     OwnTowers,
     Seen,
     Towers,
@@ -178,6 +179,8 @@ def evaluate(
         train_towers(name, train, item_vectors, settings, own, engine, warm)
         for name in candidates(settings.model, items, ordered)
     ]
+    if len(trained) > 1:
+        trained.append(ensemble(trained))
     judged = {towers.name: measure(towers, prior, sample, sample_targets, items) for towers in trained}
     published = max(trained, key=lambda towers: judged[towers.name].ndcg)  # a tie: the first
     baselines: dict[str, tuple[Towers | None, np.ndarray | None]] = {"most_popular": (None, counts)}
@@ -188,8 +191,8 @@ def evaluate(
         baselines["markov"] = (train_towers("transitions", train, item_vectors, first_order), None)
     baselines["content"] = (train_towers("content", train, item_vectors, settings), prior)
     if isinstance(published, BlendTowers) and published.content is not None:
-        # The hybrid's collaborative (or own towers) part, at its scale: the same model, not trained twice.
-        alone = BlendTowers(published.collaborative, None, 0, published.scale)
+        # The hybrid's collaborative (or own towers) parts, at their scales: the same models, not trained twice.
+        alone = BlendTowers(published.parts, None, 0)
         baselines["collaborative"] = (alone, prior)
     quality = RecsQuality(
         published=published.name,

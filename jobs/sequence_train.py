@@ -1,10 +1,7 @@
 """Training the sequence model (models/sequence.py) on the night's histories, within a time budget.
 
-Loss, at every position of every history: full softmax cross-entropy over the catalogue (SASRec
-trained this way beats its original sampled binary loss by a wide margin: Klenitskiy and Vasilev,
-"Turning Dross Into Gold Loss: is BERT4Rec really better than SASRec?", RecSys 2023), or gSASRec's
-gBCE over sampled negatives (Petrov and Macdonald, RecSys 2023), whose step does not grow with
-the catalogue.
+Loss, at every position of every history (jobs/sequence_loss.py): full softmax cross-entropy
+over the catalogue, or gSASRec's gBCE over sampled negatives.
 
 Validation: each user's latest item is held out of their training history; every epoch or
 every EVAL_STEPS steps, whichever comes first, the model ranks it from the rest (seen items masked) for a seeded sample of users, NDCG@10.
@@ -24,9 +21,9 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.nn import functional
 
 from precompute.jobs.recs_spec import SequenceSpec
+from precompute.jobs.sequence_loss import step_loss
 from precompute.models.sequence import SASRec
 
 VALIDATION_USERS = 2000
@@ -110,26 +107,6 @@ def latest_before(items: np.ndarray, offsets: np.ndarray, users: np.ndarray, len
         np.concatenate([items[s:e] for s, e in zip(starts, ends, strict=True)]) if len(users) else items[:0]
     )
     return histories(flat, cut, np.arange(len(users)), length)
-
-
-def step_loss(
-    model: SASRec, states: torch.Tensor, positives: torch.Tensor, settings: SequenceSpec
-) -> torch.Tensor:
-    """The loss of `states` [n, dim] whose next items are `positives` [n] (item positions)."""
-    vectors = model.item_vectors()
-    if settings.loss == "softmax":
-        return functional.cross_entropy(states @ vectors.T, positives)
-    # gBCE: positives' log-sigmoid raised to beta, which undoes what sampling `negatives` of the
-    # catalogue does to the scores' calibration (alpha: the share sampled; t: how much to undo).
-    count = max(1, min(settings.negatives, model.items - 1))  # alpha <= 1: a share of the others
-    negatives = torch.randint(0, model.items, (count,), device=states.device)
-    alpha = count / max(1, model.items - 1)
-    beta = alpha * (settings.gbce_t * (1 - 1 / alpha) + 1 / alpha)
-    positive = (states * vectors[positives]).sum(1)
-    negative = states @ vectors[negatives].T
-    collided = negatives[None, :] == positives[:, None]  # a positive drawn as a negative is no negative
-    negative_loss = functional.softplus(negative).masked_fill(collided, 0).sum(1)
-    return (beta * functional.softplus(-positive) + negative_loss).mean() / (1 + count)
 
 
 def network(settings: SequenceSpec) -> dict[str, int]:
@@ -242,7 +219,9 @@ def train_sequence(
         for batch in length_batches(np.diff(train_offsets), learners, settings.batch, rng):
             sequence = histories(train_items, train_offsets, batch, settings.history + 1).to(device)
             inputs, targets = sequence[:, :-1], sequence[:, 1:]
-            loss = step_loss(model, model(inputs)[targets > 0], targets[targets > 0] - 1, settings)
+            loss = step_loss(
+                model.item_vectors(), model(inputs)[targets > 0], targets[targets > 0] - 1, settings
+            )
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()

@@ -101,9 +101,9 @@ def test_the_sequence_model_learns_a_fixed_next_item_in_seconds(loss: str, epoch
     )
     settings = RecsSpec(model="sequence", content_weight=0, sequence=spec)
     towers = train_towers("sequence", csr(walks), np.eye(40, dtype=np.float32), settings)
-    report = towers.collaborative.report
+    report = towers.parts[0][0].report
     assert report.best_ndcg10 > 0.9 and report.epochs <= epochs
-    engines = towers.collaborative.engines
+    engines = towers.parts[0][0].engines
     reference = engines["gates"][0]
     assert (reference["precision"], reference["passed"], reference["overlap"]) == ("fp32", True, 1.0)
     assert engines["precision"] in {gate["precision"] for gate in engines["gates"] if gate["passed"]}
@@ -161,8 +161,14 @@ def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless
     texts[: len(IDS), : len(IDS)] = vectors()
     quality, towers = evaluate(valid_interactions(interactions(times=True), ids), texts, RecsSpec())
     assert (quality.split, quality.users, quality.k) == ("temporal", 40, 10)
-    # auto: every model timed histories afford, trained and measured; the best published, as measured.
-    assert set(quality.candidates) == {"sequence+content", "transitions+content", "ease+content"}
+    # auto: every model timed histories afford, trained and measured, and their ensemble; the best
+    # published, as measured.
+    assert set(quality.candidates) == {
+        "sequence+content",
+        "transitions+content",
+        "ease+content",
+        "sequence+transitions+ease+content",
+    }
     best = max(quality.candidates.values(), key=lambda q: q.ndcg)
     assert towers.name == quality.published and quality.candidates[quality.published] == best
     assert quality.models["published"] == best
