@@ -51,6 +51,16 @@ def spread_scale(towers: Towers, train: Seen) -> float:
     return float(np.median(spread)) if len(spread) else 1.0
 
 
+def own_copy(towers: Towers) -> Towers:
+    """A shallow copy whose `items` a blend may point at its own matrix without touching the
+    original, which other blends (a night's candidates and their ensemble) also hold. Not
+    copy.copy: that goes through __getstate__, which drops what only this process needs (the
+    sequence model's network, saved for the next night's warm start)."""
+    part = object.__new__(type(towers))
+    part.__dict__.update(towers.__dict__)
+    return part
+
+
 class BlendTowers:
     """Collaborative parts, each in units of its scale, with the content towers beside them
     when content_weight > 0: their dot product is the sum of the scores.
@@ -64,7 +74,8 @@ class BlendTowers:
         self, parts: list[tuple[Towers, float]], content: ContentTowers | None, content_weight: float
     ) -> None:
         self.name = "+".join(towers.name for towers, _ in parts) + ("+content" if content else "")
-        self.parts, self.content, self.content_weight = parts, content, content_weight
+        self.parts = [(own_copy(towers), scale) for towers, scale in parts]
+        self.content, self.content_weight = content, content_weight
         matrices = [towers.items for towers, _ in parts] + ([content.items] if content else [])
         self.widths = [matrix.shape[1] for matrix in matrices[: len(parts)]]
         self.items = np.hstack(matrices).astype(np.float32)

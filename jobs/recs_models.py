@@ -89,9 +89,9 @@ def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 ITEM_ITEM_MAX_ITEMS = 20_000
-"""Item-item models (EASE, item-kNN) hold an [items, items] float32 matrix: 1.6 GB at 20,000
-items (EASE's Gram matrix and inverse too; a top-k actor holds it twice in a hybrid: alone and
-in the blend)."""
+"""Item-item models (EASE, item-kNN, transitions) hold an [items, items] float32 matrix: 1.6 GB
+at 20,000 items (EASE's Gram matrix and inverse too; the ensemble holds EASE's and transitions'
+side by side, 3.2 GB, in every top-k actor)."""
 
 
 class Towers(Protocol):

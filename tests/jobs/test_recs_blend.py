@@ -54,10 +54,15 @@ def test_an_ensemble_scores_the_sum_of_its_parts_each_in_its_unit() -> None:
         first.users(seen(8)) @ first.items.T / 2.0,
         second.users(seen(8)) @ second.items.T / 7.0,
     ]
-    blend = ensemble([BlendTowers([(first, 2.0)], content, 0.3), BlendTowers([(second, 7.0)], content, 0.3)])
+    candidates = [BlendTowers([(first, 2.0)], content, 0.3), BlendTowers([(second, 7.0)], content, 0.3)]
+    blend = ensemble(candidates)
     assert blend.name == "first+second+content"
     expected = sum(expected_parts) + 0.3 * content.users(seen(8)) @ content.items.T
     np.testing.assert_allclose(blend.users(seen(8)) @ blend.items.T, expected, rtol=1e-4, atol=1e-4)
+    # Each blend's parts view its own matrix: the ensemble took none of its candidates' columns.
+    for owner in [*candidates, blend]:
+        assert all(np.shares_memory(towers.items, owner.items) for towers, _ in owner.parts)
+    assert first.items.shape == (ITEMS, 3) and not np.shares_memory(first.items, blend.items)
     # In a top-k actor: the same scores, and each part's items a view of the one matrix.
     arrived = pickle.loads(pickle.dumps(blend))
     np.testing.assert_allclose(arrived.users(seen(8)) @ arrived.items.T, expected, rtol=1e-4, atol=1e-4)
