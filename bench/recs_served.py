@@ -15,7 +15,6 @@ the same held-out items.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from precompute.bench.served import served_run
 from precompute.jobs.interactions import INDEX, SECONDS, USER
 from precompute.jobs.recs_models import HISTORY_ORDER, train_towers
 from precompute.jobs.recs_quality import EVAL_K, hold_out_last, measure, users_subset
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.lookup.server import running
-from precompute.lookup.settings import ServiceSettings
-from precompute.stores.redis_server import free_port, redis_server
 
 PIPELINE = """\
 [outputs.items]
@@ -120,9 +117,6 @@ def served_quality(
     name: str, items: pa.Table, good: pa.Table, folder: Path, settings: RecsSpec
 ) -> dict[str, Any]:
     """The served protocol in `folder` (inputs, pipeline file, work directory, stores)."""
-    from precompute.cli.terminal import run_logged
-    from precompute.pipeline import load_pipeline
-
     ids = items["id"].to_pylist()
     rest, held = held_out_last(good)
     for previous in ("work", "qdrant"):  # a first night: no weights to start warm from, no versions
@@ -136,21 +130,8 @@ def served_quality(
         # ML-100K's 1,682 titles yield 168 of the 256 gate texts the engine's default asks for.
         "PRECOMPUTE_ENGINE_GATE_TEXTS": "128",
     }
-    before = {key: os.environ.get(key) for key in [*environment, "PRECOMPUTE_REDIS_URL"]}
-    try:
-        with redis_server(folder / "redis") as url:
-            os.environ.update({**environment, "PRECOMPUTE_REDIS_URL": url})
-            pipeline = load_pipeline(folder / "precompute.toml")
-            report, _ = run_logged(pipeline)
-            service = ServiceSettings(port=free_port())
-            with running(service, pipeline=pipeline, log=folder / "service.log") as base:
-                lists = served_lists(base, sorted(held), EVAL_K)
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with served_run(folder, environment) as (report, base):
+        lists = served_lists(base, sorted(held), EVAL_K)
     recs = report["outputs"]["recs"]
     hr10, ndcg10 = scores(lists, held, ids)
     found = baselines(good, ids, settings)

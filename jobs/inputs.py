@@ -37,12 +37,16 @@ def is_time(kind: pa.DataType) -> bool:
     )
 
 
+def _is_label(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+
+
 COLUMN_TYPES = {
     "id": (_is_key, "strings, bytes or integers"),
     "text": (_is_text, "strings or UTF-8 bytes"),
     "label": (
-        lambda kind: pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind),
-        "strings or integers",
+        lambda kind: _is_label(kind) or (pa.types.is_list(kind) and _is_label(kind.value_type)),
+        "strings or integers, or lists of them (several labels per row)",
     ),
     "user": (_is_key, "strings, bytes or integers"),
     "item": (_is_key, "strings, bytes or integers"),
@@ -57,7 +61,8 @@ class CorpusInput(TextSample):
     """A corpus Parquet (path or URI) and the names of its columns."""
 
     label: str | None = None
-    """Labels with a trained head: the column it learns from."""
+    """Labels with a trained head: the column it learns from; a list column gives several labels
+    per row (a sigmoid head, each label's threshold chosen on held-out rows)."""
     max_text_bytes: int = Field(1_000_000, ge=1)
     """A longer text is rejected, not read: the model sees its first few hundred tokens anyway."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)

@@ -65,12 +65,10 @@ class LabelsJobReport:
     """The committed parts: the next run's cache once this version is published (content_cache.promote)."""
 
 
-def labeler_identity(
-    labels: LabelTask, engine: Engine, report: LabelerReport, vocabulary: list[str]
-) -> str:
+def labeler_identity(labels: LabelTask, engine: Engine, report: LabelerReport, vocabulary: list[str]) -> str:
     """Everything a value depends on besides the text: the encoder's (or classifier's) hash; the
     trained head's cache entry, named by its key (model, training rows, column, recipe); the
-    vocabulary the indices point into; and how many labels a value holds.
+    vocabulary the indices point into; and how many labels a value holds, at what least score.
 
     Not the precision the gate chose, nor its near-tie margin: like an embedding (whose identity
     is the model's hash), a label from any precision that passed the gate agrees with FP32's as
@@ -81,6 +79,7 @@ def labeler_identity(
         "head": Path(report.head_dir).name if report.head_dir else "",
         "vocabulary": vocabulary,
         "top": labels.policy.top,
+        "min_score": labels.policy.min_score,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -104,8 +103,8 @@ class LabelActor:
         values = batch[VALUE].to_pylist() if VALUE in batch.column_names else [None] * batch.num_rows
         if missing.any():
             texts = batch["text"].to_pylist()
-            indices, scores = self.labeler.label([t for t, m in zip(texts, missing, strict=True) if m])
-            fresh = iter(encode_ranked(indices, scores))
+            indices, scores, given = self.labeler.label([t for t, m in zip(texts, missing, strict=True) if m])
+            fresh = iter(encode_ranked(indices, scores, given))
             values = [next(fresh) if m else v for v, m in zip(values, missing, strict=True)]
         progress.add(self.counter, batch.num_rows)
         return pa.table(

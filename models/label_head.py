@@ -1,18 +1,20 @@
-"""A label head trained on the corpus's own label column, over an encoder: softmax regression
-on FP32 embeddings.
+"""A label head trained on the corpus's own label column, over an encoder: the best of several
+linear heads by held-out evidence (label_training.py), its probabilities calibrated.
 
-The head is trained on the labelled corpus (the gate's held-out texts excluded), exported to
-ONNX (Gemm + Softmax) and cached like an engine, keyed by model, training rows and recipe, and
-kept while its training rows change little (`retrain_share`): `load_head` trains it on first
-use, so a fresh machine needs no step of its own. It runs through the backends every engine
-uses (models/runtime.py open_graph). Weights never go into git.
+The head is trained on every labelled row (the gate's held-out texts excluded), exported to
+ONNX and cached like an engine, keyed by model, training rows and recipe, and kept while its
+training rows change little (`retrain_share`): `load_head` trains it on first use, so a fresh
+machine needs no step of its own. Its graph takes the text's embedding and the logits of its
+sparse TF-IDF features (zeros for a head without them) and adds them, then a softmax (one label
+per row) or a sigmoid (several); it runs through the backends every engine uses
+(models/runtime.py open_graph). Weights never go into git.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,17 +26,21 @@ from precompute.models.backends.base import BuildSpec
 from precompute.models.engine import load_encoder
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
+from precompute.models.label_features import TextFeatures
+from precompute.models.label_training import Labelled, train_head
 from precompute.models.reference_texts import SPLIT_SLOT, TextSample, sample_rows, split_slot
 from precompute.models.runtime import open_graph, resolve_device
 from precompute.models.settings import Engine
 
-RECIPE = "softmax-regression/lbfgs/l2-1e-4/v1"
+RECIPE = "linear-svm/embeddings|embeddings+tfidf/calibrated/v2"
 HEAD_FILE = "head.onnx"
 LABELS_FILE = "labels.json"
+TEXT_WEIGHT_FILE = "text_weight.npy"
 TRAINING_FILE = "training.npy"
 """The sorted fingerprints of the rows a head was trained on (row_fingerprints)."""
 PROBABILITIES = "probabilities"
 HEAD_INPUT = "embedding"
+TEXT_LOGITS = "text_logits"
 HEAD_ROWS = 4096
 """Embeddings per head call: the batch its engine is built for."""
 
@@ -47,18 +53,27 @@ class LabelPolicy(BaseModel):
     top: int = Field(3, ge=1, le=10)
     """Labels stored per item, best first."""
 
-    train_texts: int = Field(20_000, ge=10)
-    """Trained head: the first this many labelled rows train it, the gate's held-out ones
-    excluded. A softmax head over a few hundred dimensions learns what it can from tens of
-    thousands; more rows only add FP32 inference to every retrain."""
+    min_score: float = Field(0.0, ge=0, le=1)
+    """A label is stored only at or above this calibrated probability: an item whose best label
+    is less sure gets none (abstains). With several labels per row, each label's own threshold
+    (chosen on held-out rows) applies too."""
+
+    train_texts: int | None = Field(None, ge=10)
+    """Trained head: at most this many labelled rows train it, a seeded sample (None: all), the
+    gate's held-out ones excluded; the report says how many did."""
+
+    max_baseline_loss: float = Field(0.02, ge=0, le=1)
+    """A version is published only if its head's held-out accuracy is at least the TF-IDF +
+    linear SVM baseline's (trained and tested on the same rows) minus this."""
 
     retrain_share: float = Field(0.05, ge=0, le=1)
     """A cached head is kept while at most this share of its training rows changed; past it, a
     new head is trained (and every label computed again). 0 retrains on any change."""
 
     recheck_texts: int = Field(400, ge=10)
-    """Calibration texts (disjoint from the gate's) that set the near-tie margin of a
-    precision that falls short of the gate: the widest margin at which it flipped a label."""
+    """Calibration texts (disjoint from the gate's; at most this many, as many as the corpus
+    has) that set the near-tie margin of a precision that falls short of the gate: the widest
+    margin at which it flipped a label."""
 
 
 class LabelTask(BaseModel):
@@ -72,34 +87,25 @@ class LabelTask(BaseModel):
     policy: LabelPolicy = LabelPolicy()
 
 
-def train_head(embeddings: np.ndarray, targets: np.ndarray, classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Weights [classes, dim] and bias [classes] of an L2-regularised softmax regression."""
-    import torch  # training only: labelling runs the exported head on ONNX Runtime
-
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(embeddings.shape[1], classes)
-    x, y = torch.from_numpy(embeddings), torch.from_numpy(targets)
-    optimizer = torch.optim.LBFGS(linear.parameters(), max_iter=300, line_search_fn="strong_wolfe")
-
-    def loss() -> torch.Tensor:
-        optimizer.zero_grad()
-        value = torch.nn.functional.cross_entropy(linear(x), y) + 1e-4 * linear.weight.pow(2).sum()
-        value.backward()
-        return value
-
-    optimizer.step(loss)
-    return linear.weight.detach().numpy(), linear.bias.detach().numpy()
-
-
-def export_head(weight: np.ndarray, bias: np.ndarray, path: Path) -> None:
-    """embedding [B, dim] -> probabilities [B, classes]: Gemm then Softmax."""
+def export_head(weight: np.ndarray, bias: np.ndarray, path: Path, multi: bool = False) -> None:
+    """embedding [B, dim], text_logits [B, labels] -> probabilities [B, labels]: Gemm, Add, then
+    Softmax (one label per row) or Sigmoid (several)."""
+    activation = (
+        helper.make_node("Sigmoid", ["logits"], [PROBABILITIES])
+        if multi
+        else (helper.make_node("Softmax", ["logits"], [PROBABILITIES], axis=-1))
+    )
     graph = helper.make_graph(
         [
-            helper.make_node("Gemm", [HEAD_INPUT, "weight", "bias"], ["logits"], transB=1),
-            helper.make_node("Softmax", ["logits"], [PROBABILITIES], axis=-1),
+            helper.make_node("Gemm", [HEAD_INPUT, "weight", "bias"], ["embedding_logits"], transB=1),
+            helper.make_node("Add", ["embedding_logits", TEXT_LOGITS], ["logits"]),
+            activation,
         ],
         "label_head",
-        [helper.make_tensor_value_info(HEAD_INPUT, TensorProto.FLOAT, ["batch", weight.shape[1]])],
+        [
+            helper.make_tensor_value_info(HEAD_INPUT, TensorProto.FLOAT, ["batch", weight.shape[1]]),
+            helper.make_tensor_value_info(TEXT_LOGITS, TensorProto.FLOAT, ["batch", len(bias)]),
+        ],
         [helper.make_tensor_value_info(PROBABILITIES, TensorProto.FLOAT, ["batch", len(bias)])],
         [
             numpy_helper.from_array(weight.astype(np.float32), "weight"),
@@ -113,22 +119,41 @@ def export_head(weight: np.ndarray, bias: np.ndarray, path: Path) -> None:
 
 
 class LabelHead:
-    """The exported head through the engines' backends: probabilities of embeddings."""
+    """The exported head through the engines' backends: label probabilities of (embeddings, texts)."""
 
     def __init__(self, directory: Path, engine: Engine) -> None:
         self.directory = directory
         device = resolve_device(engine.machine)
-        self.runner = open_graph((directory / HEAD_FILE).read_bytes(), engine.machine, device, BuildSpec(HEAD_ROWS))
+        self.runner = open_graph(
+            (directory / HEAD_FILE).read_bytes(), engine.machine, device, BuildSpec(HEAD_ROWS)
+        )
         meta = json.loads((directory / LABELS_FILE).read_text())
         self.labels: list[str] = meta["labels"]
+        self.multi: bool = meta["multi"]
+        self.thresholds = None if meta["thresholds"] is None else np.array(meta["thresholds"], np.float32)
+        self.training: dict = meta["training"]
+        """The candidates, the baseline and the chosen one, on held-out rows (label_training.TrainingReport)."""
         self.held_out_accuracy: float = meta["held_out_accuracy"]
+        self.features = TextFeatures.load(directory) if (directory / TEXT_WEIGHT_FILE).exists() else None
+        self.text_weight = np.load(directory / TEXT_WEIGHT_FILE) if self.features else None
 
-    def probabilities(self, embeddings: np.ndarray) -> np.ndarray:
-        parts = [
-            self.runner.infer({HEAD_INPUT: embeddings[start : start + HEAD_ROWS]})
-            for start in range(0, len(embeddings), HEAD_ROWS)
-        ]
+    def probabilities(self, embeddings: np.ndarray, texts: list[str]) -> np.ndarray:
+        parts = []
+        for start in range(0, len(embeddings), HEAD_ROWS):
+            batch = embeddings[start : start + HEAD_ROWS]
+            text_logits = np.zeros((len(batch), len(self.labels)), np.float32)
+            if self.features is not None:
+                text_logits = np.asarray(
+                    self.features.transform(texts[start : start + HEAD_ROWS]) @ self.text_weight.T, np.float32
+                )
+            parts.append(self.runner.infer({HEAD_INPUT: batch, TEXT_LOGITS: text_logits}))
         return np.concatenate(parts) if parts else np.zeros((0, len(self.labels)), np.float32)
+
+    def given(self, probabilities: np.ndarray, min_score: float) -> np.ndarray:
+        """Which labels a row is given: at or above `min_score`, and with several labels per
+        row, at or above each label's threshold."""
+        floor = np.float32(min_score)
+        return probabilities >= (floor if self.thresholds is None else np.maximum(self.thresholds, floor))
 
 
 def load_head(task: LabelTask, engine: Engine) -> LabelHead:
@@ -139,8 +164,7 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
     every label's identity (jobs/labels.py), so a head retrained on 1% new rows would label every
     row again for a head that labels almost all of them the same."""
     column = label_column(task)
-    rows = training_rows(task.corpus, column, task.policy.train_texts)
-    fingerprints = row_fingerprints(rows, column)
+    labelled, fingerprints = labelled_rows(task.corpus, column, task.policy.train_texts)
     lineage = {
         "model": engine.model.hash,
         "column": column,
@@ -154,7 +178,7 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
     ):
         return LabelHead(kept, engine)
     entry = cache.get_or_build(
-        "label-head", key, lambda directory: _train(rows, fingerprints, column, engine, directory)
+        "label-head", key, lambda directory: _train(labelled, fingerprints, engine, directory)
     )
     return LabelHead(entry.path, engine)
 
@@ -165,30 +189,57 @@ def label_column(task: LabelTask) -> str:
     return task.column
 
 
-def training_rows(sample: TextSample, column: str, count: int) -> list[dict[str, object]]:
-    """The first `count` labelled rows of the corpus (the gate's held-out ones excluded), read a
-    batch at a time: training costs the same at a million rows as at fifty thousand."""
+def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[Labelled, np.ndarray]:
+    """The corpus's labelled rows (the gate's held-out ones excluded), read a batch at a time, a
+    seeded sample of `limit` of them (None: all); and their fingerprints. A list column gives several labels per row."""
+    texts: list[str] = []
+    labels: list[tuple[str, ...] | str] = []
+    slots: list[int] = []
+    digests: list[bytes] = []
     rows = (
-        {"id": r[sample.id], "text": r[sample.text], column: r[column]}
-        for r in sample_rows(sample, [sample.id, sample.text, column])
-        if r[sample.text]
-        and r[sample.text].strip()
-        and r[column]
-        and split_slot(r[sample.id]) != SPLIT_SLOT["gate"]
+        labelled_row(row, sample, column) for row in sample_rows(sample, [sample.id, sample.text, column])
     )
-    found = list(itertools.islice(rows, count))
-    if not found:
+    for id_, text, label in (row for row in rows if row is not None):
+        texts.append(text)
+        labels.append(label)
+        slots.append(split_slot(id_))
+        digests.append(hashlib.blake2b(f"{id_}\x00{text}\x00{label}".encode(), digest_size=8).digest())
+    if not texts:
         raise ModelError(f"labels corpus {sample.path}: no row has both a text and a {column!r} label")
-    return found
+    if limit is not None and len(texts) > limit:
+        # A seeded sample, not the first rows: a file's order may group its rows by class or slot.
+        keep = np.sort(np.random.default_rng(0).choice(len(texts), limit, replace=False)).tolist()
+        texts, labels, slots, digests = ([part[i] for i in keep] for part in (texts, labels, slots, digests))
+    multi = isinstance(labels[0], tuple)
+    names = sorted({name for label in labels for name in (label if multi else [label])})
+    index = {name: i for i, name in enumerate(names)}
+    if multi:
+        targets = np.zeros((len(labels), len(names)), dtype=bool)
+        for row, label in enumerate(labels):
+            targets[row, [index[name] for name in label]] = True
+    else:
+        targets = np.array([index[label] for label in labels], dtype=np.int64)
+    fingerprints = np.sort(np.frombuffer(b"".join(digests), dtype=np.uint64))
+    return Labelled(texts, targets, names, np.array(slots)), fingerprints
 
 
-def row_fingerprints(rows: list[dict[str, object]], column: str) -> np.ndarray:
-    """A sorted 64-bit hash of each training row's (id, text, label): how two training sets compare."""
-    digests = (
-        hashlib.blake2b(f"{r['id']}\x00{r['text']}\x00{r[column]}".encode(), digest_size=8).digest()
-        for r in rows
-    )
-    return np.sort(np.frombuffer(b"".join(digests), dtype=np.uint64))
+def labelled_row(
+    row: dict[str, object], sample: TextSample, column: str
+) -> tuple[object, str, object] | None:
+    """(id, text, label) of a row with a text and a label, not one of the gate's; else None. A
+    list of labels becomes a sorted tuple of its names (None for an empty list)."""
+    text, label = row[sample.text], row[column]
+    if (
+        not isinstance(text, str)
+        or not text.strip()
+        or label is None
+        or split_slot(row[sample.id]) == SPLIT_SLOT["gate"]
+    ):
+        return None
+    if isinstance(label, list):
+        names = tuple(sorted({str(name) for name in label if name is not None}))
+        return (row[sample.id], text, names) if names else None
+    return (row[sample.id], text, str(label)) if str(label) else None
 
 
 def closest_head(
@@ -209,23 +260,21 @@ def closest_head(
     return best[2] if best else None
 
 
-def _train(
-    rows: list[dict[str, object]],
-    fingerprints: np.ndarray,
-    column: str,
-    engine: Engine,
-    directory: Path,
-) -> None:
-    names = sorted({str(r[column]) for r in rows})
-    targets = np.array([names.index(str(r[column])) for r in rows], dtype=np.int64)
-    # Hold out a tenth (by hash, never the gate's) to report accuracy, then fit on everything.
-    held_out = np.array([split_slot(r["id"]) == SPLIT_SLOT["calibration"] for r in rows])
+def _train(labelled: Labelled, fingerprints: np.ndarray, engine: Engine, directory: Path) -> None:
+    """Embed the labelled rows at FP32, train and choose the head, export it with its report."""
     with load_encoder(engine.replace(precision="fp32")) as encoder:
-        embeddings = encoder.encode([str(r["text"]) for r in rows])
-    weight, bias = train_head(embeddings[~held_out], targets[~held_out], len(names))
-    predicted = np.argmax(embeddings[held_out] @ weight.T + bias, axis=1)
-    accuracy = float(np.mean(predicted == targets[held_out])) if held_out.any() else float("nan")
-    weight, bias = train_head(embeddings, targets, len(names))
-    export_head(weight, bias, directory / HEAD_FILE)
+        embeddings = encoder.encode(labelled.texts)
+    head, report = train_head(labelled, embeddings)
+    export_head(head.weight, head.bias, directory / HEAD_FILE, labelled.multi)
+    if head.features is not None and head.text_weight is not None:
+        head.features.save(directory)
+        np.save(directory / TEXT_WEIGHT_FILE, head.text_weight)
     np.save(directory / TRAINING_FILE, fingerprints)
-    (directory / LABELS_FILE).write_text(json.dumps({"labels": names, "held_out_accuracy": accuracy}))
+    meta = {
+        "labels": labelled.names,
+        "multi": labelled.multi,
+        "thresholds": None if head.thresholds is None else head.thresholds.tolist(),
+        "held_out_accuracy": report.accuracy,
+        "training": asdict(report),
+    }
+    (directory / LABELS_FILE).write_text(json.dumps(meta))

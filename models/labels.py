@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from precompute.models.encoder import Encoder, EngineReport
 from precompute.models.engine import gate_texts, load_encoder, reference_embeddings
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import GateFailedError
-from precompute.models.label_head import LabelHead, LabelTask, load_head
+from precompute.models.label_head import LabelHead, LabelPolicy, LabelTask, load_head
 from precompute.models.reference_texts import reference_texts, texts_digest
 from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
 from precompute.models.settings import Engine
@@ -51,7 +52,10 @@ class LabelerReport:
     head_dir: str
     """The trained head's cache entry; empty for a classifier."""
     held_out_accuracy: float | None
-    """The trained head's top-1 accuracy on held-out labelled texts; None for a classifier."""
+    """The trained head's top-1 accuracy (micro F1 with several labels per row) on held-out
+    labelled texts; None for a classifier."""
+    training: dict[str, Any] | None = None
+    """The trained head's candidates and baseline on those texts (label_training.TrainingReport)."""
     gates: list[LabelGate] = field(default_factory=list)
 
 
@@ -75,13 +79,14 @@ class Labeler:
         self,
         encoder: Encoder,
         head: LabelHead | None,
-        top: int,
+        policy: LabelPolicy,
         recheck: Encoder | None = None,
         margin: float = 0.0,
     ) -> None:
         self.encoder = encoder
         self.head = head
-        self.top = top
+        self.top = policy.top
+        self.min_score = policy.min_score
         self.recheck = recheck
         self.margin = margin
         self.report: LabelerReport | None = None
@@ -94,18 +99,24 @@ class Labeler:
     def probabilities(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(label probabilities [rows, labels], whether each row was rechecked at FP32)."""
         outputs = self.encoder.encode(texts)
-        probabilities = self.head.probabilities(outputs) if self.head else outputs
+        probabilities = self.head.probabilities(outputs, texts) if self.head else outputs
         near = np.zeros(len(texts), dtype=bool)
         if self.recheck is not None and self.head is not None:
             near = top_two_margin(probabilities) < self.margin
             if near.any():
-                again = self.recheck.encode([t for t, n in zip(texts, near, strict=True) if n])
-                probabilities[near] = self.head.probabilities(again)
+                near_texts = [t for t, n in zip(texts, near, strict=True) if n]
+                probabilities[near] = self.head.probabilities(self.recheck.encode(near_texts), near_texts)
         return probabilities, near
 
-    def label(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(label indices, probabilities), [len(texts), top] each, best first."""
-        return top_of(self.probabilities(texts)[0], self.top)
+    def label(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(label indices, probabilities, whether each is given), [len(texts), top] each, best
+        first: a label is given at or above `min_score` (and a multi-label head's threshold)."""
+        probabilities = self.probabilities(texts)[0]
+        given = (
+            self.head.given(probabilities, self.min_score) if self.head else probabilities >= self.min_score
+        )
+        indices, scores = top_of(probabilities, self.top)
+        return indices, scores, np.take_along_axis(given, indices, axis=1)
 
     def close(self) -> None:
         self.encoder.close()
@@ -121,8 +132,8 @@ class Labeler:
 
 def recheck_margin(head: LabelHead, quantized: Encoder, fp32: Encoder, texts: list[str]) -> float:
     """Just above the widest margin at which `quantized` flipped a calibration text's top label."""
-    quick = head.probabilities(quantized.encode(texts))
-    exact = head.probabilities(fp32.encode(texts))
+    quick = head.probabilities(quantized.encode(texts), texts)
+    exact = head.probabilities(fp32.encode(texts), texts)
     flipped = np.argmax(quick, axis=1) != np.argmax(exact, axis=1)
     return float(np.nextafter(top_two_margin(quick)[flipped].max(initial=0.0), np.inf))
 
@@ -134,7 +145,7 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
         return load_classifier(task, engine)
     head = load_head(task, engine)
     texts = gate_texts(engine)
-    reference = np.argmax(head.probabilities(reference_embeddings(engine, texts)), axis=1)
+    reference = np.argmax(head.probabilities(reference_embeddings(engine, texts), texts), axis=1)
     device = resolve_device(engine.machine)
     policy, threshold = task.policy, engine.policy.gate_agreement
 
@@ -149,12 +160,13 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
     def evaluate(encoder: Encoder, directory: Path) -> None:
         """A rung's gates: its precision alone, then with the near ties rechecked at FP32."""
         precision = encoder.report.precision
-        tried = [agreement_gate(Labeler(encoder, head, policy.top), precision)]
+        tried = [agreement_gate(Labeler(encoder, head, policy), precision)]
         if not tried[0].passed and precision != "fp32":
             with load_encoder(engine.replace(precision="fp32")) as fp32:
-                calibration = reference_texts(engine.reference, "calibration", policy.recheck_texts)
+                # As many as a small corpus has: the gate still judges the margin they set.
+                calibration = reference_texts(engine.reference, "calibration", policy.recheck_texts, at_least=0)
                 margin = recheck_margin(head, encoder, fp32, calibration)
-                recheck = Labeler(encoder, head, policy.top, fp32, margin)
+                recheck = Labeler(encoder, head, policy, fp32, margin)
                 tried.append(agreement_gate(recheck, f"{precision}+fp32-recheck"))
         (directory / GATES_FILE).write_text(json.dumps([asdict(g) for g in tried]))
 
@@ -178,26 +190,21 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
         entry = cache.get_or_build("label-gate", key, lambda directory, e=encoder: evaluate(e, directory))
         gates += [LabelGate(**g) for g in json.loads((entry.path / GATES_FILE).read_text())]
         if gates[-1].passed:
-            report = LabelerReport(encoder.report, str(head.directory), head.held_out_accuracy, gates)
+            report = LabelerReport(
+                encoder.report, str(head.directory), head.held_out_accuracy, head.training, gates
+            )
             return passed_labeler(encoder, head, task, engine, report)
         encoder.close()
     failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
     raise GateFailedError(f"no precision passed the label agreement gate ({failures})")
 
 
-def label_names(task: LabelTask, engine: Engine) -> list[str]:
-    """The labels a labeler can give, by index: the classifier's, or the trained head's (trained now on a miss)."""
-    if engine.model.task == "classify":
-        return list(engine.model.labels)
-    return load_head(task, engine).labels
-
-
 def load_classifier(task: LabelTask, engine: Engine) -> Labeler:
     """A classifier labels through its own engine, whose gate is top-label agreement with FP32."""
     encoder = load_encoder(engine)
-    labeler = Labeler(encoder, None, task.policy.top)
+    labeler = Labeler(encoder, None, task.policy)
     gates = [LabelGate(g.precision, g.agreement or 0.0, g.passed, g.reason) for g in encoder.report.gates]
-    labeler.report = LabelerReport(encoder.report, "", None, gates)
+    labeler.report = LabelerReport(encoder.report, "", None, None, gates)
     return labeler
 
 
@@ -207,7 +214,9 @@ def open_labeler(task: LabelTask, engine: Engine, report: LabelerReport) -> Labe
     of encoding (the gate's and the calibration texts, at two precisions); opening, a cache hit."""
     encoder = load_encoder(engine.replace(precision=report.engine.precision))
     # The head the gate chose, by its entry's name: an actor never picks another one (load_head).
-    head = LabelHead(engine.machine.cache_dir / Path(report.head_dir).name, engine) if report.head_dir else None
+    head = (
+        LabelHead(engine.machine.cache_dir / Path(report.head_dir).name, engine) if report.head_dir else None
+    )
     return passed_labeler(encoder, head, task, engine, report)
 
 
@@ -222,6 +231,6 @@ def passed_labeler(
     when that gate passed with a recheck margin."""
     margin = report.gates[-1].recheck_margin
     recheck = None if margin is None else load_encoder(engine.replace(precision="fp32"))
-    labeler = Labeler(encoder, head, task.policy.top, recheck, margin or 0.0)
+    labeler = Labeler(encoder, head, task.policy, recheck, margin or 0.0)
     labeler.report = report
     return labeler

@@ -57,8 +57,11 @@ def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, ob
         raise ModelError(f"{sample.path}: cannot read columns {', '.join(columns)} ({e})") from e
 
 
-def reference_texts(sample: TextSample, purpose: Literal["gate", "calibration"], count: int) -> list[str]:
-    """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10)."""
+def reference_texts(
+    sample: TextSample, purpose: Literal["gate", "calibration"], count: int, at_least: int | None = None
+) -> list[str]:
+    """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10);
+    fewer are an error below `at_least` (None: below `count`)."""
     slot = SPLIT_SLOT[purpose]
     texts = (
         text
@@ -66,7 +69,7 @@ def reference_texts(sample: TextSample, purpose: Literal["gate", "calibration"],
         if isinstance(text := row[sample.text], str) and text.strip() and split_slot(row[sample.id]) == slot
     )
     found = list(itertools.islice(texts, count))
-    if len(found) < count:
+    if len(found) < (count if at_least is None else at_least):
         raise ModelError(
             f"reference texts {sample.path}: {len(found)} {purpose} texts, {count} needed "
             f"(set PRECOMPUTE_ENGINE_{'GATE' if purpose == 'gate' else 'CALIBRATION'}_TEXTS lower)"

@@ -13,8 +13,9 @@ import numpy as np
 RANKED = np.dtype([("index", "<u4"), ("score", "<f2")])
 
 
-def encode_ranked(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
-    """One value per row of `indices` and `scores` ([rows, k] each, best first)."""
+def encode_ranked(indices: np.ndarray, scores: np.ndarray, given: np.ndarray | None = None) -> list[bytes]:
+    """One value per row of `indices` and `scores` ([rows, k] each, best first); with `given`
+    (booleans of that shape), each row's given pairs alone (an abstaining row's value is empty)."""
     if indices.shape != scores.shape or indices.ndim != 2:
         raise ValueError(
             f"indices and scores must be [rows, k] of one shape: {indices.shape}, {scores.shape}"
@@ -22,7 +23,9 @@ def encode_ranked(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
     pairs = np.empty(indices.shape, RANKED)
     pairs["index"] = indices
     pairs["score"] = scores
-    return [row.tobytes() for row in pairs]
+    if given is None:
+        return [row.tobytes() for row in pairs]
+    return [row[keep].tobytes() for row, keep in zip(pairs, given, strict=True)]
 
 
 def decode_ranked(value: bytes) -> tuple[np.ndarray, np.ndarray]:

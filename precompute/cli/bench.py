@@ -176,3 +176,14 @@ def bench_recs(
     from precompute.bench.recs import main
 
     main(datasets, repeats)
+
+
+@bench_app.command("labels")
+def bench_labels(
+    datasets: Annotated[str, typer.Option(help="Comma-separated: demo, news; the first one's figures close the JSON line.")] = "demo,news",
+) -> None:
+    """Top-1 of the served labels against TF-IDF + LinearSVC and logistic regression on FP32
+    embeddings, on the same split of public labelled texts; each head candidate's training time."""
+    from precompute.bench.labels import main
+
+    main(datasets)

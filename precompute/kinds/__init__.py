@@ -62,6 +62,10 @@ BUILT_IN = {
 """In the order a night runs them: recs recommend from the embeddings of the same night."""
 
 
+class QualityError(Exception):
+    """A new version is worse than its baseline on held-out data; the current version stays."""
+
+
 class OutputSpec(BaseModel):
     """The fields every output's table has; a kind's spec adds its own."""
 

@@ -1,9 +1,9 @@
 """Content labels: each row's top labels, from a head trained on a label column or a classifier folder.
 
-    run:   train the head on a cache miss (models/label_head.py) -> gate the labeler
-           (models/labels.py) -> label (jobs/labels.py) into a new Redis version -> publish
-           (count, sample reads, pointer flip) -> collect old versions; the run's values become
-           the next run's cache
+    run:   train the head on a cache miss (models/label_head.py), refused if it loses to its
+           TF-IDF baseline -> gate the labeler (models/labels.py) -> label (jobs/labels.py) into
+           a new Redis version -> publish (count, sample reads, pointer flip) -> collect old
+           versions; the run's values become the next run's cache
     serve: GET /v1/labels/<output>/{id}, POST /v1/labels/<output>:batchGet (and /v1/labels/...)
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from precompute.jobs.inputs import CorpusInput
-from precompute.kinds import OutputKind, OutputSpec
+from precompute.kinds import OutputKind, OutputSpec, QualityError
 from precompute.kinds.keyed import key_value_versions, publish_new_version, store_line
 from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.models.label_head import LabelPolicy, LabelTask
@@ -91,16 +91,24 @@ class Labels(OutputKind):
         from precompute.jobs import work_dir
         from precompute.jobs.content_cache import promote
         from precompute.jobs.labels import run_labels_job
-        from precompute.models.labels import label_names
+        from precompute.models.label_head import load_head
+        from precompute.models.label_training import loses_to_baseline
 
         output: LabelsSpec = run.pipeline.outputs[name]
         machine, task = run.machine, output.task()
         engine = engine_of(run.pipeline, name, machine.engine)
 
         def label() -> tuple[Any, str, list[str]]:
-            """Label the corpus into a new version and publish it; its staged values then become the
-            cache of the next run (never before: a failed run must not replace it)."""
-            vocabulary = label_names(task, engine)  # trains a head on a cache miss
+            """Label the corpus into a new version and publish it, unless its head loses to the
+            TF-IDF baseline; its staged values then become the cache of the next run (never
+            before: a failed run must not replace it)."""
+            if output.classifier is not None:
+                vocabulary = list(engine.model.labels)
+            else:
+                head = load_head(task, engine)  # trained on a cache miss
+                if refusal := loses_to_baseline(head.training, output.max_baseline_loss):
+                    raise QualityError(refusal)
+                vocabulary = head.labels
             cache = work_dir.cache_dir(run.work_dir, name)
             labelled, version, deleted = publish_new_version(
                 run,
@@ -144,6 +152,7 @@ class Labels(OutputKind):
             "gate": labeler["gates"],
             "gate_texts_from": labeler["engine"]["gates"][-1]["texts_from"] if labeler["engine"]["gates"] else "",
             "head_held_out_accuracy": None if accuracy is None else round(accuracy, 4),
+            "head_training": labeler["training"],
             "deleted_versions": deleted,
         }
 

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.kinds import OutputKind, OutputSpec
+from precompute.kinds import OutputKind, OutputSpec, QualityError
 from precompute.kinds.keyed import key_value_versions, publish_new_version, store_line
 from precompute.models.errors import ModelError
 from precompute.models.towers import Signature, TowersSpec, column_problem, same_dim
@@ -54,10 +54,6 @@ class RecsOutputSpec(OutputSpec, RecsSpec):
     def recs(self) -> RecsSpec:
         """What the job computes, without where its inputs are and how it is published."""
         return RecsSpec.model_validate(self.model_dump(include=set(RecsSpec.model_fields)))
-
-
-class QualityError(Exception):
-    """The new recommendations are worse than the most-popular baseline; the current version stays."""
 
 
 class Recs(OutputKind):

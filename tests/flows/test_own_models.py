@@ -1,5 +1,6 @@
 """Two models per kind from one pipeline file, end to end: the bundled encoder next to a tiny random
-32-d one, a label head trained on the corpus next to a classifier folder, and recommendations from
+32-d one, a label head trained on the corpus next to a classifier folder (and a head over the tiny
+encoder that gives several labels per row, from a list column), and recommendations from
 a user's own two towers (ONNX files over features Parquets). The nightly flow publishes all five,
 the service answers each by name with its own model, `precompute status` lists each."""
 
@@ -43,6 +44,15 @@ input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
 train_texts = 400
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
 
+[outputs.tags]
+kind = "labels"
+input = {{ path = "{tagged}", label = "tags", max_reject_ratio = 0.05 }}
+model = {{ path = "{encoder}", pooling = "mean" }}
+top = 3
+# 200 rows hold out 20 to compare on: this output shows several labels per row, not their quality.
+max_baseline_loss = 1.0
+engine = {{ gate_texts = 16, calibration_texts = 16 }}
+
 [outputs.topics]
 kind = "labels"
 input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
@@ -60,6 +70,19 @@ towers = {{ user = "towers/user.onnx", item = "towers/item.onnx", users = {{ pat
 popularity_weight = 5.0
 min_lift = 0.5
 """
+
+
+def tagged(corpus: Path, folder: Path) -> Path:
+    """The corpus with a list of tags per row: its section, and "library" or "documentation"
+    where its id says so (a third of the rows have two)."""
+    table = pq.read_table(corpus)
+    tags = [
+        [section, *(["library"] if str(id_).startswith("lib") else []), *(["documentation"] if str(id_).endswith("-doc") else [])]
+        for id_, section in zip(table["id"].to_pylist(), table["section"].to_pylist(), strict=True)
+    ]
+    path = folder / "tagged.parquet"
+    pq.write_table(table.append_column("tags", pa.array(tags, pa.list_(pa.string()))), path)
+    return path
 
 
 def behaviour(corpus: Path, folder: Path) -> Path:
@@ -104,6 +127,7 @@ def pipeline_file(
             corpus=small_corpus,
             encoder=tiny_encoder(tmp_path / "tiny-encoder", "bert"),
             classifier=tiny_classifier(tmp_path / "tiny-classifier"),
+            tagged=tagged(small_corpus, tmp_path),
             interactions=behaviour(small_corpus, tmp_path),
         )
     )
@@ -130,12 +154,14 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         "minilm": "embeddings",
         "tiny": "embeddings",
         "sections": "labels",
+        "tags": "labels",
         "topics": "labels",
         "picks": "recs",
     }
     towers = outputs["picks"]["towers"]
     passing = [gate for gate in towers["gates"] if gate["passed"]]
-    assert towers["precision"] == min(passing, key=lambda gate: gate["seconds"])["precision"]  # auto's rule
+    fastest = min(gate["seconds"] for gate in passing)  # auto's rule (the report rounds seconds)
+    assert towers["precision"] in {gate["precision"] for gate in passing if gate["seconds"] == fastest}
     assert outputs["picks"]["towers"]["users_without_features"] == 0
     assert outputs["picks"]["validation"]["published"] == "towers+content"
     assert outputs["minilm"]["computed"] == outputs["tiny"]["computed"] == 200
@@ -165,6 +191,11 @@ def test_two_models_per_kind_are_published_and_served_by_name(
 
         ours = client.get(f"/v1/labels/sections/{target['id']}").json()
         assert {label["label"] for label in ours["labels"]} <= sections and len(ours["labels"]) == 3
+        tags = client.post("/v1/labels/tags:batchGet", json={"ids": [r["id"] for r in rows]}).json()
+        assert tags["missing"] == []
+        given = [[label["label"] for label in item["labels"]] for item in tags["results"]]
+        assert {tag for labels in given for tag in labels} <= sections | {"library", "documentation"}
+        assert any(len(labels) > 1 for labels in given) and all(len(labels) <= 3 for labels in given)
         theirs = client.get(f"/v1/labels/topics/{target['id']}").json()
         assert {label["label"] for label in theirs["labels"]} <= set(LABELS) and len(theirs["labels"]) == 2
         assert client.get("/v1/labels/nope/x").status_code == 404

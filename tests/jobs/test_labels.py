@@ -72,7 +72,7 @@ def test_every_valid_item_gets_the_labelers_top_labels(
     with load_labeler(LABELS, settings) as labeler:
         assert report.vocabulary == labeler.labels
         assert report.labeler["engine"]["precision"] == labeler.report.engine.precision
-        indices, scores = labeler.label([r["text"] for r in rows])
+        indices, scores, _ = labeler.label([r["text"] for r in rows])
     for value, want_indices, want_scores in zip(stored, indices, scores, strict=True):
         got_indices, got_scores = decode_ranked(value)
         np.testing.assert_array_equal(got_indices, want_indices)

@@ -1,0 +1,325 @@
+"""Label heads chosen by evidence: candidates trained on the labelled rows, compared on held-out ones.
+
+Rows split by a hash of their id (reference_texts.split_slot): the engine gate's slot is never
+trained on; `test` (slot 1) is where the candidates and the baseline are compared and reported;
+`validation` (slot 2) chooses each candidate's regularisation, class weights and embedding
+weight, and calibrates its probabilities; the rest train. The published head is then fit again
+on every labelled row with what validation chose.
+
+Candidates (CANDIDATES): a linear head on the frozen encoder's FP32 embeddings, and one on the
+embeddings beside sparse TF-IDF features (label_features.py). The baseline is what a data
+scientist tries first: TF-IDF of words and word pairs, then a linear SVM.
+
+Heads are linear SVMs (liblinear, one vs rest): on these features as accurate as logistic
+regression and several times faster to fit (README). Validation turns their scores into
+probabilities: a softmax at a fitted temperature for one label per row; for several, a sigmoid
+of one fitted scale and offset, and per label the threshold of its best F1. Both fold into the
+head's weights, so serving computes one affine map.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import f1_score, precision_recall_curve
+from sklearn.svm import LinearSVC
+
+from precompute.models.errors import ModelError
+from precompute.models.label_features import TextFeatures
+
+TEST_SLOT, VALIDATION_SLOT = 1, 2
+SEARCH_ROWS = 10_000
+"""Training rows (a seeded sample) that fit each point of a candidate's grid: the grid costs
+the same at a million rows, and only the chosen point is fit on them all."""
+THRESHOLD_POSITIVES = 10
+"""Validation rows a label needs to set its own threshold."""
+MAX_ITER = 5000
+"""liblinear's passes over the rows, five times its default: dense embedding columns beside
+sparse ones converge more slowly than either alone."""
+CANDIDATES = {
+    "embeddings": {"C": [0.1, 0.3, 1.0], "class_weight": [None, "balanced"], "embedding_weight": [1.0]},
+    "embeddings+tfidf": {"C": [0.5, 1.0], "class_weight": [None, "balanced"], "embedding_weight": [0.5, 1.0]},
+}
+"""Each candidate's grid, searched on validation."""
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """The labelled rows a head learns from."""
+
+    texts: list[str]
+    targets: np.ndarray
+    """Class index per row; or, with several labels per row, [rows, labels] booleans."""
+    names: list[str]
+    slots: np.ndarray
+    """Each row's split slot of ten."""
+
+    @property
+    def multi(self) -> bool:
+        return self.targets.ndim == 2
+
+
+@dataclass(frozen=True)
+class Head:
+    """A fitted, calibrated head: logits = embeddings @ weight.T + features(texts) @ text_weight.T + bias."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    features: TextFeatures | None = None
+    text_weight: np.ndarray | None = None
+    thresholds: np.ndarray | None = None
+    """Several labels per row: a label is given at or above its probability here."""
+
+    def logits(self, embeddings: np.ndarray, texts: list[str]) -> np.ndarray:
+        logits = embeddings @ self.weight.T + self.bias
+        if self.features is not None and self.text_weight is not None:
+            logits += self.features.transform(texts) @ self.text_weight.T
+        return logits
+
+
+@dataclass(frozen=True)
+class CandidateReport:
+    name: str
+    accuracy: float
+    """Top-1 accuracy on the test rows; with several labels per row, micro F1."""
+    macro_f1: float | None
+    train_seconds: float
+    """The grid on validation, the fit on the training rows and calibration; not the final refit."""
+    params: dict[str, object]
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    chosen: str
+    rows: int
+    """Labelled rows the published head was fit on."""
+    test_rows: int
+    baseline: CandidateReport
+    candidates: list[CandidateReport] = field(default_factory=list)
+
+    @property
+    def accuracy(self) -> float:
+        return next(c.accuracy for c in self.candidates if c.name == self.chosen)
+
+
+def fit_linear(
+    x: np.ndarray | sp.csr_matrix, targets: np.ndarray, classes: int, c: float, class_weight: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(coef [classes, features], intercept [classes]) of one-vs-rest linear SVMs. A class absent
+    from the rows scores far below the rest; with several labels per row, a label without both
+    positive and negative rows gets a constant score."""
+    coef, intercept = np.zeros((classes, x.shape[1]), np.float32), np.full(classes, -10.0, np.float32)
+    if targets.ndim == 1:
+        model = LinearSVC(C=c, class_weight=class_weight, max_iter=MAX_ITER).fit(x, targets)
+        fitted, offsets = model.coef_, model.intercept_
+        if len(model.classes_) == 2:  # liblinear fits one decision function for two classes
+            fitted, offsets = np.vstack([-fitted, fitted]), np.concatenate([-offsets, offsets])
+        coef[model.classes_], intercept[model.classes_] = fitted, offsets
+        return coef, intercept
+    for label in range(classes):
+        column = targets[:, label]
+        if column.all() or not column.any():
+            intercept[label] = 1.0 if column.all() else -1.0
+            continue
+        model = LinearSVC(C=c, class_weight=class_weight, max_iter=MAX_ITER).fit(x, column)
+        coef[label], intercept[label] = model.coef_[0], model.intercept_[0]
+    return coef, intercept
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Probabilities of scores: softmax(scale * s + offset), or with several labels per row
+    sigmoid(scale * s + offset) given at or above each label's threshold."""
+
+    scale: float
+    offset: float
+    thresholds: np.ndarray | None
+
+
+def calibrate(labelled: Labelled, logits: np.ndarray, rows: np.ndarray) -> Calibration:
+    """Fitted on `rows` (validation): a temperature by log loss, or a Platt sigmoid and thresholds."""
+    truth = labelled.targets[rows]
+    if not labelled.multi:
+
+        def nll(log_t: float) -> float:
+            return -float(np.mean(log_softmax(logits / np.exp(log_t), axis=1)[np.arange(len(truth)), truth]))
+
+        return Calibration(
+            float(np.exp(-minimize_scalar(nll, bounds=(-7, 7), method="bounded").x)), 0.0, None
+        )
+    platt = LogisticRegression(C=1e4).fit(logits.reshape(-1, 1), truth.reshape(-1))
+    scale, offset = float(platt.coef_[0, 0]), float(platt.intercept_[0])
+    return Calibration(scale, offset, best_thresholds(sigmoid(logits * scale + offset), truth))
+
+
+def best_thresholds(probabilities: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per label, the probability at which its F1 on these rows is best, for a label with
+    THRESHOLD_POSITIVES positive rows or more; for the rest, the one threshold that is best for
+    micro F1 over all labels (a few rows would set a label's own threshold by chance)."""
+    cuts = np.unique(np.quantile(probabilities, np.linspace(0, 1, 101)))
+    micro = [f1_score(truth, probabilities >= cut, average="micro", zero_division=0) for cut in cuts]
+    thresholds = np.full(truth.shape[1], cuts[int(np.argmax(micro))], np.float32)
+    for label in np.flatnonzero(truth.sum(axis=0) >= THRESHOLD_POSITIVES):
+        precision, recall, label_cuts = precision_recall_curve(truth[:, label], probabilities[:, label])
+        f1 = 2 * precision[:-1] * recall[:-1] / np.maximum(precision[:-1] + recall[:-1], 1e-12)
+        thresholds[label] = label_cuts[np.argmax(f1)]
+    return thresholds
+
+
+class Split:
+    """One candidate's rows: indices per split, and each split's design matrix."""
+
+    def __init__(
+        self, labelled: Labelled, embeddings: np.ndarray, rows: dict[str, np.ndarray], tfidf: bool
+    ) -> None:
+        self.labelled, self.embeddings, self.rows = labelled, embeddings, rows
+        # The vocabulary from the training rows alone: held-out rows must not shape the features.
+        self.features = TextFeatures.fit(self.texts("train")) if tfidf else None
+        self.text = {
+            name: self.features.transform(self.texts(name)) if self.features else None for name in rows
+        }
+
+    def texts(self, split: str) -> list[str]:
+        return [self.labelled.texts[i] for i in self.rows[split]]
+
+    def design(self, split: str, embedding_weight: float) -> np.ndarray | sp.csr_matrix:
+        embeddings = self.embeddings[self.rows[split]]
+        text = self.text[split]
+        return (
+            embeddings
+            if text is None
+            else sp.hstack([text, sp.csr_matrix(embeddings * embedding_weight)], "csr")
+        )
+
+    def fit(self, split: str, params: dict) -> tuple[np.ndarray, np.ndarray]:
+        targets = self.labelled.targets[self.rows[split]]
+        x = self.design(split, params["embedding_weight"])
+        return fit_linear(x, targets, len(self.labelled.names), params["C"], params["class_weight"])
+
+    def logits(self, split: str, params: dict, model: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        coef, intercept = model
+        return np.asarray(self.design(split, params["embedding_weight"]) @ coef.T) + intercept
+
+
+def held_out_split(labelled: Labelled, seed: int = 0) -> dict[str, np.ndarray]:
+    """Row indices of train, search (a sample of train), validation and test."""
+    train = np.flatnonzero((labelled.slots != TEST_SLOT) & (labelled.slots != VALIDATION_SLOT))
+    rng = np.random.default_rng(seed)
+    search = np.sort(rng.choice(train, min(len(train), SEARCH_ROWS), replace=False))
+    return {
+        "train": train,
+        "search": search,
+        "validation": np.flatnonzero(labelled.slots == VALIDATION_SLOT),
+        "test": np.flatnonzero(labelled.slots == TEST_SLOT),
+    }
+
+
+def train_candidate(
+    labelled: Labelled, embeddings: np.ndarray, name: str, rows: dict[str, np.ndarray]
+) -> tuple[CandidateReport, dict, Calibration]:
+    """A candidate's grid searched on validation, its best point fit on the training rows,
+    calibrated on validation and scored on test: (report, chosen point, calibration)."""
+    start = time.perf_counter()
+    split = Split(labelled, embeddings, rows, tfidf=name.endswith("tfidf"))
+    grid = CANDIDATES[name]
+    points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+    validation = labelled.targets[rows["validation"]]
+
+    def validated(params: dict) -> float:
+        logits = split.logits("validation", params, split.fit("search", params))
+        return score(labelled.multi, logits, validation, None)[0]
+
+    params = max(points, key=validated)  # the first of equals: the grids list simpler points first
+    model = split.fit("train", params)
+    calibration = calibrate(labelled, split.logits("validation", params, model), rows["validation"])
+    logits = calibration.scale * split.logits("test", params, model) + calibration.offset
+    accuracy, macro = score(labelled.multi, logits, labelled.targets[rows["test"]], calibration.thresholds)
+    seconds = round(time.perf_counter() - start, 1)
+    return CandidateReport(name, round(accuracy, 4), macro, seconds, params), params, calibration
+
+
+def score(
+    multi: bool, logits: np.ndarray, truth: np.ndarray, thresholds: np.ndarray | None
+) -> tuple[float, float | None]:
+    """(top-1 accuracy, None); with several labels per row, (micro F1, macro F1) at the thresholds."""
+    if not multi:
+        return float(np.mean(np.argmax(logits, axis=1) == truth)), None
+    predicted = sigmoid(logits) >= (0.5 if thresholds is None else thresholds)
+    micro = f1_score(truth, predicted, average="micro", zero_division=0)
+    return float(micro), round(float(f1_score(truth, predicted, average="macro", zero_division=0)), 4)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-np.clip(x, -50, 50)))
+
+
+def baseline(labelled: Labelled, rows: dict[str, np.ndarray]) -> CandidateReport:
+    """TF-IDF of words and word pairs (sublinear, in two rows or more), then LinearSVC at
+    scikit-learn's defaults: a data scientist's first try, on the candidates' rows."""
+    start = time.perf_counter()
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2, dtype=np.float32)
+    x = vectorizer.fit_transform([labelled.texts[i] for i in rows["train"]])
+    coef, intercept = fit_linear(x, labelled.targets[rows["train"]], len(labelled.names), 1.0, None)
+    test = vectorizer.transform([labelled.texts[i] for i in rows["test"]])
+    accuracy, macro = score(
+        labelled.multi, np.asarray(test @ coef.T) + intercept, labelled.targets[rows["test"]], None
+    )
+    return CandidateReport(
+        "tfidf+linear-svm", round(accuracy, 4), macro, round(time.perf_counter() - start, 1), {}
+    )
+
+
+def train_head(labelled: Labelled, embeddings: np.ndarray) -> tuple[Head, TrainingReport]:
+    """Every candidate on the held-out split, then the best one fit on all labelled rows with its
+    chosen point and validation's calibration."""
+    rows = held_out_split(labelled)
+    if missing := [name for name in ("train", "validation", "test") if len(rows[name]) == 0]:
+        raise ModelError(
+            f"{len(labelled.texts)} labelled rows leave no {' or '.join(missing)} rows (a tenth of "
+            "them each, by a hash of the id): label more rows"
+        )
+    trained = {name: train_candidate(labelled, embeddings, name, rows) for name in CANDIDATES}
+    chosen = max(trained, key=lambda name: trained[name][0].accuracy)
+    _, params, calibration = trained[chosen]
+    everything = {"train": np.arange(len(labelled.texts))}
+    split = Split(labelled, embeddings, everything, tfidf=chosen.endswith("tfidf"))
+    coef, intercept = split.fit("train", params)
+    width = split.features.width if split.features else 0
+    scale = calibration.scale
+    head = Head(
+        (coef[:, width:] * params["embedding_weight"] * scale).astype(np.float32),
+        (intercept * scale + calibration.offset).astype(np.float32),
+        split.features,
+        (coef[:, :width] * scale).astype(np.float32) if split.features else None,
+        calibration.thresholds,
+    )
+    report = TrainingReport(
+        chosen,
+        len(labelled.texts),
+        len(rows["test"]),
+        baseline(labelled, rows),
+        [r for r, _, _ in trained.values()],
+    )
+    return head, report
+
+
+def loses_to_baseline(training: dict, max_loss: float) -> str | None:
+    """Why a head may not publish: its held-out accuracy below the baseline's by more than
+    `max_loss` (None: it may)."""
+    chosen = next(c for c in training["candidates"] if c["name"] == training["chosen"])
+    floor = training["baseline"]["accuracy"] - max_loss
+    if chosen["accuracy"] >= floor:
+        return None
+    return (
+        f"the label head's held-out accuracy {chosen['accuracy']:.4f} ({chosen['name']}) is below "
+        f"the TF-IDF + linear SVM baseline's {training['baseline']['accuracy']:.4f} minus "
+        f"max_baseline_loss {max_loss} on the same {training['test_rows']} rows"
+    )
