@@ -120,7 +120,7 @@ def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
     }
 
 
-def main(datasets: str = "demo,news") -> dict[str, Any]:
+def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
     names = datasets.split(",")
     if unknown := set(names) - set(DATASETS):
         raise ValueError(f"unknown data sets {sorted(unknown)}: choose from {', '.join(DATASETS)}")

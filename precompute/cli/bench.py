@@ -180,7 +180,7 @@ def bench_recs(
 
 @bench_app.command("labels")
 def bench_labels(
-    datasets: Annotated[str, typer.Option(help="Comma-separated: demo, news; the first one's figures close the JSON line.")] = "demo,news",
+    datasets: Annotated[str, typer.Option(help="Comma-separated: demo, rotten-tomatoes; the first one's figures close the JSON line.")] = "demo,rotten-tomatoes",
 ) -> None:
     """Top-1 of the served labels against TF-IDF + LinearSVC and logistic regression on FP32
     embeddings, on the same split of public labelled texts; each head candidate's training time."""

@@ -117,7 +117,7 @@ def test_a_classifier_labels_through_its_gated_engine(
         assert [g.passed for g in gates] == [False] * (len(gates) - 1) + [True]
         assert all(g.passed == (g.agreement >= threshold) for g in gates)
         assert labeler.report.engine.precision == gates[-1].precision
-        indices, scores = labeler.label(texts[:5])
+        indices, scores, _ = labeler.label(texts[:5])
     assert indices.shape == scores.shape == (5, 2) and np.all(np.diff(scores, axis=1) <= 0)
 
 
