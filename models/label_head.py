@@ -32,7 +32,7 @@ from precompute.models.reference_texts import SPLIT_SLOT, TextSample, sample_row
 from precompute.models.runtime import open_graph, resolve_device
 from precompute.models.settings import Engine
 
-RECIPE = "linear-svm/embeddings|embeddings+tfidf/calibrated/v2"
+RECIPE = "linear-svm/embeddings|embeddings+tfidf/calibrated/v3"
 HEAD_FILE = "head.onnx"
 LABELS_FILE = "labels.json"
 TEXT_WEIGHT_FILE = "text_weight.npy"
