@@ -158,6 +158,7 @@ input = {{ path = "corpus.parquet", id = "id", text = "text", label = "section" 
 model = {{ path = "{model}" }}
 {gate}
 train_texts = 5000
+fine_tune_seconds = 0
 keep_versions = 0
 
 [outputs.recs]

@@ -27,12 +27,14 @@ from precompute.models.engine import load_encoder
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
 from precompute.models.label_features import TextFeatures
-from precompute.models.label_training import Labelled, train_head
+from precompute.models.label_finetune import fine_tuned
+from precompute.models.label_training import Labelled, held_out_split, train_head
 from precompute.models.reference_texts import SPLIT_SLOT, TextSample, sample_rows, split_slot
 from precompute.models.runtime import open_graph, resolve_device
 from precompute.models.settings import Engine
+from precompute.models.source import read_encoder
 
-RECIPE = "linear-svm/embeddings|embeddings+tfidf/calibrated/v3"
+RECIPE = "linear-svm/embeddings|fine-tuned(+tfidf)/calibrated/v4"
 HEAD_FILE = "head.onnx"
 LABELS_FILE = "labels.json"
 TEXT_WEIGHT_FILE = "text_weight.npy"
@@ -61,6 +63,11 @@ class LabelPolicy(BaseModel):
     train_texts: int | None = Field(None, ge=10)
     """Trained head: at most this many labelled rows train it, a seeded sample (None: all), the
     gate's held-out ones excluded; the report says how many did."""
+
+    fine_tune_seconds: float = Field(600, ge=0)
+    """Trained head: the encoder is also fine-tuned on the labelled rows for at most this long
+    (on the GPU where the engine runs on one), and heads on its embeddings compete with the
+    frozen encoder's; 0 trains no fine-tuned candidate. Cached: an unchanged night reuses it."""
 
     max_baseline_loss: float = Field(0.02, ge=0, le=1)
     """A version is published only if its head's held-out accuracy is at least the TF-IDF +
@@ -134,6 +141,8 @@ class LabelHead:
         self.training: dict = meta["training"]
         """The candidates, the baseline and the chosen one, on held-out rows (label_training.TrainingReport)."""
         self.held_out_accuracy: float = meta["held_out_accuracy"]
+        self.encoder: str | None = meta["encoder"]
+        """The fine-tuned encoder's cache entry whose embeddings the head takes (None: the engine's own)."""
         self.features = TextFeatures.load(directory) if (directory / TEXT_WEIGHT_FILE).exists() else None
         self.text_weight = np.load(directory / TEXT_WEIGHT_FILE) if self.features else None
 
@@ -169,6 +178,7 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
         "model": engine.model.hash,
         "column": column,
         "max_train_texts": str(task.policy.train_texts),
+        "fine_tune_seconds": str(task.policy.fine_tune_seconds),
         "recipe": RECIPE,
     }
     key = {**lineage, "training": hashlib.sha256(fingerprints.tobytes()).hexdigest()[:16]}
@@ -178,7 +188,7 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
     ):
         return LabelHead(kept, engine)
     entry = cache.get_or_build(
-        "label-head", key, lambda directory: _train(labelled, fingerprints, engine, directory)
+        "label-head", key, lambda directory: _train(labelled, fingerprints, engine, task.policy, directory)
     )
     return LabelHead(entry.path, engine)
 
@@ -260,11 +270,20 @@ def closest_head(
     return best[2] if best else None
 
 
-def _train(labelled: Labelled, fingerprints: np.ndarray, engine: Engine, directory: Path) -> None:
-    """Embed the labelled rows at FP32, train and choose the head, export it with its report."""
-    with load_encoder(engine.replace(precision="fp32")) as encoder:
-        embeddings = encoder.encode(labelled.texts)
-    head, report = train_head(labelled, embeddings)
+def _train(
+    labelled: Labelled, fingerprints: np.ndarray, engine: Engine, policy: LabelPolicy, directory: Path
+) -> None:
+    """Embed the labelled rows at FP32 (with the frozen encoder, and the one fine-tuned on the
+    training rows), train and choose the head, export it with its report."""
+    rows = held_out_split(labelled)
+    embeddings = {"embeddings": fp32_embeddings(engine, labelled.texts)}
+    fine_tune, tuned = None, None
+    if policy.fine_tune_seconds > 0:
+        cache = EngineCache(engine.machine.cache_dir)
+        device = resolve_device(engine.machine)
+        tuned, fine_tune = fine_tuned(engine.model, labelled, rows["train"], policy.fine_tune_seconds, device, cache)
+        embeddings["fine-tuned"] = fp32_embeddings(engine.replace(model=tuned), labelled.texts)
+    head, report = train_head(labelled, embeddings, rows)
     export_head(head.weight, head.bias, directory / HEAD_FILE, labelled.multi)
     if head.features is not None and head.text_weight is not None:
         head.features.save(directory)
@@ -275,6 +294,22 @@ def _train(labelled: Labelled, fingerprints: np.ndarray, engine: Engine, directo
         "multi": labelled.multi,
         "thresholds": None if head.thresholds is None else head.thresholds.tolist(),
         "held_out_accuracy": report.accuracy,
-        "training": asdict(report),
+        "encoder": tuned.folder.name if tuned is not None and report.encoder == "fine-tuned" else None,
+        "training": {**asdict(report), "fine_tune": fine_tune},
     }
     (directory / LABELS_FILE).write_text(json.dumps(meta))
+
+
+def fp32_embeddings(engine: Engine, texts: list[str]) -> np.ndarray:
+    with load_encoder(engine.replace(precision="fp32")) as encoder:
+        return encoder.encode(texts)
+
+
+def labeling_engine(head: LabelHead, engine: Engine) -> Engine:
+    """The engine whose embeddings `head` takes: `engine`, or its encoder fine-tuned (cached
+    beside the head), which then goes through the precision ladder and gates as any encoder."""
+    if head.encoder is None:
+        return engine
+    base = engine.model
+    tuned = read_encoder(engine.machine.cache_dir / head.encoder, base.pooling, base.normalize, base.max_seq_length)
+    return engine.replace(model=tuned)

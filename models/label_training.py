@@ -6,15 +6,16 @@ trained on; `test` (slot 1) is where the candidates and the baseline are compare
 weight, and calibrates its probabilities; the rest train. The published head is then fit again
 on every labelled row with what validation chose.
 
-Candidates (CANDIDATES): a linear head on the frozen encoder's FP32 embeddings, and one on the
-embeddings beside sparse TF-IDF features (label_features.py). The baseline is what a data
-scientist tries first: TF-IDF of words and word pairs, then a linear SVM.
+Candidates: a linear head on each encoder's FP32 embeddings (the frozen encoder's, and the
+encoder fine-tuned on the training rows: label_finetune.py), and one on those embeddings beside
+sparse TF-IDF features (label_features.py). The baseline is what a data scientist tries first:
+TF-IDF of words and word pairs, then a linear SVM.
 
 Heads are linear SVMs (liblinear, one vs rest): on these features as accurate as logistic
 regression and several times faster to fit (README). Validation turns their scores into
 probabilities: a softmax at a fitted temperature for one label per row; for several, a sigmoid
-of one fitted scale and offset, and per label the threshold of its best F1. Both fold into the
-head's weights, so serving computes one affine map.
+of one fitted scale and offset, and a threshold per label. Both fold into the head's weights,
+so serving computes one affine map.
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ THRESHOLD_POSITIVES = 10
 MAX_ITER = 5000
 """liblinear's passes over the rows, five times its default: dense embedding columns beside
 sparse ones converge more slowly than either alone."""
-CANDIDATES = {
-    "embeddings": {"C": [0.1, 0.3, 1.0], "class_weight": [None, "balanced"], "embedding_weight": [1.0]},
-    "embeddings+tfidf": {"C": [0.5, 1.0], "class_weight": [None, "balanced"], "embedding_weight": [0.5, 1.0]},
+GRIDS = {
+    False: {"C": [0.1, 0.3, 1.0], "class_weight": [None, "balanced"], "embedding_weight": [1.0]},
+    True: {"C": [0.5, 1.0], "class_weight": [None, "balanced"], "embedding_weight": [0.5, 1.0]},
 }
-"""Each candidate's grid, searched on validation."""
+"""Each candidate's grid, searched on validation: without TF-IDF features, and with them."""
+TFIDF = "+tfidf"
+"""A candidate's name is its embeddings' (`embeddings`: the frozen encoder's; `fine-tuned`),
+then this when TF-IDF features stand beside them."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class CandidateReport:
 @dataclass(frozen=True)
 class TrainingReport:
     chosen: str
+    encoder: str
+    """The chosen candidate's embeddings: `embeddings` (the frozen encoder's) or `fine-tuned`."""
     rows: int
     """Labelled rows the published head was fit on."""
     test_rows: int
@@ -213,14 +219,21 @@ class Split:
 def held_out_split(labelled: Labelled, seed: int = 0) -> dict[str, np.ndarray]:
     """Row indices of train, search (a sample of train), validation and test."""
     train = np.flatnonzero((labelled.slots != TEST_SLOT) & (labelled.slots != VALIDATION_SLOT))
+    validation = np.flatnonzero(labelled.slots == VALIDATION_SLOT)
+    test = np.flatnonzero(labelled.slots == TEST_SLOT)
+    if missing := [name for name, part in (("train", train), ("validation", validation), ("test", test)) if not len(part)]:
+        raise ModelError(
+            f"{len(labelled.texts)} labelled rows leave no {' or '.join(missing)} rows (a tenth of "
+            "them each, by a hash of the id): label more rows"
+        )
     search = train
     if len(train) > SEARCH_ROWS:
         search = np.sort(np.random.default_rng(seed).choice(train, SEARCH_ROWS, replace=False))
     return {
         "train": train,
         "search": search,
-        "validation": np.flatnonzero(labelled.slots == VALIDATION_SLOT),
-        "test": np.flatnonzero(labelled.slots == TEST_SLOT),
+        "validation": validation,
+        "test": test,
     }
 
 
@@ -230,8 +243,8 @@ def train_candidate(
     """A candidate's grid searched on validation, its best point fit on the training rows,
     calibrated on validation and scored on test: (report, chosen point, calibration)."""
     start = time.perf_counter()
-    split = Split(labelled, embeddings, rows, tfidf=name.endswith("tfidf"))
-    grid = CANDIDATES[name]
+    split = Split(labelled, embeddings, rows, tfidf=name.endswith(TFIDF))
+    grid = GRIDS[name.endswith(TFIDF)]
     points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
     validation = labelled.targets[rows["validation"]]
 
@@ -282,20 +295,21 @@ def baseline(labelled: Labelled, rows: dict[str, np.ndarray]) -> CandidateReport
     )
 
 
-def train_head(labelled: Labelled, embeddings: np.ndarray) -> tuple[Head, TrainingReport]:
-    """Every candidate on the held-out split, then the best one fit on all labelled rows with its
-    chosen point and validation's calibration."""
-    rows = held_out_split(labelled)
-    if missing := [name for name in ("train", "validation", "test") if len(rows[name]) == 0]:
-        raise ModelError(
-            f"{len(labelled.texts)} labelled rows leave no {' or '.join(missing)} rows (a tenth of "
-            "them each, by a hash of the id): label more rows"
-        )
-    trained = {name: train_candidate(labelled, embeddings, name, rows) for name in CANDIDATES}
+def train_head(
+    labelled: Labelled, embeddings: dict[str, np.ndarray], rows: dict[str, np.ndarray]
+) -> tuple[Head, TrainingReport]:
+    """Every candidate on the held-out split `rows` (held_out_split), with and without TF-IDF
+    features beside each encoder's `embeddings` (by candidate name: `embeddings`, `fine-tuned`);
+    then the best one fit on all labelled rows with its chosen point and validation's calibration."""
+    trained = {
+        f"{encoder}{suffix}": train_candidate(labelled, vectors, f"{encoder}{suffix}", rows)
+        for encoder, vectors in embeddings.items()
+        for suffix in ("", TFIDF)
+    }
     chosen = max(trained, key=lambda name: trained[name][0].accuracy)
     _, params, calibration = trained[chosen]
-    everything = {"train": np.arange(len(labelled.texts))}
-    split = Split(labelled, embeddings, everything, tfidf=chosen.endswith("tfidf"))
+    encoder = chosen.removesuffix(TFIDF)
+    split = Split(labelled, embeddings[encoder], {"train": np.arange(len(labelled.texts))}, chosen.endswith(TFIDF))
     coef, intercept = split.fit("train", params)
     width = split.features.width if split.features else 0
     scale = calibration.scale
@@ -308,6 +322,7 @@ def train_head(labelled: Labelled, embeddings: np.ndarray) -> tuple[Head, Traini
     )
     report = TrainingReport(
         chosen,
+        encoder,
         len(labelled.texts),
         len(rows["test"]),
         baseline(labelled, rows),

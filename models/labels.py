@@ -26,7 +26,7 @@ from precompute.models.encoder import Encoder, EngineReport
 from precompute.models.engine import gate_texts, load_encoder, reference_embeddings
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import GateFailedError
-from precompute.models.label_head import LabelHead, LabelPolicy, LabelTask, load_head
+from precompute.models.label_head import LabelHead, LabelPolicy, LabelTask, labeling_engine, load_head
 from precompute.models.reference_texts import reference_texts, texts_digest
 from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
 from precompute.models.settings import Engine
@@ -144,6 +144,7 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
     if engine.model.task == "classify":
         return load_classifier(task, engine)
     head = load_head(task, engine)
+    engine = labeling_engine(head, engine)  # a fine-tuned encoder is gated like any other
     texts = gate_texts(engine)
     reference = np.argmax(head.probabilities(reference_embeddings(engine, texts), texts), axis=1)
     device = resolve_device(engine.machine)
@@ -212,11 +213,12 @@ def open_labeler(task: LabelTask, engine: Engine, report: LabelerReport) -> Labe
     """The labeler a passed gate chose (`report`, from load_labeler), opened without gating it
     again: a job gates once, and each of its actors opens what passed. Gating costs seconds
     of encoding (the gate's and the calibration texts, at two precisions); opening, a cache hit."""
-    encoder = load_encoder(engine.replace(precision=report.engine.precision))
     # The head the gate chose, by its entry's name: an actor never picks another one (load_head).
-    head = (
-        LabelHead(engine.machine.cache_dir / Path(report.head_dir).name, engine) if report.head_dir else None
-    )
+    head = None
+    if report.head_dir:
+        head = LabelHead(engine.machine.cache_dir / Path(report.head_dir).name, engine)
+        engine = labeling_engine(head, engine)
+    encoder = load_encoder(engine.replace(precision=report.engine.precision))
     return passed_labeler(encoder, head, task, engine, report)
 
 

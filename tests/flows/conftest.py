@@ -19,6 +19,7 @@ engine = {{ gate_texts = 16, calibration_texts = 16 }}  # of the 20 the small co
 kind = "labels"
 input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
 train_texts = 400
+fine_tune_seconds = 0
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
 
 [outputs.recs]

@@ -42,6 +42,7 @@ engine = {{ gate_texts = 16, calibration_texts = 16 }}
 kind = "labels"
 input = {{ path = "{corpus}", label = "section", max_reject_ratio = 0.05 }}
 train_texts = 400
+fine_tune_seconds = 0
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
 
 [outputs.tags]
@@ -49,8 +50,10 @@ kind = "labels"
 input = {{ path = "{tagged}", label = "tags", max_reject_ratio = 0.05 }}
 model = {{ path = "{encoder}", pooling = "mean" }}
 top = 3
-# 200 rows hold out 20 to compare on: this output shows several labels per row, not their quality.
+# 200 rows hold out 20 to compare on: this output shows several labels per row and a fine-tuned
+# encoder's candidates, not their quality.
 max_baseline_loss = 1.0
+fine_tune_seconds = 30
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
 
 [outputs.topics]
@@ -165,6 +168,9 @@ def test_two_models_per_kind_are_published_and_served_by_name(
     assert outputs["picks"]["towers"]["users_without_features"] == 0
     assert outputs["picks"]["validation"]["published"] == "towers+content"
     assert outputs["minilm"]["computed"] == outputs["tiny"]["computed"] == 200
+    tags = outputs["tags"]["head_training"]
+    assert tags["fine_tune"]["steps"] > 0  # the tiny encoder fine-tuned on the tags' training rows
+    assert {c["name"] for c in tags["candidates"]} == {"embeddings", "embeddings+tfidf", "fine-tuned", "fine-tuned+tfidf"}
 
     pipeline = load_pipeline(pipeline_file)
     listed = {s.output: s for s in status(pipeline, Machine.from_environment())}

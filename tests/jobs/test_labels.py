@@ -28,7 +28,7 @@ from precompute.stores.redis_settings import RedisSettings
 
 VERSION = "20261123T010000Z-label0"
 LABELS = LabelTask(
-    corpus=TextSample(path=str(DEMO_CORPUS)), column="section", policy=LabelPolicy(train_texts=400)
+    corpus=TextSample(path=str(DEMO_CORPUS)), column="section", policy=LabelPolicy(train_texts=400, fine_tune_seconds=0)
 )
 """As in the flow's tests: the trained head is cached per training set, so they share it."""
 
@@ -146,7 +146,7 @@ def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
             tmp_path,
         )
         reused = asyncio.run(read())
-        new_head = LABELS.model_copy(update={"policy": LabelPolicy(train_texts=300)})
+        new_head = LABELS.model_copy(update={"policy": LabelPolicy(train_texts=300, fine_tune_seconds=0)})
         third = label_and_publish(store, "20261123T030000Z-label3", corpus, new_head, settings, tmp_path)
 
     assert (first.computed, first.reused) == (200, 0)

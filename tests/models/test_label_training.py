@@ -9,7 +9,7 @@ import pytest
 from scipy.special import softmax
 
 from precompute.models.errors import ModelError
-from precompute.models.label_training import Labelled, loses_to_baseline, sigmoid, train_head
+from precompute.models.label_training import Labelled, held_out_split, loses_to_baseline, sigmoid, train_head
 
 ROWS, DIM = 1500, 16
 WORDS = [f"word{i}" for i in range(60)]
@@ -35,7 +35,7 @@ def corpus(seed: int, classes: int, text_signal: float) -> tuple[list[str], np.n
 def test_the_text_features_win_where_the_words_say_what_the_embeddings_do_not() -> None:
     texts, embeddings, classes_of, slots = corpus(0, 5, text_signal=0.3)
     labelled = Labelled(texts, classes_of, [f"c{i}" for i in range(5)], slots)
-    head, report = train_head(labelled, embeddings)
+    head, report = train_head(labelled, {"embeddings": embeddings}, held_out_split(labelled))
     accuracy = {c.name: c.accuracy for c in report.candidates}
     assert report.chosen == "embeddings+tfidf" and accuracy["embeddings+tfidf"] > accuracy["embeddings"] + 0.05
     assert accuracy["embeddings+tfidf"] > report.baseline.accuracy and report.rows == ROWS
@@ -55,7 +55,8 @@ def test_several_labels_per_row_get_a_sigmoid_head_with_a_threshold_per_label() 
     targets = np.zeros((ROWS, 4), bool)
     targets[np.arange(ROWS), classes_of] = True
     targets[np.arange(ROWS)[::3], second[::3]] = True  # a third of the rows have two labels
-    head, report = train_head(Labelled(texts, targets, list("abcd"), slots), embeddings)
+    labelled = Labelled(texts, targets, list("abcd"), slots)
+    head, report = train_head(labelled, {"embeddings": embeddings}, held_out_split(labelled))
     assert head.thresholds is not None and head.thresholds.shape == (4,)
     chosen = next(c for c in report.candidates if c.name == report.chosen)
     assert chosen.accuracy > 0.7 and chosen.macro_f1 is not None and chosen.macro_f1 > 0.6  # micro, macro F1
@@ -76,7 +77,7 @@ def test_a_head_below_its_baseline_by_more_than_the_margin_is_refused() -> None:
 
 
 def test_too_few_labelled_rows_to_hold_any_out_are_named() -> None:
-    texts, embeddings, classes_of, _ = corpus(2, 3, text_signal=0.5)
+    texts, _, classes_of, _ = corpus(2, 3, text_signal=0.5)
     only_train = np.full(ROWS, 5)
     with pytest.raises(ModelError, match="leave no validation or test rows"):
-        train_head(Labelled(texts, classes_of, list("abc"), only_train), embeddings)
+        held_out_split(Labelled(texts, classes_of, list("abc"), only_train))

@@ -30,7 +30,7 @@ EMBEDDING_DIM = 384
 TRAIN_TEXTS = 1000
 """A head whose INT8 labels flip on a near tie of the gate's texts, which FP32 rechecks mend."""
 SECTIONS = LabelTask(
-    corpus=TextSample(path=str(DEMO_CORPUS)), column="section", policy=LabelPolicy(train_texts=TRAIN_TEXTS)
+    corpus=TextSample(path=str(DEMO_CORPUS)), column="section", policy=LabelPolicy(train_texts=TRAIN_TEXTS, fine_tune_seconds=0)
 )
 """A head trained on the demo corpus's Debian sections."""
 
@@ -38,7 +38,7 @@ SECTIONS = LabelTask(
 def write_head(directory: Path, weight: np.ndarray, bias: np.ndarray, multi: bool = False) -> None:
     export_head(weight, bias, directory / HEAD_FILE, multi)
     labels = [f"label-{i}" for i in range(len(bias))]
-    meta = {"labels": labels, "multi": multi, "thresholds": [0.5] * len(bias) if multi else None}
+    meta = {"labels": labels, "multi": multi, "thresholds": [0.5] * len(bias) if multi else None, "encoder": None}
     (directory / LABELS_FILE).write_text(json.dumps({**meta, "held_out_accuracy": 1.0, "training": {}}))
 
 
@@ -90,7 +90,7 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
         assert again.report.gates == rechecking.report.gates and again.margin == rechecking.margin
 
     # Ten calibration texts show no flip, so nothing is rechecked and INT8 falls back to FP32.
-    few = SECTIONS.model_copy(update={"policy": LabelPolicy(train_texts=TRAIN_TEXTS, recheck_texts=10)})
+    few = SECTIONS.model_copy(update={"policy": LabelPolicy(train_texts=TRAIN_TEXTS, recheck_texts=10, fine_tune_seconds=0)})
     with load_labeler(few, settings.replace(gate_agreement=1.0)) as exact:
         alone, rechecked, fp32 = exact.report.gates
         assert not alone.passed and not rechecked.passed and rechecked.rechecked == 0.0
@@ -114,7 +114,7 @@ def test_a_head_is_kept_through_small_changes_of_its_training_rows_and_retrained
         edited = [{**r, "text": r["text"] + " (edited)"} if i < changed else r for i, r in enumerate(rows)]
         path = tmp_path / f"{name}-{changed}.parquet"
         pq.write_table(pa.Table.from_pylist(edited), path)
-        policy = LabelPolicy(train_texts=200, retrain_share=retrain_share)
+        policy = LabelPolicy(train_texts=200, retrain_share=retrain_share, fine_tune_seconds=0)
         return load_head(LabelTask(corpus=TextSample(path=str(path)), column="section", policy=policy), settings).directory
 
     first = head(0)
