@@ -9,7 +9,8 @@ process on the same 70% and scored on the same 30%:
 - tfidf_svc: TF-IDF of words and word pairs (sublinear, in two rows or more) + LinearSVC at
   scikit-learn's defaults;
 - lr_fp32: logistic regression (scikit-learn's defaults) on the same encoder's FP32 embeddings.
-The job's own candidates, their held-out accuracy and training time come from its report.
+The job's own candidates, their held-out accuracy and training time (the grid and calibration;
+the encoder's fine-tuning apart, with its steps and device) come from its report.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
         "engine": labels["engine"],
         "job_estimate_top1": labels["head_held_out_accuracy"],
         "candidates": {c["name"]: {"top1": c["accuracy"], "train_s": c["train_seconds"]} for c in training["candidates"]},
+        "fine_tune": training["fine_tune"],
         "baseline_train_s": {name: round(figures["train_s"], 1) for name, figures in found.items()},
         "label_s": labels["seconds"],
     }
@@ -134,7 +136,7 @@ def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
             f"{name}: {figures['rows']} rows, {figures['classes']} classes, {figures['test_rows']} served: "
             f"published {figures['published_top1']:.4f} ({figures['published_head']}), "
             f"tfidf_svc {figures['tfidf_svc_top1']:.4f}, lr_fp32 {figures['lr_fp32_top1']:.4f}; "
-            f"job's held-out candidates: {candidates}"
+            f"job's held-out candidates: {candidates}; fine-tuning: {figures['fine_tune']}"
         )
     default = result["datasets"][names[0]]
     result |= {key: default[key] for key in ("published_top1", "tfidf_svc_top1", "lr_fp32_top1")}

@@ -88,7 +88,7 @@ class Labels(OutputKind):
         return key_value_versions(pipeline, name, machine)
 
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
-        from precompute.jobs import work_dir
+        from precompute.jobs import progress, work_dir
         from precompute.jobs.content_cache import promote
         from precompute.jobs.labels import run_labels_job
         from precompute.models.label_head import load_head
@@ -105,7 +105,8 @@ class Labels(OutputKind):
             if output.classifier is not None:
                 vocabulary = list(engine.model.labels)
             else:
-                head = load_head(task, engine)  # trained on a cache miss
+                with progress.stage(name, "train head"):  # minutes on a cache miss (fine-tuning)
+                    head = load_head(task, engine)
                 if refusal := loses_to_baseline(head.training, output.max_baseline_loss):
                     raise QualityError(refusal)
                 vocabulary = head.labels
