@@ -181,21 +181,31 @@ def best_thresholds(probabilities: np.ndarray, truth: np.ndarray) -> np.ndarray:
     return thresholds
 
 
+@dataclass(frozen=True)
+class TextColumns:
+    """TF-IDF features fit on the training rows, and each split's rows of them: computed once
+    for every candidate that sets them beside its embeddings."""
+
+    features: TextFeatures
+    matrices: dict[str, sp.csr_matrix]
+
+
+def text_columns(labelled: Labelled, rows: dict[str, np.ndarray]) -> TextColumns:
+    # The vocabulary from the training rows alone: held-out rows must not shape the features.
+    features = TextFeatures.fit([labelled.texts[i] for i in rows["train"]])
+    matrices = {name: features.transform([labelled.texts[i] for i in part]) for name, part in rows.items()}
+    return TextColumns(features, matrices)
+
+
 class Split:
     """One candidate's rows: indices per split, and each split's design matrix."""
 
     def __init__(
-        self, labelled: Labelled, embeddings: np.ndarray, rows: dict[str, np.ndarray], tfidf: bool
+        self, labelled: Labelled, embeddings: np.ndarray, rows: dict[str, np.ndarray], text: TextColumns | None
     ) -> None:
         self.labelled, self.embeddings, self.rows = labelled, embeddings, rows
-        # The vocabulary from the training rows alone: held-out rows must not shape the features.
-        self.features = TextFeatures.fit(self.texts("train")) if tfidf else None
-        self.text = {
-            name: self.features.transform(self.texts(name)) if self.features else None for name in rows
-        }
-
-    def texts(self, split: str) -> list[str]:
-        return [self.labelled.texts[i] for i in self.rows[split]]
+        self.features = text.features if text else None
+        self.text = {name: text.matrices[name] if text else None for name in rows}
 
     def design(self, split: str, embedding_weight: float) -> np.ndarray | sp.csr_matrix:
         embeddings = self.embeddings[self.rows[split]]
@@ -238,12 +248,12 @@ def held_out_split(labelled: Labelled, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def train_candidate(
-    labelled: Labelled, embeddings: np.ndarray, name: str, rows: dict[str, np.ndarray]
+    labelled: Labelled, embeddings: np.ndarray, name: str, rows: dict[str, np.ndarray], text: TextColumns | None
 ) -> tuple[CandidateReport, dict, Calibration]:
     """A candidate's grid searched on validation, its best point fit on the training rows,
     calibrated on validation and scored on test: (report, chosen point, calibration)."""
     start = time.perf_counter()
-    split = Split(labelled, embeddings, rows, tfidf=name.endswith(TFIDF))
+    split = Split(labelled, embeddings, rows, text)
     grid = GRIDS[name.endswith(TFIDF)]
     points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
     validation = labelled.targets[rows["validation"]]
@@ -301,15 +311,18 @@ def train_head(
     """Every candidate on the held-out split `rows` (held_out_split), with and without TF-IDF
     features beside each encoder's `embeddings` (by candidate name: `embeddings`, `fine-tuned`);
     then the best one fit on all labelled rows with its chosen point and validation's calibration."""
+    text = text_columns(labelled, rows)
     trained = {
-        f"{encoder}{suffix}": train_candidate(labelled, vectors, f"{encoder}{suffix}", rows)
+        f"{encoder}{suffix}": train_candidate(labelled, vectors, f"{encoder}{suffix}", rows, text if suffix else None)
         for encoder, vectors in embeddings.items()
         for suffix in ("", TFIDF)
     }
     chosen = max(trained, key=lambda name: trained[name][0].accuracy)
     _, params, calibration = trained[chosen]
     encoder = chosen.removesuffix(TFIDF)
-    split = Split(labelled, embeddings[encoder], {"train": np.arange(len(labelled.texts))}, chosen.endswith(TFIDF))
+    everything = {"train": np.arange(len(labelled.texts))}
+    final_text = text_columns(labelled, everything) if chosen.endswith(TFIDF) else None
+    split = Split(labelled, embeddings[encoder], everything, final_text)
     coef, intercept = split.fit("train", params)
     width = split.features.width if split.features else 0
     scale = calibration.scale
