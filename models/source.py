@@ -164,6 +164,9 @@ def _sentence_transformers_modules(folder: Path) -> tuple[Path, Pooling | None, 
             others = [
                 k for k, v in config.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING
             ]
+            # Newer sentence-transformers write one key naming the mode instead of a flag per mode.
+            if isinstance(named := config.get("pooling_mode"), str):
+                (modes if named in ST_POOLING.values() else others).append(named)
             if len(modes) != 1 or others:
                 raise ModelError(
                     f"{path / 'config.json'}: pooling must be exactly one of mean, cls, max "

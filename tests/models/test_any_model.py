@@ -78,6 +78,26 @@ def test_a_sentence_transformers_folder_states_its_own_pooling(
         assert np.abs(encoder.encode(texts) - want).max() <= 1e-4
 
 
+def test_a_folder_saved_by_the_installed_sentence_transformers_is_read(
+    settings: Engine, texts: list[str], tmp_path: Path
+) -> None:
+    """Its Pooling config names the mode in one key ("pooling_mode": "cls"), not a flag per mode."""
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(tiny_encoder(tmp_path / "hf", "bert")))
+    pooling = Pooling(HIDDEN, pooling_mode="cls")
+    SentenceTransformer(modules=[transformer, pooling, Normalize()]).save(str(tmp_path / "saved"))
+    source = read_encoder(tmp_path / "saved")
+    assert (source.pooling, source.normalize) == ("cls", True)
+    want = SentenceTransformer(str(tmp_path / "saved"), device="cpu").encode(texts, batch_size=8)
+    with load_encoder(settings.replace(model=source, precision="fp32")) as encoder:
+        assert np.abs(encoder.encode(texts) - want).max() <= 1e-4
+    config = tmp_path / "saved" / "1_Pooling" / "config.json"
+    config.write_text(config.read_text().replace('"cls"', '"lasttoken"'))
+    with pytest.raises(ModelError, match=r"pooling must be exactly one of mean, cls, max \(found \['lasttoken'\]\)"):
+        read_encoder(tmp_path / "saved")
+
+
 def test_a_tiny_encoder_is_quantized_and_gated(settings: Engine, tmp_path: Path) -> None:
     source = read_encoder(tiny_encoder(tmp_path / "bert", "distilbert", pooling="mean"))
     with load_encoder(settings.replace(model=source)) as encoder:
