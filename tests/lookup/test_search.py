@@ -206,8 +206,12 @@ def test_a_repeated_search_is_answered_from_the_cache_until_a_new_version(
     assert 'precompute_query_cache_bytes{cache="answers"}' in metrics
 
     write_version(stores, V2, rows[:50], encoder)
-    newer = client.post("/v1/search", json=query).json()
-    assert newer["version"] == V2 and {h["id"] for h in newer["hits"]} <= {r["id"] for r in rows[:50]}
+    # The service re-reads the pointer every pointer_check_s: until then it answers V1 (cached).
+    newer = wait_for(
+        lambda: (answer := client.post("/v1/search", json=query).json())["version"] == V2 and answer,
+        "the service to serve V2",
+    )
+    assert {h["id"] for h in newer["hits"]} <= {r["id"] for r in rows[:50]}
     assert len(service.answers) == 1  # V1's answer died with V1; the vector (same model) is reused
     assert 'cache="vectors",result="hit"} 1.0' in client.get("/metrics").text
 
