@@ -193,7 +193,13 @@ class TextColumns:
 def text_columns(labelled: Labelled, rows: dict[str, np.ndarray]) -> TextColumns:
     # The vocabulary from the training rows alone: held-out rows must not shape the features.
     features = TextFeatures.fit([labelled.texts[i] for i in rows["train"]])
-    matrices = {name: features.transform([labelled.texts[i] for i in part]) for name, part in rows.items()}
+    matrices = {
+        name: features.transform([labelled.texts[i] for i in part])
+        for name, part in rows.items()
+        if name != "search"
+    }
+    if "search" in rows:  # a sorted sample of the training rows: their rows of its matrix
+        matrices["search"] = matrices["train"][np.searchsorted(rows["train"], rows["search"])]
     return TextColumns(features, matrices)
 
 
