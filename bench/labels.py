@@ -7,7 +7,7 @@ unlabelled row's labels (POST /v1/labels:batchGet, as product services call it),
 label is scored against the truth (an abstention counts as wrong). Beside it, trained in this
 process on the same 70% and scored on the same 30%:
 - tfidf_svc: TF-IDF of words and word pairs (sublinear, in two rows or more) + LinearSVC at
-  scikit-learn's defaults;
+  scikit-learn's defaults, seeded: the job's own baseline (models/label_training.py baseline);
 - lr_fp32: logistic regression (scikit-learn's defaults) on the same encoder's FP32 embeddings.
 The job's own candidates, their held-out accuracy and training time (the grid and calibration;
 the encoder's fine-tuning apart, with its steps and device) come from its report.
@@ -25,15 +25,14 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
-from sklearn.svm import LinearSVC
 
 from precompute.bench.labels_data import DATASETS, load
 from precompute.bench.served import served_run
 from precompute.jobs.settings import JobSettings
 from precompute.models.engine import load_encoder
 from precompute.models.hardware import device_fingerprint
+from precompute.models.label_training import Labelled, baseline
 from precompute.models.reference_texts import TextSample
 from precompute.models.settings import Engine
 from precompute.models.source import bundled_encoder
@@ -67,18 +66,17 @@ def served_labels(base: str, ids: list[str]) -> dict[str, str | None]:
 
 
 def baselines(table: pa.Table, test: np.ndarray, folder: Path) -> dict[str, dict[str, float]]:
-    """tfidf_svc and lr_fp32 trained on the labelled rows, top-1 on the test rows, with their training time."""
-    texts = np.array(table["text"].to_pylist(), dtype=object)
+    """tfidf_svc (the job's own baseline, label_training.baseline) and lr_fp32 trained on the
+    labelled rows, top-1 on the test rows, with their training time."""
+    texts = table["text"].to_pylist()
     labels = np.array(table["label"].to_pylist(), dtype=object)
-    out = {}
-    start = time.perf_counter()
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)
-    svc = LinearSVC().fit(vectorizer.fit_transform(texts[~test]), labels[~test])
-    predicted = svc.predict(vectorizer.transform(texts[test]))
-    out["tfidf_svc"] = {"top1": float(np.mean(predicted == labels[test])), "train_s": time.perf_counter() - start}
+    names = sorted(set(labels))
+    labelled = Labelled(texts, np.searchsorted(names, labels), names, np.zeros(len(texts), int))
+    svc = baseline(labelled, {"train": np.flatnonzero(~test), "test": np.flatnonzero(test)})
+    out = {"tfidf_svc": {"top1": svc.accuracy, "train_s": svc.train_seconds}}
     engine = Engine(model=bundled_encoder(), reference=TextSample(path=str(folder / "corpus.parquet")))
     with load_encoder(engine.replace(precision="fp32")) as encoder:
-        embeddings = encoder.encode(texts.tolist())
+        embeddings = encoder.encode(texts)
     start = time.perf_counter()
     lr = LogisticRegression(max_iter=2000).fit(embeddings[~test], labels[~test])
     predicted = lr.predict(embeddings[test])
