@@ -28,6 +28,7 @@ GATE_FIELDS = {
     "min_cosine": None,
     "agreement": None,
     "cosine_histogram": None,
+    "note": "",
 }
 """A gate's fields the page reads; a classifier's gate (labels) has no cosines, an embedder's no agreement."""
 
@@ -63,9 +64,11 @@ svg text { font: 11px system-ui, sans-serif; fill: #1f2328; }
 {% for g in o.gates %}<div><h3>Gate {{ g.precision }}: {% if g.passed %}<span class="ok">passed</span>{% else %}<span class="bad">failed</span>{% endif -%}
 {% if g.mean_cosine is not none %}, mean cosine {{ "%.4f"|format(g.mean_cosine) }}, min {{ "%.4f"|format(g.min_cosine) }}{% endif %}
 {%- if g.agreement is not none %}, top-label agreement {{ "%.4f"|format(g.agreement) }}{% endif %}</h3>
-{% if g.cosine_histogram %}<div>cosine to FP32 of {{ g.cosine_histogram|sum }} held-out texts</div>{{ histogram(g.cosine_histogram) }}{% endif %}{% if g.reason %}<div>{{ g.reason }}</div>{% endif %}</div>{% endfor %}
+{% if g.cosine_histogram %}<div>cosine to FP32 of {{ g.cosine_histogram|sum }} held-out texts</div>{{ histogram(g.cosine_histogram) }}{% endif %}{% if g.reason %}<div>{{ g.reason }}</div>{% endif %}{% if g.note %}<div>{{ g.note }}</div>{% endif %}</div>{% endfor %}
 </div>
-{% if o.recall is not none %}<h3>Index check</h3><div>recall@10 {{ "%.3f"|format(o.recall) }} of the HNSW index against exact search</div>{% endif %}
+{% if o.recall is not none %}<h3>Index check</h3><div>recall@10 {{ "%.3f"|format(o.recall) }} of the HNSW index against exact search</div>
+{% if o.curve %}<table><tr><th>hnsw_ef</th><th>oversampling</th><th>exact</th><th>recall@10</th><th>median ms</th><th></th></tr>
+{% for r in o.curve %}<tr><td class="n">{{ r.hnsw_ef }}</td><td class="n">{{ r.oversampling }}</td><td>{{ r.exact }}</td><td class="n">{{ r.recall_at_10 }}</td><td class="n">{{ r.median_ms }}</td><td>{% if loop.last %}chosen{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
 {% if o.models %}<h3>Held-out quality ({{ o.quality.split }} split, {{ o.quality.users }} users, {{ o.quality.cold_users }} cold)</h3>
 <table><tr><th>model</th><th>HR@{{ o.quality.k }}</th><th>NDCG@{{ o.quality.k }}</th><th>coverage</th><th></th></tr>
 {% for name, m in o.models %}<tr><td>{{ name }}</td><td class="n">{{ m.hit_rate }}</td><td class="n">{{ m.ndcg }}</td><td class="n">{{ m.coverage }}</td>
@@ -145,6 +148,7 @@ def output_view(name: str, fields: dict[str, Any]) -> dict[str, Any]:
         "reasons": rejects_by_reason(fields.get("rejects_path", "")) if fields.get("rejects") else [],
         "gates": [{**GATE_FIELDS, **gate} for gate in fields.get("gate", [])],
         "recall": fields.get("validation", {}).get("recall_at_10"),
+        "curve": fields.get("validation", {}).get("curve", []),
         "models": [],
         "rates": fields.get("rates", {}),
         "rate_unit": fields.get("rate_unit", "rows/s"),

@@ -9,6 +9,7 @@ that fails is recorded with its reason in the report.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from precompute.models.backends import BuildSpec, ConcreteDevice, Runner
 from precompute.models.encoder import Encoder, EngineReport, encode_texts
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import GateFailedError, ModelError
-from precompute.models.gate import GateResult, agreement_gate, cosine_gate, row_cosine
+from precompute.models.gate import GateResult, agreement_gate, cosine_gate, few_texts
 from precompute.models.hardware import device_fingerprint
 from precompute.models.reference_texts import reference_texts, texts_digest
 from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
@@ -37,6 +38,9 @@ ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
 # BERT fusions, for BERT encoders.
 FUSED = {"int8-dynamic": "int8-dynamic-fused"}
 FUSABLE = ("bert",)
+MIXED = {"int8-dynamic": ("int8-mixed-12", "int8-mixed-25", "int8-mixed-50")}
+"""The mixed graphs a variant falls back to before the next precision, fewest float MatMuls first
+(quantize.py MIXED_SHARES): the same precision, a little slower, nearer to FP32."""
 
 
 def peer_independent(engine: Engine) -> Engine:
@@ -70,16 +74,18 @@ def load_encoder(engine: Engine) -> Encoder:
 
     gates: list[GateResult] = []
     for precision in precision_ladder(engine.policy.precision, device, runner_cls.name):
-        engine_dir, hit = build.engine(precision)
-        runner = runner_cls.open(engine_dir, device, threads, source)
-        if runner_cls.name != "torch":  # the reference needs no gate against itself
-            gates.append(build.gate(engine_dir, precision, runner, tokenizer))
-            if not gates[-1].passed:
-                runner.close()
-                continue
-        model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
-        report = EngineReport(runner_cls.name, device, precision, str(engine_dir), hit, model, gates)
-        return Encoder(runner, tokenizer, batch_size, streams, report)
+        for variant in build.variants(precision):
+            engine_dir, hit = build.engine(precision, variant)
+            runner = runner_cls.open(engine_dir, device, threads, source)
+            served = "int8-mixed" if variant.startswith("int8-mixed") else precision
+            if runner_cls.name != "torch":  # the reference needs no gate against itself
+                gates.append(build.gate(engine_dir, served if served == precision else variant, runner, tokenizer))
+                if not gates[-1].passed:
+                    runner.close()
+                    continue
+            model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
+            report = EngineReport(runner_cls.name, device, served, str(engine_dir), hit, model, gates)
+            return Encoder(runner, tokenizer, batch_size, streams, report)
     failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
     raise GateFailedError(f"no precision passed the accuracy gate ({failures})")
 
@@ -124,12 +130,16 @@ class _Builder:
 
         return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
 
-    def engine(self, precision: str) -> tuple[Path, bool]:
-        """The backend's engine for this precision: (its cache entry, whether it was a hit)."""
+    def variants(self, precision: str) -> list[str]:
+        """The graphs to gate for this precision, in order: its own (fused for single queries
+        where it can be), then its mixed graphs."""
         variant = ONNX_VARIANTS[(self.device, precision)]
         fusable = self.config.model.task == "embed" and self.config.model.architecture in FUSABLE
-        if self.config.machine.graph == "query" and variant in FUSED and fusable:
-            variant = FUSED[variant]
+        first = FUSED[variant] if self.config.machine.graph == "query" and variant in FUSED and fusable else variant
+        return [first, *MIXED.get(variant, ())]
+
+    def engine(self, precision: str, variant: str) -> tuple[Path, bool]:
+        """The backend's engine for this precision's graph: (its cache entry, whether it was a hit)."""
         key = {
             "model": self.model,
             "precision": precision,
@@ -158,9 +168,11 @@ class _Builder:
         outputs, reference = np.load(scored), reference_embeddings(self.config, texts)
         policy, texts_from = self.config.policy, self.config.reference.path
         if self.config.model.task == "classify":
-            return agreement_gate(precision, outputs, reference, policy.gate_agreement, texts_from)
-        cosine = row_cosine(outputs, reference)
-        return cosine_gate(precision, cosine, policy.gate_mean_cosine, policy.gate_min_cosine, texts_from)
+            result = agreement_gate(precision, outputs, reference, policy.gate_agreement, texts_from)
+        else:
+            thresholds = (policy.gate_mean_cosine, policy.gate_min_cosine, policy.gate_min_overlap)
+            result = cosine_gate(precision, outputs, reference, thresholds, texts_from)
+        return replace(result, texts=len(texts), note=few_texts(len(texts), policy.gate_texts))
 
     def gate_texts(self) -> list[str]:
         if self._gate_texts is None:

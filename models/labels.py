@@ -179,8 +179,9 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
     for rung in precision_ladder(engine.policy.precision, device, backend):
         if any(g.precision == rung for g in gates):
             continue
-        # Its precision is lower than `rung` if the cosine gate failed it.
-        encoder = load_encoder(engine.replace(precision=rung))
+        # Its precision is lower than `rung` if the cosine gate failed it. Neighbours are not what
+        # a labeler is judged by: its label agreement is, below.
+        encoder = load_encoder(engine.replace(precision=rung, gate_min_overlap=0.0))
         key = {
             "head": head.directory.name,
             "engine": Path(encoder.report.engine_dir).name,

@@ -2,6 +2,8 @@
 
 - int8-dynamic (CPU): weights INT8 per output channel, activations quantized per batch
   at run time. Signed per-channel weights keep accuracy; unsigned per-tensor did not.
+- int8-mixed-<share> (CPU): int8-dynamic with the share of weight MatMuls most sensitive to
+  quantization kept in float (mixed_precision.py), for models whose INT8 moves neighbours.
 - int8-dynamic-fused (CPU, one text at a time): the same over ONNX Runtime's fused BERT
   graph, where attention, LayerNorm and GELU are single kernels (79 nodes instead of 252).
 - int8-qdq (GPU, TensorRT): explicit QuantizeLinear/DequantizeLinear pairs with ranges
@@ -16,7 +18,9 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +47,34 @@ CALIBRATION_BATCH = 8
 def int8_dynamic(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
     quantize_dynamic(
         fp32, out, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+    )
+
+
+MIXED_SHARES = {"int8-mixed-12": 0.125, "int8-mixed-25": 0.25, "int8-mixed-50": 0.5}
+"""Share of the weight MatMuls each mixed graph keeps in float."""
+SENSITIVITY_TEXTS = 32
+"""Calibration texts the sensitivities are measured on: the ranking is stable well before."""
+
+
+def int8_mixed(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource, share: float) -> None:
+    """Rank the weight MatMuls by sensitivity on the calibration texts, keep the worst `share` in
+    float; the ranking is saved beside the graph (float_matmuls.json) for the record."""
+    from precompute.models.mixed_precision import matmul_sensitivity
+
+    batches = TextTokenizer(source).batches(calibration[:SENSITIVITY_TEXTS], CALIBRATION_BATCH)
+    feeds = [dict(zip(INPUT_NAMES, (b.input_ids, b.attention_mask), strict=True)) for b in batches]
+    ranked = matmul_sensitivity(fp32, feeds)
+    kept = list(ranked)[: math.ceil(share * len(ranked))]
+    out.with_name("float_matmuls.json").write_text(
+        json.dumps({"share": share, "float": kept, "sensitivity": ranked}, indent=1)
+    )
+    quantize_dynamic(
+        fp32,
+        out,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul"],
+        nodes_to_exclude=kept,
     )
 
 
@@ -127,6 +159,7 @@ Quantizer = Callable[[Path, Path, Sequence[str], ModelSource], None]
 QUANTIZERS: dict[str, Quantizer] = {
     "int8-dynamic": int8_dynamic,
     "int8-dynamic-fused": int8_dynamic_fused,
+    **{variant: partial(int8_mixed, share=share) for variant, share in MIXED_SHARES.items()},
     "int8-qdq": int8_qdq,
     "fp16": fp16,
 }

@@ -2,12 +2,13 @@
 
 Rows are assigned by a hash of their id, so the split is stable across runs and
 independent of row order: the gate never scores an engine on texts that set its ranges.
+An input too small to fill a purpose's slot lends it rows of the free slots, half each, so
+a catalogue of a few hundred rows is gated on what it has (the report says how few).
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Iterator
 from typing import Literal
 
@@ -20,6 +21,8 @@ from precompute.models.location import Location
 from precompute.models.text_columns import decodable_rows
 
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
+FALLBACK_SLOTS = {"gate": frozenset({2, 4, 6, 8}), "calibration": frozenset({3, 5, 7, 9})}
+"""Free slots a purpose may borrow from when its own slot holds fewer texts than asked."""
 
 
 class TextSample(BaseModel):
@@ -58,20 +61,24 @@ def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, ob
 
 
 def reference_texts(
-    sample: TextSample, purpose: Literal["gate", "calibration"], count: int, at_least: int | None = None
+    sample: TextSample, purpose: Literal["gate", "calibration"], count: int, at_least: int = 1
 ) -> list[str]:
-    """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10);
-    fewer are an error below `at_least` (None: below `count`)."""
-    slot = SPLIT_SLOT[purpose]
-    texts = (
-        text
-        for row in sample_rows(sample, [sample.id, sample.text])
-        if isinstance(text := row[sample.text], str) and text.strip() and split_slot(row[sample.id]) == slot
-    )
-    found = list(itertools.islice(texts, count))
-    if len(found) < (count if at_least is None else at_least):
-        raise ModelError(
-            f"reference texts {sample.path}: {len(found)} {purpose} texts, {count} needed "
-            f"(set PRECOMPUTE_ENGINE_{'GATE' if purpose == 'gate' else 'CALIBRATION'}_TEXTS lower)"
-        )
+    """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10),
+    then, if those are fewer, of its fallback slots; fewer than `at_least` are an error. Reading
+    stops once the purpose's own slot has `count`: a large input is read no further than that."""
+    own, borrowed = [], []
+    for row in sample_rows(sample, [sample.id, sample.text]):
+        text = row[sample.text]
+        if not (isinstance(text, str) and text.strip()):
+            continue
+        slot = split_slot(row[sample.id])
+        if slot == SPLIT_SLOT[purpose]:
+            own.append(text)
+            if len(own) == count:
+                return own
+        elif slot in FALLBACK_SLOTS[purpose] and len(borrowed) < count:
+            borrowed.append(text)
+    found = own + borrowed[: count - len(own)]
+    if len(found) < at_least:
+        raise ModelError(f"reference texts {sample.path}: {len(found)} {purpose} texts, at least {at_least} needed")
     return found

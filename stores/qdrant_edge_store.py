@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +55,21 @@ import numpy as np
 import qdrant_edge as qe
 
 from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, Quantization, VectorStoreSettings
+from precompute.stores.vector_settings import Quantization, VectorStoreSettings
 from precompute.stores.vectors import (
     ID_KEY,
+    SEARCH_KEY,
     UPSERT_BATCH,
     Filter,
     Hit,
+    SearchParams,
     VectorStore,
     check_k,
     check_name,
     check_points,
     note_field_types,
     point_id,
+    recorded_search,
     with_id,
 )
 from precompute.stores.versions import check_version
@@ -100,6 +104,15 @@ def edge_quantization(quantization: str) -> qe.ScalarQuantizationConfig | None:
     return qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, quantile=0.99, always_ram=True)
 
 
+def edge_params(params: SearchParams) -> qe.SearchParams:
+    """Rescoring is always asked for: a shard without quantization ignores it."""
+    return qe.SearchParams(
+        hnsw_ef=params.hnsw_ef,
+        exact=params.exact,
+        quantization=qe.QuantizationSearchParams(rescore=True, oversampling=params.oversampling),
+    )
+
+
 def to_hit(point: qe.ScoredPoint) -> Hit:
     payload = point.payload or {}
     return Hit(str(payload.pop(ID_KEY, point.id)), point.score, payload)
@@ -114,10 +127,9 @@ class QdrantEdgeStore(VectorStore):
         self.pointer_check_s = pointer_check_s
         """How stale a reader's view of the published version may be; 0 checks on every search."""
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
-        self._params = qe.SearchParams(
-            hnsw_ef=settings.hnsw_ef,
-            quantization=qe.QuantizationSearchParams(rescore=True, oversampling=QUANTIZED_OVERSAMPLING),
-        )
+        self.default_search = SearchParams(settings.hnsw_ef)
+        self._search: dict[str, SearchParams] = {}
+        """Each version's recorded SearchParams, read once: a version's meta never changes once published."""
         self._writers: dict[str, qe.EdgeShard] = {}
         self._fields: dict[str, dict[str, type | None]] = {}
         self._readers: dict[str, qe.EdgeShard] = {}
@@ -146,6 +158,14 @@ class QdrantEdgeStore(VectorStore):
         self._writers[version] = qe.EdgeShard.create(str(path), config)
         self._fields[version] = {}
         (path / META).write_text(json.dumps({**(meta or {}), "dim": dim}))
+
+    def record_search(self, version: str, params: SearchParams) -> None:
+        meta = {**self.meta(version), SEARCH_KEY: asdict(params)}
+        fd, tmp = tempfile.mkstemp(prefix=f"{META}.", dir=self._dir(version))
+        with os.fdopen(fd, "w") as f:
+            json.dump(meta, f)
+        os.replace(tmp, self._dir(version) / META)
+        self._search[version] = params
 
     def meta(self, version: str) -> dict[str, Any]:
         try:
@@ -201,19 +221,24 @@ class QdrantEdgeStore(VectorStore):
         return self._shard(version).count(qe.CountRequest(exact=True))
 
     def search(
-        self, vector: np.ndarray, k: int, filter: Filter | None = None, version: str | None = None
+        self,
+        vector: np.ndarray,
+        k: int,
+        filter: Filter | None = None,
+        version: str | None = None,
+        params: SearchParams | None = None,
     ) -> list[Hit]:
         check_k(k)
-        request = qe.QueryRequest(
-            limit=k,
-            query=qe.Query.Nearest(vector.reshape(-1).tolist()),
-            filter=edge_filter(filter),
-            with_payload=True,
-            params=self._params,
-        )
         for retry in (False, True):
             name = version or self._published()
             shard = self._shard(name)
+            request = qe.QueryRequest(
+                limit=k,
+                query=qe.Query.Nearest(vector.reshape(-1).tolist()),
+                filter=edge_filter(filter),
+                with_payload=True,
+                params=edge_params(params or self._search_of(name)),
+            )
             try:
                 points = shard.query(request)
                 break
@@ -222,6 +247,12 @@ class QdrantEdgeStore(VectorStore):
                     raise StoreError(f"search in version {name!r} failed: {e}") from e
                 # Closed by a concurrent switch: retry once on the handle that replaced it.
         return [to_hit(p) for p in points]
+
+    def _search_of(self, version: str) -> SearchParams:
+        params = self._search.get(version)
+        if params is None:
+            params = self._search[version] = recorded_search(self.meta(version), self.default_search)
+        return params
 
     def _is_open(self, shard: qe.EdgeShard) -> bool:
         return any(s is shard for s in (*self._writers.values(), *self._readers.values()))
@@ -319,6 +350,7 @@ class QdrantEdgeStore(VectorStore):
     def _drop(self, version: str) -> None:
         with self._lock:
             shards = [s for s in (self._writers.pop(version, None), self._readers.pop(version, None)) if s]
+            self._search.pop(version, None)
         for shard in shards:
             shard.close()
         # Renamed first so no one opens a half-deleted shard; open mmaps of other
@@ -332,6 +364,7 @@ class QdrantEdgeStore(VectorStore):
             shards = [*self._writers.values(), *self._readers.values()]
             self._writers.clear()
             self._readers.clear()
+            self._search.clear()
             self._current = None
             self._next_check = 0.0
         for shard in shards:

@@ -7,8 +7,9 @@ and readers query the alias, so a publish is one `update_collection_aliases` cal
 `m = 16` and waiting for the collection to turn green, and marked finalized in the
 collection's metadata (Qdrant 1.16+ servers), which publish checks. With
 `quantization = "int8"` the collection also keeps scalar INT8 vectors (quantile 0.99, in RAM);
-queries always ask to rescore `QUANTIZED_OVERSAMPLING` times k candidates with the original
-vectors (a server otherwise decides by itself), which collections without quantization ignore.
+queries always ask to rescore the version's oversampled candidates with the original vectors (a
+server otherwise decides by itself), which collections without quantization ignore. A version's
+search parameters (SearchParams, tuned by the nightly check) live in the same metadata.
 
 Also runs on qdrant-client's local mode (`QdrantClient(":memory:")` or `path=`), which is
 what the tests inject: a pure-Python brute force that accepts and ignores HNSW and
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import grpc
@@ -29,18 +31,21 @@ from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
-from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, Quantization, VectorStoreSettings
+from precompute.stores.vector_settings import Quantization, VectorStoreSettings
 from precompute.stores.vectors import (
     ID_KEY,
+    SEARCH_KEY,
     UPSERT_BATCH,
     Filter,
     Hit,
+    SearchParams,
     VectorStore,
     check_k,
     check_name,
     check_points,
     note_field_types,
     point_id,
+    recorded_search,
     with_id,
 )
 from precompute.stores.versions import check_version
@@ -72,6 +77,15 @@ def server_quantization(quantization: str) -> models.ScalarQuantization | None:
         return None
     return models.ScalarQuantization(
         scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, quantile=0.99, always_ram=True)
+    )
+
+
+def server_params(params: SearchParams) -> models.SearchParams:
+    """Rescoring is always asked for (a server otherwise decides); a collection without quantization ignores it."""
+    return models.SearchParams(
+        hnsw_ef=params.hnsw_ef,
+        exact=params.exact,
+        quantization=models.QuantizationSearchParams(rescore=True, oversampling=params.oversampling),
     )
 
 
@@ -121,10 +135,9 @@ class QdrantServerStore(VectorStore):
         self.name = check_name(name)
         self.where = f"qdrant server: {self.name}"
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
-        self._params = models.SearchParams(
-            hnsw_ef=settings.hnsw_ef,
-            quantization=models.QuantizationSearchParams(rescore=True, oversampling=QUANTIZED_OVERSAMPLING),
-        )
+        self.default_search = SearchParams(settings.hnsw_ef)
+        self._search: dict[str, SearchParams] = {}
+        """Each version's recorded SearchParams, read once: a version's meta never changes once published."""
         self.ready_timeout_s = ready_timeout_s
         """How long finalize waits for the index to be built before giving up (retryable)."""
         self._fields: dict[str, dict[str, type | None]] = {}
@@ -209,11 +222,30 @@ class QdrantServerStore(VectorStore):
             f"counting version {version!r}", lambda: self.client.count(collection, exact=True).count
         )
 
+    def record_search(self, version: str, params: SearchParams) -> None:
+        collection = self._require(version)
+        meta = {**self.meta(version), SEARCH_KEY: asdict(params)}
+        self._call(
+            f"recording the search of version {version!r}",
+            lambda: self.client.update_collection(collection, metadata={META_KEY: meta}),
+        )
+        self._search[version] = params
+
     def search(
-        self, vector: np.ndarray, k: int, filter: Filter | None = None, version: str | None = None
+        self,
+        vector: np.ndarray,
+        k: int,
+        filter: Filter | None = None,
+        version: str | None = None,
+        params: SearchParams | None = None,
     ) -> list[Hit]:
+        """version None reads the alias with the store's default params: the service names its version."""
         check_k(k)
         target = self.name if version is None else self._collection(version)
+        if params is None and version is not None:
+            params = self._search.get(version)
+            if params is None:
+                params = self._search[version] = recorded_search(self.meta(version), self.default_search)
         try:
             with translated(f"search in {target!r}"):
                 points = self.client.query_points(
@@ -221,7 +253,7 @@ class QdrantServerStore(VectorStore):
                     query=vector,
                     limit=k,
                     query_filter=server_filter(filter),
-                    search_params=self._params,
+                    search_params=server_params(params or self.default_search),
                     with_payload=True,
                 ).points
         except StoreUnavailableError:
@@ -288,6 +320,7 @@ class QdrantServerStore(VectorStore):
     def _drop(self, version: str) -> None:
         collection = self._collection(version)
         self._call(f"deleting version {version!r}", lambda: self.client.delete_collection(collection))
+        self._search.pop(version, None)
 
     def close(self) -> None:
         self.client.close()

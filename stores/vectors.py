@@ -19,7 +19,7 @@ from typing import Any, Self
 import numpy as np
 
 from precompute.stores.errors import StoreError, VersionNotFoundError
-from precompute.stores.vector_settings import Quantization, VectorStoreSettings
+from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING, Quantization, VectorStoreSettings
 from precompute.stores.versions import Version, version_age
 
 ITEM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "precompute:item")
@@ -31,6 +31,21 @@ UPSERT_BATCH = 256
 """Points per write request: Qdrant's bulk-upload advice is 64-256."""
 
 Filter = Mapping[str, str | int | bool]
+SEARCH_KEY = "search"
+"""The version's meta key that holds the SearchParams its check chose (jobs/index_check.py)."""
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """How a query walks a version: what the nightly check tuned it to, recorded with the version."""
+
+    hnsw_ef: int
+    """Candidates the graph search keeps: more is slower and nearer to exact."""
+    oversampling: float = QUANTIZED_OVERSAMPLING
+    """INT8 versions: candidates rescored with the FP32 vectors per result asked for."""
+    exact: bool = False
+    """Skip the graph: scan every vector (exact FP32 scores); the last rung of the check's ladder."""
+
 
 @dataclass(frozen=True, slots=True)
 class Hit:
@@ -78,6 +93,12 @@ def with_id(item_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     return {**payload, ID_KEY: str(item_id)}
 
 
+def recorded_search(meta: Mapping[str, Any], default: SearchParams) -> SearchParams:
+    """A version's recorded SearchParams; `default` for a version written before they were."""
+    recorded = meta.get(SEARCH_KEY)
+    return default if recorded is None else SearchParams(**recorded)
+
+
 def check_k(k: int) -> None:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -89,6 +110,8 @@ class VectorStore(ABC):
 
     where: str
     """"qdrant edge: <name>" or "qdrant server: <name>"."""
+    default_search: SearchParams
+    """What a version without recorded SearchParams is searched with (VectorStoreSettings.hnsw_ef)."""
 
     @abstractmethod
     def create_version(
@@ -140,9 +163,19 @@ class VectorStore(ABC):
 
     @abstractmethod
     def search(
-        self, vector: np.ndarray, k: int, filter: Filter | None = None, version: str | None = None
+        self,
+        vector: np.ndarray,
+        k: int,
+        filter: Filter | None = None,
+        version: str | None = None,
+        params: SearchParams | None = None,
     ) -> list[Hit]:
-        """Top-k by cosine; `filter` is an exact-match AND over payload keys. version None: the published one."""
+        """Top-k by cosine; `filter` is an exact-match AND over payload keys. version None: the
+        published one. params None: those recorded with the version, else the store's defaults."""
+
+    @abstractmethod
+    def record_search(self, version: str, params: SearchParams) -> None:
+        """Keep `params` in the version's meta (before it is published): readers search with them."""
 
     @abstractmethod
     def publish(self, version: str) -> None:

@@ -17,8 +17,10 @@ from precompute.models.errors import BackendUnavailableError
 
 
 def test_auto_picks_onnxruntime_int8_on_a_cpu(encoder) -> None:
+    """All INT8, or a mixed INT8 graph where the all-INT8 one moved neighbours (test_gate.py)."""
     report = encoder.report
-    assert (report.backend, report.device, report.precision) == ("onnxruntime", "cpu", "int8")
+    assert (report.backend, report.device) == ("onnxruntime", "cpu")
+    assert report.precision in ("int8", "int8-mixed")
 
 
 @pytest.mark.parametrize(
@@ -60,9 +62,11 @@ def test_the_single_query_path_embeds_as_a_batch_of_one(encoder, corpus_texts) -
 
 
 def test_the_query_graph_matches_the_batch_graph(settings: Engine, encoder, corpus_texts) -> None:
-    """The service embeds queries on the fused graph; its vectors must sit where the corpus's do."""
+    """The service embeds queries on the fused graph, or where that fails the gate on the same mixed
+    graph as the corpus; its vectors must sit where the corpus's do."""
     with load_encoder(settings.replace(graph="query", streams=1, threads=1)) as query:
-        assert query.report.engine_dir != encoder.report.engine_dir and query.report.gates[0].passed
+        all_int8 = query.report.precision == "int8"
+        assert (query.report.engine_dir != encoder.report.engine_dir) == all_int8 and query.report.gates[-1].passed
         titles = [text.split(".")[0][:80] for text in corpus_texts[:20]]
         fused = np.stack([query.encode_query(t) for t in titles])
         assert np.min(np.sum(fused * np.stack([encoder.encode_query(t) for t in titles]), axis=1)) > 0.98
