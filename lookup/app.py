@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -31,7 +30,7 @@ from precompute.lookup.keys import KeyLookups
 from precompute.lookup.metrics import Metrics, RequestMetrics
 from precompute.lookup.openapi import openapi_document
 from precompute.lookup.query_cache import QueryCache
-from precompute.lookup.search import Encoders
+from precompute.lookup.search import Encoders, QueryVector
 from precompute.lookup.served import Endpoint, Handler, Served
 from precompute.lookup.shared_answers import SharedAnswers
 from precompute.pipeline import Pipeline, load_pipeline
@@ -52,12 +51,14 @@ class Service:
         self.metrics = Metrics()
         cache_bytes = int(self.settings.query_cache_mb * 2**20)
         self.answers = QueryCache[bytes]("answers", cache_bytes, len, self.metrics)
-        self.vectors = QueryCache[np.ndarray]("vectors", cache_bytes, lambda v: v.nbytes, self.metrics)
+        self.vectors = QueryCache[QueryVector]("vectors", cache_bytes, lambda v: v.nbytes, self.metrics)
         self.encoders = Encoders(self.settings)
         self.keys = KeyLookups(self.settings, machine.redis, self.metrics)
         self.search_threads: anyio.CapacityLimiter | None = None
         """Searches at once: one per core, or a batch's rows per core where queries are batched
         (their threads wait on the batcher). Made in lifespan: it needs the event loop."""
+        self.long_searches: anyio.CapacityLimiter | None = None
+        """Long queries at once: one core's share fewer than search_threads (at least one)."""
         self.shared: SharedAnswers | None = None
         """Answers in Redis, shared by replicas (ServiceSettings.query_cache_redis); made in lifespan."""
         self.ready = False
@@ -67,7 +68,9 @@ class Service:
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         per_core = self.settings.query_batch_rows if self.encoders.batched(self.machine.engine) else 1
-        self.search_threads = anyio.CapacityLimiter(len(os.sched_getaffinity(0)) * per_core)
+        cores = len(os.sched_getaffinity(0))
+        self.search_threads = anyio.CapacityLimiter(cores * per_core)
+        self.long_searches = anyio.CapacityLimiter(max(cores - 1, 1) * per_core)
         for served in self.outputs.values():
             await served.open()
         if self.settings.query_cache_redis:

@@ -60,7 +60,10 @@ def search_operation(request: type[BaseModel]) -> dict[str, Any]:
     return {
         "summary": "Embed the query and return the k nearest documents of the published version",
         "requestBody": json_body(request),
-        "responses": {"200": answer("version and hits: id, score, payload"), **ERRORS},
+        "responses": {
+            "200": answer("version and hits: id, score, payload; query_cut_to_tokens where the query was cut"),
+            **ERRORS,
+        },
     }
 
 

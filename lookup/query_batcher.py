@@ -39,6 +39,7 @@ class QueryBatcher:
 
     def __init__(self, encoder: Encoder, rows: int, wait_s: float) -> None:
         self.encoder = encoder
+        self.tokenizer = encoder.tokenizer
         self.report = encoder.report
         self.rows = rows
         self.wait_s = wait_s
@@ -50,8 +51,12 @@ class QueryBatcher:
 
     def encode_query(self, text: object) -> np.ndarray:
         """float32 [dim]. Raises InvalidInputError (a bad text) here, on the caller's thread."""
+        return self.encode_ids(self.tokenizer.ids(text))
+
+    def encode_ids(self, ids: list[int]) -> np.ndarray:
+        """float32 [dim] of one tokenized query, embedded in the next batch."""
         done: Future[np.ndarray] = Future()
-        self._queue.put((self.encoder.tokenizer.ids(text), done))
+        self._queue.put((ids, done))
         return done.result()
 
     def bucket(self, length: int) -> int:

@@ -2,7 +2,9 @@
 
 A search is answered from the query cache (lookup/query_cache.py) on the event loop, else embeds
 the query and searches the published version on a search thread, at most one per core, so key
-lookups never wait behind an embedding.
+lookups never wait behind an embedding. A long query (over long_query_chars) costs several short
+ones, so long queries take at most all search threads but one: a short query never waits behind
+them. A query is cut to max_query_tokens (or the model's window), and the answer says so.
 
 Each embeddings output has its own store and follows its own published version. A version
 records the model that made it (stores/vectors.py `meta`), so when a new model's version is
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Protocol
 
 import anyio
@@ -37,6 +41,7 @@ from precompute.models.reference_texts import TextSample
 from precompute.models.runtime import resolve_device
 from precompute.models.settings import EngineSettings
 from precompute.models.source import ModelSource
+from precompute.models.tokenize import TextTokenizer
 from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
 from precompute.stores.vectors import Filter, Hit, VectorStore
 
@@ -84,8 +89,11 @@ class QueryEncoder(Protocol):
     """An engine for one query at a time (models.Encoder) or a micro-batcher in front of one."""
 
     report: EngineReport
+    tokenizer: TextTokenizer
 
     def encode_query(self, text: object) -> np.ndarray: ...
+
+    def encode_ids(self, ids: list[int]) -> np.ndarray: ...
 
     def close(self) -> None: ...
 
@@ -126,6 +134,25 @@ class Encoders:
         self._encoders.clear()
 
 
+@dataclass(frozen=True)
+class QueryVector:
+    """A query's vector, and the tokens it was cut to when the text had more (else None)."""
+
+    vector: np.ndarray
+    cut_to: int | None
+
+    @property
+    def nbytes(self) -> int:
+        return self.vector.nbytes
+
+
+@dataclass(frozen=True)
+class Found:
+    hits: list[Hit]
+    cut_to: int | None
+    """The answer says so: a query longer than max_query_tokens (or the model's window) was cut."""
+
+
 class Searcher:
     """One embeddings output: its store, and the encoder of whichever version it serves."""
 
@@ -135,12 +162,14 @@ class Searcher:
         store: VectorStore,
         encoders: Encoders,
         engine: Engine,
-        vectors: QueryCache[np.ndarray],
+        vectors: QueryCache[QueryVector],
+        max_query_tokens: int | None = None,
     ) -> None:
         self.health = StoreHealth(f"vector store of {name}")
         self.store = store
         self.encoders = encoders
         self.vectors = vectors
+        self.max_query_tokens = max_query_tokens
         self.engine = engine
         """The output's engine as the pipeline file states it: a version's own model replaces its model."""
         self._versions: dict[str, tuple[Engine, dict[str, str] | None]] = {}
@@ -190,8 +219,8 @@ class Searcher:
 
     def search_published(
         self, version: str, query: str, k: int, filter: Filter | None
-    ) -> tuple[str, list[Hit]]:
-        """(version, hits) of `version`, or of the version published now if `version` was collected
+    ) -> tuple[str, Found]:
+        """(version, found) of `version`, or of the version published now if `version` was collected
         meanwhile: a reader's view of the pointer may be a moment old, and another process deletes
         a version as soon as it is neither published nor kept. A search never fails for that."""
         try:
@@ -202,7 +231,7 @@ class Searcher:
                 raise
             return published, self.search(published, query, k, filter)
 
-    def search(self, version: str, query: str, k: int, filter: Filter | None) -> list[Hit]:
+    def search(self, version: str, query: str, k: int, filter: Filter | None) -> Found:
         """Hits of `version`, on a search thread (the event loop stays free for key lookups): the
         version's encoder (loaded on a model's first query), the query's vector (cached), the
         index. Raises VersionNotFoundError, StoreUnavailableError, InvalidInputError (the
@@ -210,11 +239,13 @@ class Searcher:
         engine = self.engine_of(version)
         if filter:
             self.check_filter(version, filter)
-        vector = self.vectors.get((engine.model.hash, query))
-        if vector is None:
-            vector = self.encoders.get(engine).encode_query(query)
-            self.vectors.put((engine.model.hash, query), vector)
-        return self.store.search(vector, k, filter, version=version)
+        embedded = self.vectors.get((engine.model.hash, query))
+        if embedded is None:
+            encoder = self.encoders.get(engine)
+            ids, cut = encoder.tokenizer.query_ids(query, self.max_query_tokens)
+            embedded = QueryVector(encoder.encode_ids(ids), len(ids) if cut else None)
+            self.vectors.put((engine.model.hash, query), embedded)
+        return Found(self.store.search(embedded.vector, k, filter, version=version), embedded.cut_to)
 
 
 class SearchOutput:
@@ -225,7 +256,8 @@ class SearchOutput:
     def __init__(self, service: Service, name: str, store: VectorStore, engine: Engine) -> None:
         self.service = service
         self.name = name
-        self.searcher = Searcher(name, store, service.encoders, engine, service.vectors)
+        max_tokens = service.settings.max_query_tokens
+        self.searcher = Searcher(name, store, service.encoders, engine, service.vectors, max_tokens)
 
     def endpoints(self, base: str) -> list[Endpoint]:
         async def search(request: Request) -> Response:
@@ -272,10 +304,13 @@ class SearchOutput:
                 if body is not None:
                     service.answers.put_answer(self.name, version, key, body)
             if body is None:
-                version, hits = await anyio.to_thread.run_sync(
-                    searcher.search_published, version, req.query, req.k, req.filter, limiter=service.search_threads
-                )
-                body = answer_body(version, hits)
+                search = partial(searcher.search_published, version, req.query, req.k, req.filter)
+                if len(req.query) > settings.long_query_chars:  # never on every search thread at once
+                    async with service.long_searches:
+                        version, found = await anyio.to_thread.run_sync(search, limiter=service.search_threads)
+                else:
+                    version, found = await anyio.to_thread.run_sync(search, limiter=service.search_threads)
+                body = answer_body(version, found)
                 service.answers.put_answer(self.name, version, key, body)
                 if service.shared is not None:
                     await service.shared.put(self.name, version, key, body)
@@ -298,9 +333,15 @@ def filter_key(filter: dict[str, str | int | bool] | None) -> tuple[tuple[str, s
     return tuple(sorted((key, type(value).__name__, value) for key, value in (filter or {}).items()))
 
 
-def answer_body(version: str, hits: list[Hit]) -> bytes:
+def answer_body(version: str, found: Found) -> bytes:
+    answer: dict[str, object] = {
+        "version": version,
+        "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in found.hits],
+    }
+    if found.cut_to is not None:
+        answer["query_cut_to_tokens"] = found.cut_to
     return json.dumps(
-        {"version": version, "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits]},
+        answer,
         ensure_ascii=False,
         allow_nan=False,
         separators=(",", ":"),

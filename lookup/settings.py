@@ -18,8 +18,18 @@ class ServiceSettings(BaseSettings):
     auth_token: str | None = None
     """When set, /v1/* requires `Authorization: Bearer <token>`; health and metrics stay open."""
 
-    max_query_chars: int = Field(1000, ge=1)
-    """Longer queries are refused (422), not truncated: a query that long is a client bug."""
+    max_query_chars: int = Field(20_000, ge=1)
+    """Longer queries are refused (422): a body that long is not a query. Shorter ones are cut to
+    max_query_tokens instead."""
+
+    max_query_tokens: int | None = Field(None, ge=2)
+    """Queries are cut to this many tokens (None: the model's window, 256 for MiniLM), and the
+    answer then says `query_cut_to_tokens`: a lower cap bounds the latency of the longest query
+    (README, "Search fidelity", measures each length)."""
+
+    long_query_chars: int = Field(256, ge=1)
+    """Queries longer than this (about 60 tokens) run on all search threads but one at most, so
+    a short query always finds one free: a 256-token query costs what ten 16-token ones do."""
 
     max_k: int = Field(100, ge=1)
     """Largest `k` of a search or a recommendation read (recommendations return at most what was stored)."""

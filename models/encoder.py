@@ -88,7 +88,10 @@ class Encoder:
         """float32 [dim] of one text: the service's path. No batch is formed and nothing is
         padded; the ids go into input buffers allocated once, and the engine reads views of
         their first len(ids) columns. Calls are serialised: the buffers are shared."""
-        ids = self.tokenizer.ids(text)
+        return self.encode_ids(self.tokenizer.ids(text))
+
+    def encode_ids(self, ids: list[int]) -> np.ndarray:
+        """float32 [dim] of one tokenized query (TextTokenizer.query_ids)."""
         with self._query_lock:
             self._query_ids[0, : len(ids)] = ids
             feeds = dict(zip(INPUT_NAMES, (self._query_ids, self._query_mask), strict=True))

@@ -84,6 +84,15 @@ class TextTokenizer:
         """Token ids of one text (checked as row 0): the single-query path, no batch to form."""
         return self._tokenizer.encode_batch_fast([check_text(0, text)])[0].ids
 
+    def query_ids(self, text: object, max_tokens: int | None) -> tuple[list[int], bool]:
+        """(ids, cut) of one query, cut to `max_tokens` (None: the model's window) with its closing
+        special token kept: `cut` says whether the text had more tokens than it got."""
+        encoding = self._tokenizer.encode_batch_fast([check_text(0, text)])[0]
+        ids, cut = encoding.ids, bool(encoding.overflowing)
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, cut = ids[: max_tokens - 1] + ids[-1:], True
+        return ids, cut
+
     def batches(self, texts: Sequence[object], batch_size: int) -> Iterator[Batch]:
         """Check every text first (so a bad row fails before any work), then bucket by length."""
         checked = [check_text(row, text) for row, text in enumerate(texts)]
