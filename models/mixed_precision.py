@@ -5,7 +5,9 @@ output channel). A few of them carry activations with outliers that one INT8 sca
 (MPNet's FFN down-projections), and those few move a text's vector enough to reorder its
 nearest neighbours. Each MatMul's sensitivity is measured on the calibration texts: the
 relative error of its own output when its input and weight are quantized as ONNX Runtime
-would, everything upstream exact. The mixed rung keeps the worst of them in float.
+would, everything upstream exact, per token and then averaged: one scale per tensor serves a
+few outlier tokens and crushes the rest, which a norm over the whole tensor would hide. The
+mixed rung keeps the worst of them in float.
 """
 
 from __future__ import annotations
@@ -54,13 +56,16 @@ def matmul_sensitivity(fp32: Path, feeds: Iterable[Mapping[str, np.ndarray]]) ->
         onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in inputs if name not in known
     )
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    error, norm = dict.fromkeys(matmuls, 0.0), dict.fromkeys(matmuls, 0.0)
+    error, tokens = dict.fromkeys(matmuls, 0.0), 0
     for feed in feeds:
         activations = dict(zip(inputs, session.run(inputs, dict(feed)), strict=True))
+        real = np.asarray(feed["attention_mask"], dtype=bool).reshape(-1)
+        tokens += int(real.sum())
         for name, (x_name, w) in matmuls.items():
             x = activations[x_name]
+            x = x.reshape(-1, x.shape[-1])
             exact = x @ w
-            error[name] += float(np.sum((quantized_activation(x) @ quantized_weight(w) - exact) ** 2))
-            norm[name] += float(np.sum(exact**2))
-    ranked = {name: (error[name] / norm[name]) ** 0.5 if norm[name] else 0.0 for name in matmuls}
+            off = np.linalg.norm(quantized_activation(x) @ quantized_weight(w) - exact, axis=1)
+            error[name] += float(np.sum((off / np.maximum(np.linalg.norm(exact, axis=1), 1e-12))[real]))
+    ranked = {name: error[name] / max(tokens, 1) for name in matmuls}
     return dict(sorted(ranked.items(), key=lambda item: -item[1]))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -56,14 +56,19 @@ SENSITIVITY_TEXTS = 32
 """Calibration texts the sensitivities are measured on: the ranking is stable well before."""
 
 
+@lru_cache(maxsize=2)
+def sensitivity(fp32: Path, texts: tuple[str, ...], source: ModelSource) -> dict[str, float]:
+    """The ranking, once per model and texts: the ladder's mixed graphs all start from it."""
+    from precompute.models.mixed_precision import matmul_sensitivity
+
+    batches = TextTokenizer(source).batches(texts, CALIBRATION_BATCH)
+    return matmul_sensitivity(fp32, [dict(zip(INPUT_NAMES, (b.input_ids, b.attention_mask), strict=True)) for b in batches])
+
+
 def int8_mixed(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource, share: float) -> None:
     """Rank the weight MatMuls by sensitivity on the calibration texts, keep the worst `share` in
     float; the ranking is saved beside the graph (float_matmuls.json) for the record."""
-    from precompute.models.mixed_precision import matmul_sensitivity
-
-    batches = TextTokenizer(source).batches(calibration[:SENSITIVITY_TEXTS], CALIBRATION_BATCH)
-    feeds = [dict(zip(INPUT_NAMES, (b.input_ids, b.attention_mask), strict=True)) for b in batches]
-    ranked = matmul_sensitivity(fp32, feeds)
+    ranked = sensitivity(fp32, tuple(calibration[:SENSITIVITY_TEXTS]), source)
     kept = list(ranked)[: math.ceil(share * len(ranked))]
     out.with_name("float_matmuls.json").write_text(
         json.dumps({"share": share, "float": kept, "sensitivity": ranked}, indent=1)

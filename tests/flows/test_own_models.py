@@ -1,5 +1,5 @@
 """Two models per kind from one pipeline file, end to end: the bundled encoder next to a tiny random
-32-d one, a label head trained on the corpus next to a classifier folder (and a head over the tiny
+32-d one (saved by the installed sentence-transformers itself), a label head trained on the corpus next to a classifier folder (and a head over the tiny
 encoder that gives several labels per row, from a list column), and recommendations from
 a user's own two towers (ONNX files over features Parquets). The nightly flow publishes all five,
 the service answers each by name with its own model, `precompute status` lists each."""
@@ -22,7 +22,7 @@ from precompute.settings import Machine
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
 from tests.lookup.apps import app_of
-from tests.models.tiny import HIDDEN, LABELS, tiny_classifier, tiny_encoder, tiny_towers
+from tests.models.tiny import HIDDEN, LABELS, saved_by_sentence_transformers, tiny_classifier, tiny_towers
 
 PIPELINE = """
 [outputs.minilm]
@@ -128,7 +128,7 @@ def pipeline_file(
     path.write_text(
         PIPELINE.format(
             corpus=small_corpus,
-            encoder=tiny_encoder(tmp_path / "tiny-encoder", "bert"),
+            encoder=saved_by_sentence_transformers(tmp_path / "tiny-encoder"),
             classifier=tiny_classifier(tmp_path / "tiny-classifier"),
             tagged=tagged(small_corpus, tmp_path),
             interactions=behaviour(small_corpus, tmp_path),

@@ -22,7 +22,14 @@ from precompute.models.labels import load_labeler
 from precompute.models.reference_texts import TextSample
 from precompute.models.source import read_classifier, read_encoder
 from precompute.models.tokenize import TextTokenizer
-from tests.models.tiny import ARCHITECTURES, HIDDEN, LABELS, tiny_classifier, tiny_encoder
+from tests.models.tiny import (
+    ARCHITECTURES,
+    HIDDEN,
+    LABELS,
+    saved_by_sentence_transformers,
+    tiny_classifier,
+    tiny_encoder,
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +89,7 @@ def test_a_folder_saved_by_the_installed_sentence_transformers_is_read(
     settings: Engine, texts: list[str], tmp_path: Path
 ) -> None:
     """Its Pooling config names the mode in one key ("pooling_mode": "cls"), not a flag per mode."""
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    transformer = Transformer(str(tiny_encoder(tmp_path / "hf", "bert")))
-    pooling = Pooling(HIDDEN, pooling_mode="cls")
-    SentenceTransformer(modules=[transformer, pooling, Normalize()]).save(str(tmp_path / "saved"))
-    source = read_encoder(tmp_path / "saved")
+    source = read_encoder(saved_by_sentence_transformers(tmp_path / "saved"))
     assert (source.pooling, source.normalize) == ("cls", True)
     want = SentenceTransformer(str(tmp_path / "saved"), device="cpu").encode(texts, batch_size=8)
     with load_encoder(settings.replace(model=source, precision="fp32")) as encoder:

@@ -49,6 +49,18 @@ def _save(model: torch.nn.Module, folder: Path) -> Path:
     return folder
 
 
+def saved_by_sentence_transformers(folder: Path, pooling: str = "cls") -> Path:
+    """A tiny BERT saved by the installed sentence-transformers itself, with its own Pooling
+    config form ("pooling_mode": "cls") and a Normalize module: a folder as users save them."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(tiny_encoder(folder.with_name(f"{folder.name}-hf"), "bert")))
+    modules = [transformer, Pooling(HIDDEN, pooling_mode=pooling), Normalize()]
+    SentenceTransformer(modules=modules).save(str(folder))
+    return folder
+
+
 def tiny_encoder(folder: Path, architecture: str, pooling: str | None = None, normalize: bool = True) -> Path:
     """A plain Hugging Face folder; with `pooling`, a sentence-transformers folder stating it."""
     torch.manual_seed(0)
