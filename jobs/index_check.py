@@ -3,8 +3,9 @@ parameters it is read with (the embeddings kind's).
 
 Count: every staged row is in the version. Canaries: a stored vector's nearest neighbour is
 itself (or an exact duplicate of it). Recall@10: held-out queries (the stored vectors of a
-seeded sample of the input's rows, each leaving itself out of both answers) searched in the
-index against exact FP32 search over the same vectors.
+seeded sample of the input's rows, each leaving itself out of both answers, and the vectors of
+the user's own queries where the pipeline file names a file of them) searched in the index
+against exact FP32 search over the same vectors.
 
 The check tunes the version: it walks a ladder of search parameters, cheapest first (hnsw_ef
 doubled up to MAX_EF; INT8 versions then oversample more before the FP32 rescoring), and
@@ -46,6 +47,8 @@ class Validation:
     canaries: int
     canaries_found: int
     recall_at_10: float
+    user_queries: int = 0
+    """Of the queries measured, those from the user's queries file."""
     search: dict[str, Any] = field(default_factory=dict)
     """The SearchParams recorded with the version."""
     curve: list[dict[str, Any]] = field(default_factory=list)
@@ -73,35 +76,38 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
-def kth_scores(unit: np.ndarray, sample: np.ndarray) -> np.ndarray:
-    """Exact cosine of each sampled row's K-th nearest other row (its own row left out)."""
-    k = min(K, len(unit) - 1)
-    kth = np.empty(len(sample), dtype=np.float32)
-    for start in range(0, len(sample), EXACT_CHUNK):
-        rows = sample[start : start + EXACT_CHUNK]
-        scores = unit[rows] @ unit.T
-        scores[np.arange(len(rows)), rows] = -np.inf
-        kth[start : start + len(rows)] = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+def kth_scores(unit: np.ndarray, queries: np.ndarray, own: np.ndarray | None) -> np.ndarray:
+    """Exact cosine of each query's K-th nearest row, its own row (`own`: one per query, for
+    stored rows) left out."""
+    k = min(K, len(unit) - (own is not None))
+    kth = np.zeros(len(queries), dtype=np.float32)
+    for start in range(0, len(queries) if k > 0 else 0, EXACT_CHUNK):
+        scores = queries[start : start + EXACT_CHUNK] @ unit.T
+        if own is not None:
+            scores[np.arange(len(scores)), own[start : start + EXACT_CHUNK]] = -np.inf
+        kth[start : start + len(scores)] = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
     return kth
 
 
 def measure(
-    store: VectorStore, version: str, ids: list[str], unit: np.ndarray, sample: np.ndarray,
-    kth: np.ndarray, params: SearchParams,
+    store: VectorStore, version: str, ids: list[str], unit: np.ndarray, queries: np.ndarray,
+    own: np.ndarray, kth: np.ndarray, params: SearchParams,
 ) -> tuple[float, int, float]:
     """(recall@10, canaries found, median ms). A hit is right when its staged vector's exact
     cosine to the query reaches the K-th best one: ties among duplicates are not misses, and a
-    point stored under a wrong vector is."""
+    point stored under a wrong vector is. A stored row's query is also its canary."""
     rows = {point: row for row, point in enumerate(ids)}
     found, good, asked, times = 0, 0, 0, []
-    k = min(K, len(ids) - 1)
-    for row, floor in zip(sample, kth, strict=True):
+    for query, row, floor in zip(queries, own, kth, strict=True):
+        k = min(K, len(ids) - (row >= 0))
         start = time.perf_counter()
-        hits = store.search(unit[row], k + 1, version=version, params=params)
+        hits = store.search(query, k + (row >= 0), version=version, params=params)
         times.append(time.perf_counter() - start)
-        found += ids[row] in {h.id for h in hits if h.score >= hits[0].score - TIE}
-        others = [rows[h.id] for h in hits if h.id != ids[row] and h.id in rows][:k]
-        good += int(np.sum(unit[others] @ unit[row] >= floor - TIE)) if others else 0
+        mine = ids[row] if row >= 0 else None
+        if mine is not None:
+            found += mine in {h.id for h in hits if h.score >= hits[0].score - TIE}
+        others = [rows[h.id] for h in hits if h.id != mine and h.id in rows][:k]
+        good += int(np.sum(unit[others] @ query >= floor - TIE)) if others else 0
         asked += k
     return (good / asked if asked else 1.0), found, statistics.median(times) * 1000
 
@@ -112,23 +118,28 @@ def check_index(
     run_dir: Path,
     queries: int,
     min_recall: float,
+    user_queries: np.ndarray | None = None,
 ) -> Validation:
     """The version's figures at the first rung of `ladder(store.default_search)` that passes,
-    whose params are then recorded with the version; IndexCheckError if none does."""
+    whose params are then recorded with the version; IndexCheckError if none does.
+    `user_queries`: vectors of the searches users make, measured beside the sampled rows."""
     ids, vectors = staged_vectors(run_dir)
     count = store.count(version)
     if count != len(ids):
         raise IndexCheckError(f"version {version} holds {count} points, {len(ids)} were staged")
     sample = np.random.default_rng(0).choice(len(ids), size=min(queries, len(ids)), replace=False)
     unit = unit_rows(vectors)
-    kth = kth_scores(unit, sample) if len(ids) > 1 else np.zeros(len(sample), dtype=np.float32)
+    extra = unit_rows(user_queries) if user_queries is not None else np.empty((0, unit.shape[1]), np.float32)
+    asked = np.vstack([unit[sample], extra])
+    own = np.concatenate([sample, np.full(len(extra), -1)])
+    kth = np.concatenate([kth_scores(unit, unit[sample], sample), kth_scores(unit, extra, None)])
     curve: list[dict[str, Any]] = []
     for params in ladder(store.default_search):
-        recall, found, ms = measure(store, version, ids, unit, sample, kth, params)
+        recall, found, ms = measure(store, version, ids, unit, asked, own, kth, params)
         curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3)})
         if found == len(sample) and recall >= min_recall:
             store.record_search(version, params)
-            return Validation(count, len(sample), found, round(recall, 4), asdict(params), curve)
+            return Validation(count, len(sample), found, round(recall, 4), len(extra), asdict(params), curve)
     if found < len(sample):
         raise IndexCheckError(
             f"version {version}: {len(sample) - found} of {len(sample)} canaries not found"

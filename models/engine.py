@@ -38,9 +38,9 @@ ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
 # BERT fusions, for BERT encoders.
 FUSED = {"int8-dynamic": "int8-dynamic-fused"}
 FUSABLE = ("bert",)
-MIXED = {"int8-dynamic": ("int8-mixed-12", "int8-mixed-25", "int8-mixed-50")}
-"""The mixed graphs a variant falls back to before the next precision, fewest float MatMuls first
-(quantize.py MIXED_SHARES): the same precision, a little slower, nearer to FP32."""
+MIXED_SHARES = {"int8-mixed-12": 0.125, "int8-mixed-25": 0.25, "int8-mixed-38": 0.375, "int8-mixed-50": 0.5}
+"""The mixed graphs dynamic INT8 falls back to before the next precision, by the share of weight
+MatMuls each keeps in float (quantize.py int8_mixed), fewest first: slower, nearer to FP32."""
 
 
 def peer_independent(engine: Engine) -> Engine:
@@ -136,7 +136,7 @@ class _Builder:
         variant = ONNX_VARIANTS[(self.device, precision)]
         fusable = self.config.model.task == "embed" and self.config.model.architecture in FUSABLE
         first = FUSED[variant] if self.config.machine.graph == "query" and variant in FUSED and fusable else variant
-        return [first, *MIXED.get(variant, ())]
+        return [first, *(MIXED_SHARES if variant == "int8-dynamic" else ())]
 
     def engine(self, precision: str, variant: str) -> tuple[Path, bool]:
         """The backend's engine for this precision's graph: (its cache entry, whether it was a hit)."""

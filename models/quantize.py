@@ -38,6 +38,7 @@ from onnxruntime.transformers import optimizer
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
 from precompute.models.backends.base import Feeds
+from precompute.models.engine import MIXED_SHARES
 from precompute.models.source import INPUT_NAMES, ModelSource
 from precompute.models.tokenize import TextTokenizer
 
@@ -50,8 +51,6 @@ def int8_dynamic(fp32: Path, out: Path, calibration: Sequence[str], source: Mode
     )
 
 
-MIXED_SHARES = {"int8-mixed-12": 0.125, "int8-mixed-25": 0.25, "int8-mixed-50": 0.5}
-"""Share of the weight MatMuls each mixed graph keeps in float."""
 SENSITIVITY_TEXTS = 32
 """Calibration texts the sensitivities are measured on: the ranking is stable well before."""
 

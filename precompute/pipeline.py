@@ -118,28 +118,33 @@ class Pipeline(BaseModel):
         self.sources  # noqa: B018 - reads every model folder, raising on the first bad one
 
     def check_input(
-        self, name: str, path: str, columns: dict[str, str], optional: dict[str, str] | None = None
+        self,
+        name: str,
+        path: str,
+        columns: dict[str, str],
+        optional: dict[str, str] | None = None,
+        table: str = "input",
     ) -> None:
         """The output's input file is readable, holds rows, and has each column (by its field in the
-        output's `input` table) with a type COLUMN_TYPES accepts for that field; each `optional`
-        one that it has, too."""
+        output's `table`, `input` by default) with a type COLUMN_TYPES accepts for that field; each
+        `optional` one that it has, too."""
         try:
             dataset = pads.dataset(path, format="parquet")
             rows = dataset.count_rows()
         except (OSError, pa.ArrowException) as e:
-            raise self.error(name, "input.path", f"cannot read Parquet at {path} ({e})") from None
+            raise self.error(name, f"{table}.path", f"cannot read Parquet at {path} ({e})") from None
         if rows == 0:
-            raise self.error(name, "input.path", f"{path} holds no rows")
+            raise self.error(name, f"{table}.path", f"{path} holds no rows")
         schema = dataset.schema
         present = {field: column for field, column in (optional or {}).items() if column in schema.names}
         for field, column in (present | columns).items():
             if column not in schema.names:
                 raise self.error(
-                    name, f"input.{field}", f"column {column!r} is not in {path} (it has {', '.join(schema.names)})"
+                    name, f"{table}.{field}", f"column {column!r} is not in {path} (it has {', '.join(schema.names)})"
                 )
             accepts, expected = COLUMN_TYPES[field]
             if not accepts(kind := schema.field(column).type):
-                raise self.error(name, f"input.{field}", f"column {column!r} of {path} is {kind}, not {expected}")
+                raise self.error(name, f"{table}.{field}", f"column {column!r} of {path} is {kind}, not {expected}")
 
 
 def locate(path: str | Path | None = None) -> Path:

@@ -12,11 +12,13 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.kinds import OutputKind, OutputSpec
 from precompute.kinds.text import engine_lines, engine_of, read_model
+from precompute.models.location import Location
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
 from precompute.stores.vector_settings import Quantization
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
     from precompute.lookup.app import Service
     from precompute.lookup.served import Served
+    from precompute.models.settings import Engine
     from precompute.pipeline import Pipeline
     from precompute.settings import Machine
 
@@ -36,6 +39,21 @@ CHECK_QUERIES = 200
 0.99, 2,000 answers put the measured recall within about 0.005 of the true one."""
 
 
+USER_QUERIES = 1000
+"""The queries file's first rows the check searches: enough for recall to 0.003, cheap to embed."""
+
+
+class QueriesInput(BaseModel):
+    """The searches users make, to tune the index on: a Parquet file (or URI) with a text column."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    path: Location
+    """A local path (relative to the pipeline file) or an object-store URI."""
+    text: str = "text"
+    """The column of each query's text; its first USER_QUERIES non-empty rows are used."""
+
+
 class EmbeddingsSpec(OutputSpec):
     kind: Literal["embeddings"]
     input: CorpusInput
@@ -44,9 +62,25 @@ class EmbeddingsSpec(OutputSpec):
     min_recall: float = Field(0.99, gt=0, le=1)
     """The check raises the version's search parameters (hnsw_ef, oversampling, at last an
     exact scan) until its recall@10 against exact search reaches this (jobs/index_check.py)."""
+    queries: QueriesInput | None = None
+    """Searches users make: the index check measures recall@10 on them beside the input's own
+    rows, so the search parameters it records suit real queries (jobs/index_check.py)."""
     quantization: Quantization = "none"
     """int8: the version also keeps INT8 vectors that search walks, rescored in FP32
     (stores/vector_settings.py); gated by min_recall like any precision."""
+
+
+def user_queries(queries: QueriesInput, engine: Engine) -> np.ndarray:
+    """The vectors of the queries file's first USER_QUERIES texts, by the engine that embedded the
+    corpus (its gate already passed: opening it is a cache hit)."""
+    import pyarrow.dataset as pads
+
+    from precompute.models import load_encoder
+
+    column = pads.dataset(queries.path, format="parquet").head(USER_QUERIES, columns=[queries.text])[queries.text]
+    texts = [text for text in column.to_pylist() if isinstance(text, str) and text.strip()]
+    with load_encoder(engine) as encoder:
+        return encoder.encode(texts)
 
 
 class Embeddings(OutputKind):
@@ -59,8 +93,10 @@ class Embeddings(OutputKind):
         return read_model(pipeline, name, "model", "embed")
 
     def check(self, pipeline: Pipeline, name: str) -> None:
-        spec = pipeline.outputs[name].input
-        pipeline.check_input(name, spec.path, {"id": spec.id, "text": spec.text})
+        output = pipeline.outputs[name]
+        pipeline.check_input(name, output.input.path, {"id": output.input.id, "text": output.input.text})
+        if output.queries is not None:
+            pipeline.check_input(name, output.queries.path, {"text": output.queries.text}, table="queries")
 
     def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
         output = pipeline.outputs[name]
@@ -95,8 +131,9 @@ class Embeddings(OutputKind):
         staged = work_dir.run_dir(run.work_dir, name, version) / STAGED
 
         def validate() -> Any:
+            queries = user_queries(output.queries, engine) if output.queries is not None else None
             with open_vector_store(machine.qdrant, store_name) as store:
-                return check_index(store, version, staged, CHECK_QUERIES, output.min_recall)
+                return check_index(store, version, staged, CHECK_QUERIES, output.min_recall, queries)
 
         def publish() -> None:
             with open_vector_store(machine.qdrant, store_name) as store:

@@ -14,6 +14,7 @@ kind = "embeddings"
 input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
 store = "corpus"
 engine = {{ gate_texts = 16, calibration_texts = 16 }}  # of the 20 the small corpus holds
+queries = {{ path = "{corpus}", text = "title" }}  # the titles as users' searches
 
 [outputs.labels]
 kind = "labels"

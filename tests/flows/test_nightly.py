@@ -99,6 +99,7 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
         0,
     )
     assert embeddings["validation"]["count"] == 200 and embeddings["validation"]["recall_at_10"] >= 0.99
+    assert embeddings["validation"]["user_queries"] > 100 and embeddings["validation"]["curve"]
     assert embeddings["gate"][-1]["passed"] and embeddings["engine"]["precision"] in ("int8", "int8-mixed")
     assert (labels["items"], labels["rejects"]) == (200, 4) and labels["gate"][-1]["passed"]
     assert recs["users"] > 10 and recs["k"] == 100

@@ -13,9 +13,9 @@ import pytest
 from onnx import numpy_helper
 
 from precompute.models import Engine, load_encoder
-from precompute.models.engine import MIXED
+from precompute.models.engine import MIXED_SHARES
 from precompute.models.gate import cosine_gate
-from precompute.models.quantize import MIXED_SHARES, QUANTIZERS, int8_dynamic
+from precompute.models.quantize import QUANTIZERS, int8_dynamic
 from precompute.models.source import ModelSource
 
 
@@ -92,7 +92,7 @@ def test_degraded_int8_falls_back_to_a_mixed_graph_of_its_most_sensitive_matmuls
     assert report.precision == "int8-mixed"
     failed, *tried = report.gates
     assert (failed.precision, failed.passed) == ("int8", False) and "cosine" in failed.reason
-    assert [g.precision for g in tried] == list(MIXED["int8-dynamic"][: len(tried)])
+    assert [g.precision for g in tried] == list(MIXED_SHARES)[: len(tried)]
     assert tried[-1].passed and not any(g.passed for g in tried[:-1])
     (record,) = tmp_path.glob(f"onnx-{tried[-1].precision}-*/float_matmuls.json")
     kept = json.loads(record.read_text())
@@ -107,14 +107,14 @@ def test_an_engine_degraded_at_every_int8_graph_falls_back_to_fp32(
 ) -> None:
     for entry in bundled_cache.values():
         shutil.copytree(entry, tmp_path / entry.name)
-    for variant in ("int8-dynamic", *MIXED["int8-dynamic"]):
+    for variant in ("int8-dynamic", *MIXED_SHARES):
         monkeypatch.setitem(QUANTIZERS, variant, degraded_int8)
 
     with load_encoder(settings.replace(cache_dir=tmp_path)) as fallback:
         report = fallback.report
     assert report.precision == "fp32"
     *failed, passed = report.gates
-    assert [g.precision for g in failed] == ["int8", *MIXED["int8-dynamic"]]
+    assert [g.precision for g in failed] == ["int8", *MIXED_SHARES]
     assert not any(g.passed for g in failed) and failed[0].mean_cosine < 0.99
     assert (passed.precision, passed.passed) == ("fp32", True)
     assert passed.min_cosine > 0.9999 and passed.overlap == 1.0

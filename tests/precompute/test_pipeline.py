@@ -69,6 +69,11 @@ def test_vector_quantization_is_set_per_output(tmp_path: Path, monkeypatch: pyte
             "column 'body' is not in",
         ),
         (
+            f'[outputs.docs]\nkind = "embeddings"\n{CORPUS}\nqueries = {{ path = "{DEMO_CORPUS}", text = "query" }}',
+            "outputs.docs.queries.text",
+            "column 'query' is not in",
+        ),
+        (
             f'[outputs.a]\nkind = "embeddings"\n{CORPUS}\n[outputs.b]\nkind = "embeddings"\n{CORPUS}\nstore = "a"',
             "outputs.b.store",
             "qdrant store 'a' is written by output 'a' too",
