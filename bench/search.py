@@ -1,6 +1,6 @@
 """`precompute bench search`: search latency through the service at a fixed request rate.
 
-Ours: `POST /v1/search` on the lookup service (uvicorn, INT8 query embedding, the
+Ours: `POST /v1/search` on the lookup service (uvicorn, the gated INT8 or mixed query engine, the
 in-process Qdrant engine with HNSW) over the demo corpus, published by the nightly path.
 Baseline, same queries and rate, in one process with no HTTP at all: what a user would
 otherwise write, sentence-transformers FP32 for the query and qdrant-client's local mode.
@@ -122,7 +122,7 @@ def main(rate: float, requests: int) -> dict[str, object]:
         "requests": requests,
         "ours": {
             **percentiles(our_latencies),
-            "path": "HTTP /v1/search: INT8 query embedding + Qdrant edge HNSW",
+            "path": "HTTP /v1/search: gated query engine + Qdrant edge HNSW",
         },
         "baseline": {
             **percentiles(base_latencies),
@@ -144,7 +144,7 @@ def main(rate: float, requests: int) -> dict[str, object]:
         f"recall@10 of the served index against exact FP32 search over the same vectors: {result['recall_at_10_index']}"
     )
     print(
-        f"recall@10 end to end (INT8 engine + index) against exact search with FP32 model embeddings: {result['recall_at_10_vs_fp32_model']}"
+        f"recall@10 end to end (gated engine + index) against exact search with FP32 model embeddings: {result['recall_at_10_vs_fp32_model']}"
     )
     print(f"machine {result['machine']}")
     print(json.dumps(result))

@@ -76,9 +76,7 @@ class Encoder:
         self.report = report
         self.streams = streams
         self._pool = ThreadPoolExecutor(streams, thread_name_prefix="encoder") if streams > 1 else None
-        self._query_ids = np.zeros((1, tokenizer.max_seq_length), dtype=np.int64)
-        self._query_mask = np.ones((1, tokenizer.max_seq_length), dtype=np.int64)
-        self._query_lock = threading.Lock()
+        self._query_buffers = threading.local()
 
     def encode(self, texts: Sequence[object]) -> np.ndarray:
         """float32 [len(texts), dim]. Raises InvalidInputError naming the first bad row."""
@@ -86,16 +84,21 @@ class Encoder:
 
     def encode_query(self, text: object) -> np.ndarray:
         """float32 [dim] of one text: the service's path. No batch is formed and nothing is
-        padded; the ids go into input buffers allocated once, and the engine reads views of
-        their first len(ids) columns. Calls are serialised: the buffers are shared."""
+        padded; the ids go into input buffers allocated once per calling thread, and the engine
+        reads views of their first len(ids) columns. Threads run at once (an ONNX Runtime
+        session is thread-safe; TensorRT's runner serialises itself), so a short query is
+        never queued behind a long one on another search thread."""
         return self.encode_ids(self.tokenizer.ids(text))
 
     def encode_ids(self, ids: list[int]) -> np.ndarray:
         """float32 [dim] of one tokenized query (TextTokenizer.query_ids)."""
-        with self._query_lock:
-            self._query_ids[0, : len(ids)] = ids
-            feeds = dict(zip(INPUT_NAMES, (self._query_ids, self._query_mask), strict=True))
-            return self.runner.infer({name: array[:, : len(ids)] for name, array in feeds.items()})[0]
+        buffers = self._query_buffers
+        if not hasattr(buffers, "ids"):
+            buffers.ids = np.zeros((1, self.tokenizer.max_seq_length), dtype=np.int64)
+            buffers.mask = np.ones((1, self.tokenizer.max_seq_length), dtype=np.int64)
+        buffers.ids[0, : len(ids)] = ids
+        feeds = dict(zip(INPUT_NAMES, (buffers.ids, buffers.mask), strict=True))
+        return self.runner.infer({name: array[:, : len(ids)] for name, array in feeds.items()})[0]
 
     def close(self) -> None:
         if self._pool is not None:

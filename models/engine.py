@@ -77,13 +77,14 @@ def load_encoder(engine: Engine) -> Encoder:
         for variant in build.variants(precision):
             engine_dir, hit = build.engine(precision, variant)
             runner = runner_cls.open(engine_dir, device, threads, source)
-            served = "int8-mixed" if variant.startswith("int8-mixed") else precision
+            mixed = variant in MIXED_SHARES  # its gate names the share, its report "int8-mixed"
             if runner_cls.name != "torch":  # the reference needs no gate against itself
-                gates.append(build.gate(engine_dir, served if served == precision else variant, runner, tokenizer))
+                gates.append(build.gate(engine_dir, variant if mixed else precision, runner, tokenizer))
                 if not gates[-1].passed:
                     runner.close()
                     continue
             model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
+            served = "int8-mixed" if mixed else precision
             report = EngineReport(runner_cls.name, device, served, str(engine_dir), hit, model, gates)
             return Encoder(runner, tokenizer, batch_size, streams, report)
     failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)

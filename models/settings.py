@@ -80,7 +80,8 @@ class EnginePolicy(BaseSettings):
 
     gate_min_overlap: float = Field(0.95, ge=0, le=1)
     """Accuracy gate: a quantized encoder is used only if each held-out text's 10 nearest other
-    held-out texts are FP32's on this share, on average: what a search user sees. Dynamic INT8
+    held-out texts are FP32's on this share, on average: what a search user sees (labels are
+    judged by their own agreement instead). Dynamic INT8
     of MiniLM reaches about 0.92; the mixed graphs that keep its most sensitive MatMuls in
     float 0.95 and more (README, "Search fidelity")."""
 

@@ -51,7 +51,7 @@ class QueriesInput(BaseModel):
     path: Location
     """A local path (relative to the pipeline file) or an object-store URI."""
     text: str = "text"
-    """The column of each query's text; its first USER_QUERIES non-empty rows are used."""
+    """The column of each query's text; the file's first 1,000 rows are read (USER_QUERIES)."""
 
 
 class EmbeddingsSpec(OutputSpec):

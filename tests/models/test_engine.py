@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -59,6 +61,17 @@ def test_the_single_query_path_embeds_as_a_batch_of_one(encoder, corpus_texts) -
         np.testing.assert_array_equal(encoder.encode_query(text), encoder.encode([text])[0])
     with pytest.raises(InvalidInputError, match="row 0: text is empty"):
         encoder.encode_query("  ")
+
+
+def test_single_queries_on_several_threads_run_at_once_each_with_its_own_vector(encoder, corpus_texts) -> None:
+    """Each search thread has its own input buffers: concurrent queries of different lengths
+    never see each other's ids (the service runs one per search thread, unserialised)."""
+    texts = [corpus_texts[i] * (1 + i % 3) for i in range(24)]
+    alone = [encoder.encode_query(t) for t in texts]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(encoder.encode_query, texts * 3))
+    for i, vector in enumerate(together):
+        np.testing.assert_array_equal(vector, alone[i % len(texts)])
 
 
 def test_the_query_graph_matches_the_batch_graph(settings: Engine, encoder, corpus_texts) -> None:
