@@ -8,10 +8,11 @@ the user's own queries where the pipeline file names a file of them) searched in
 against exact FP32 search over the same vectors.
 
 The check tunes the version: it walks a ladder of search parameters, cheapest first (hnsw_ef
-doubled up to MAX_EF; INT8 versions then oversample more before the FP32 rescoring), and
+doubled up to max_hnsw_ef; INT8 versions then oversample more before the FP32 rescoring), and
 records the first rung that reaches min_recall with the version, which readers then search
-with (stores/vectors.py SearchParams). The last rung is an exact scan: a version fails only
-when even that misses, i.e. the load itself is broken. The walked curve goes to the report.
+with (stores/vectors.py SearchParams). The last rung is an exact scan (unless exact_scan is
+off): a version then fails only when even that misses, i.e. the load itself is broken. The
+walked curve goes to the report.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from precompute.stores.vectors import SearchParams, VectorStore
 
 K = 10
 TIE = 1e-5
-MAX_EF = 1024
-"""Past this the graph search costs about what a scan of a mid-sized version does."""
 EXACT_CHUNK = 32
 """Queries scored against every vector at once: bounds the [queries, rows] score matrix."""
 
@@ -61,15 +60,15 @@ def staged_vectors(run_dir: Path) -> tuple[list[str], np.ndarray]:
     return [str(i) for i in table["id"].to_pylist()], embeddings_of(table)
 
 
-def ladder(start: SearchParams) -> list[SearchParams]:
-    """Cheapest first: the store's default, hnsw_ef doubled, more oversampling (INT8 versions;
-    the others search the same with it), an exact scan."""
+def ladder(start: SearchParams, max_ef: int, exact: bool) -> list[SearchParams]:
+    """Cheapest first: the store's default, hnsw_ef doubled up to `max_ef`, more oversampling
+    (INT8 versions; the others search the same with it), an exact scan where allowed."""
     rungs, ef = [start], start.hnsw_ef
-    while ef < MAX_EF:
-        ef = min(ef * 2, MAX_EF)
+    while ef < max_ef:
+        ef = min(ef * 2, max_ef)
         rungs.append(SearchParams(ef, start.oversampling))
-    more = SearchParams(MAX_EF, 2 * max(start.oversampling, QUANTIZED_OVERSAMPLING))
-    return [*rungs, more, SearchParams(MAX_EF, more.oversampling, exact=True)]
+    more = SearchParams(ef, 2 * max(start.oversampling, QUANTIZED_OVERSAMPLING))
+    return [*rungs, more, *([SearchParams(ef, more.oversampling, exact=True)] if exact else [])]
 
 
 def unit_rows(vectors: np.ndarray) -> np.ndarray:
@@ -90,13 +89,13 @@ def kth_scores(unit: np.ndarray, queries: np.ndarray, own: np.ndarray | None) ->
 
 
 def measure(
-    store: VectorStore, version: str, ids: list[str], unit: np.ndarray, queries: np.ndarray,
-    own: np.ndarray, kth: np.ndarray, params: SearchParams,
+    store: VectorStore, version: str, ids: list[str], rows: dict[str, int], unit: np.ndarray,
+    queries: np.ndarray, own: np.ndarray, kth: np.ndarray, params: SearchParams,
 ) -> tuple[float, int, float]:
     """(recall@10, canaries found, median ms). A hit is right when its staged vector's exact
     cosine to the query reaches the K-th best one: ties among duplicates are not misses, and a
-    point stored under a wrong vector is. A stored row's query is also its canary."""
-    rows = {point: row for row, point in enumerate(ids)}
+    point stored under a wrong vector is. A stored row's query is also its canary. `rows`: each
+    id's row."""
     found, good, asked, times = 0, 0, 0, []
     for query, row, floor in zip(queries, own, kth, strict=True):
         k = min(K, len(ids) - (row >= 0))
@@ -119,10 +118,13 @@ def check_index(
     queries: int,
     min_recall: float,
     user_queries: np.ndarray | None = None,
+    max_ef: int = 1024,
+    exact: bool = True,
 ) -> Validation:
-    """The version's figures at the first rung of `ladder(store.default_search)` that passes,
-    whose params are then recorded with the version; IndexCheckError if none does.
-    `user_queries`: vectors of the searches users make, measured beside the sampled rows."""
+    """The version's figures at the first rung of the ladder that passes, whose params are then
+    recorded with the version; IndexCheckError if none does. `user_queries`: vectors of the
+    searches users make, measured beside the sampled rows. `max_ef`, `exact`: the ladder's
+    limits (VectorStoreSettings.max_hnsw_ef, exact_scan)."""
     ids, vectors = staged_vectors(run_dir)
     count = store.count(version)
     if count != len(ids):
@@ -133,9 +135,10 @@ def check_index(
     asked = np.vstack([unit[sample], extra])
     own = np.concatenate([sample, np.full(len(extra), -1)])
     kth = np.concatenate([kth_scores(unit, unit[sample], sample), kth_scores(unit, extra, None)])
+    rows = {point: row for row, point in enumerate(ids)}
     curve: list[dict[str, Any]] = []
-    for params in ladder(store.default_search):
-        recall, found, ms = measure(store, version, ids, unit, asked, own, kth, params)
+    for params in ladder(store.default_search, max_ef, exact):
+        recall, found, ms = measure(store, version, ids, rows, unit, asked, own, kth, params)
         curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3)})
         if found == len(sample) and recall >= min_recall:
             store.record_search(version, params)
@@ -144,6 +147,5 @@ def check_index(
         raise IndexCheckError(
             f"version {version}: {len(sample) - found} of {len(sample)} canaries not found"
         )
-    raise IndexCheckError(
-        f"version {version}: recall@10 {recall:.4f} < min_recall={min_recall} even by exact scan"
-    )
+    reached = "even by exact scan" if exact else f"at hnsw_ef {max_ef} (exact scan off)"
+    raise IndexCheckError(f"version {version}: recall@10 {recall:.4f} < min_recall={min_recall} {reached}")

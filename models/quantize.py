@@ -45,9 +45,17 @@ from precompute.models.tokenize import TextTokenizer
 CALIBRATION_BATCH = 8
 
 
-def int8_dynamic(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
+def int8_dynamic(
+    fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource, keep_float: Sequence[str] = ()
+) -> None:
+    """`keep_float`: MatMul nodes left in float (a mixed graph's)."""
     quantize_dynamic(
-        fp32, out, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+        fp32,
+        out,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul"],
+        nodes_to_exclude=list(keep_float),
     )
 
 
@@ -72,14 +80,7 @@ def int8_mixed(fp32: Path, out: Path, calibration: Sequence[str], source: ModelS
     out.with_name("float_matmuls.json").write_text(
         json.dumps({"share": share, "float": kept, "sensitivity": ranked}, indent=1)
     )
-    quantize_dynamic(
-        fp32,
-        out,
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        op_types_to_quantize=["MatMul"],
-        nodes_to_exclude=kept,
-    )
+    int8_dynamic(fp32, out, calibration, source, keep_float=kept)
 
 
 def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:

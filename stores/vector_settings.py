@@ -54,6 +54,15 @@ class VectorStoreSettings(BaseSettings):
     low request rates other work evicts them from the CPU caches between queries, where the
     graph reads a few (`precompute bench vectors`; README, "Figures behind the defaults")."""
 
+    max_hnsw_ef: int = Field(1024, ge=1)
+    """The most the nightly index check raises a version's `hnsw_ef` to (jobs/index_check.py)
+    before it tries more oversampling and then an exact scan."""
+
+    exact_scan: bool = True
+    """Whether the index check may serve a version by exact scan when no graph search reaches
+    min_recall. A scan reads every vector per query: fine for thousands of points, tens of ms
+    at a million. Off: such a version is refused and the published one stays."""
+
     hnsw_ef: int = Field(64, ge=1)
     """Candidates the graph search keeps (Qdrant's `hnsw_ef`): more is slower and nearer to
     exact (README, "Figures behind the defaults"); the nightly flow refuses to publish a version

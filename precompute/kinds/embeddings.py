@@ -133,7 +133,8 @@ class Embeddings(OutputKind):
         def validate() -> Any:
             queries = user_queries(output.queries, engine) if output.queries is not None else None
             with open_vector_store(machine.qdrant, store_name) as store:
-                return check_index(store, version, staged, CHECK_QUERIES, output.min_recall, queries)
+                limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
+                return check_index(store, version, staged, CHECK_QUERIES, output.min_recall, queries, **limits)
 
         def publish() -> None:
             with open_vector_store(machine.qdrant, store_name) as store:

@@ -208,17 +208,23 @@ def test_flow_killed_mid_embedding_then_rerun(
     assert pq.read_table(next((runs / new / "embeddings").glob("part-*.parquet"))).num_rows > 0
 
     # A version its checks refuse is never published: a graph searched with one candidate
-    # (hnsw_ef 1, no exact scan) misses some of the exact top 10 that min_recall 1.0 demands.
+    # (hnsw_ef 1, which the check may not raise, and no exact scan) misses some of the exact
+    # top 10 that min_recall 1.0 demands.
     refusing = {
         **os.environ,
         "PRECOMPUTE_QDRANT_HNSW_EF": "1",
+        "PRECOMPUTE_QDRANT_MAX_HNSW_EF": "1",
+        "PRECOMPUTE_QDRANT_EXACT_SCAN": "false",
         "PRECOMPUTE_QDRANT_FULL_SCAN_THRESHOLD_KB": "1",
         "PRECOMPUTE_OUTPUTS__DOCS__MIN_RECALL": "1.0",
     }
     refused = precompute_run(refusing)
     output = refused.communicate(timeout=900)[0].decode()
     assert refused.returncode == 1, output
-    refusal = r"^error: docs failed at validate: IndexCheckError: version \S+: recall@10 0\.\d+ < min_recall=1\.0$"
+    refusal = (
+        r"^error: docs failed at validate: IndexCheckError: version \S+: recall@10 0\.\d+ < min_recall=1\.0 "
+        r"at hnsw_ef 1 \(exact scan off\)$"
+    )
     assert re.search(refusal, output, re.MULTILINE), output
     with open_vector_store(VectorStoreSettings(), "docs") as store:
         assert store.current() == new and store.count(new) == 1000  # still served

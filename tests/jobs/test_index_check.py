@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
-from precompute.jobs.index_check import MAX_EF, IndexCheckError, check_index
+from precompute.jobs.index_check import IndexCheckError, check_index
 from precompute.jobs.staging import commit
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.vector_settings import VectorStoreSettings
@@ -164,7 +164,7 @@ def test_recall_short_of_its_minimum_even_by_exact_scan_is_refused_with_the_figu
         assert 0.5 < float(match.group(1)) < 1.0
         assert version.meta(V1).get("search") is None
         passed = check_index(version, V1, run_dir, queries=ROWS, min_recall=0.5)
-    assert passed.search["hnsw_ef"] == 64 and passed.search["exact"] is False and MAX_EF > 64
+    assert passed.search["hnsw_ef"] == 64 and passed.search["exact"] is False
 
 
 def test_the_users_queries_are_measured_beside_the_stored_rows(tmp_path: Path) -> None:
@@ -183,3 +183,12 @@ def test_the_users_queries_are_measured_beside_the_stored_rows(tmp_path: Path) -
         run_dir = staged(tmp_path / "again")
         with pytest.raises(IndexCheckError, match="even by exact scan"):
             check_index(version, V1, run_dir, queries=1, min_recall=1.0, user_queries=queries)
+
+
+def test_with_the_exact_scan_off_a_version_short_of_recall_at_max_hnsw_ef_is_refused(tmp_path: Path) -> None:
+    """An operator who would rather refuse a version than serve it by exact scan caps the ladder."""
+    with store(tmp_path, IDS, VECTORS, full_scan_threshold_kb=1, hnsw_ef=1) as version:
+        run_dir = staged(tmp_path)
+        with pytest.raises(IndexCheckError, match=r"< min_recall=1\.0 at hnsw_ef 1 \(exact scan off\)$"):
+            check_index(version, V1, run_dir, queries=ROWS, min_recall=1.0, max_ef=1, exact=False)
+        assert version.meta(V1).get("search") is None
