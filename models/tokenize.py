@@ -82,7 +82,7 @@ class TextTokenizer:
 
     def ids(self, text: object) -> list[int]:
         """Token ids of one text (checked as row 0): the single-query path, no batch to form."""
-        return self._tokenizer.encode_batch_fast([check_text(0, text)])[0].ids
+        return self.query_ids(text, None)[0]
 
     def query_ids(self, text: object, max_tokens: int | None) -> tuple[list[int], bool]:
         """(ids, cut) of one query, cut to `max_tokens` (None: the model's window) with its closing

@@ -69,7 +69,6 @@ from precompute.stores.vectors import (
     check_points,
     note_field_types,
     point_id,
-    recorded_search,
     with_id,
 )
 from precompute.stores.versions import check_version
@@ -128,8 +127,7 @@ class QdrantEdgeStore(VectorStore):
         """How stale a reader's view of the published version may be; 0 checks on every search."""
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
         self.default_search = SearchParams(settings.hnsw_ef)
-        self._search: dict[str, SearchParams] = {}
-        """Each version's recorded SearchParams, read once: a version's meta never changes once published."""
+        self._search = {}
         self._writers: dict[str, qe.EdgeShard] = {}
         self._fields: dict[str, dict[str, type | None]] = {}
         self._readers: dict[str, qe.EdgeShard] = {}
@@ -237,7 +235,7 @@ class QdrantEdgeStore(VectorStore):
                 query=qe.Query.Nearest(vector.reshape(-1).tolist()),
                 filter=edge_filter(filter),
                 with_payload=True,
-                params=edge_params(params or self._search_of(name)),
+                params=edge_params(params or self.searched_with(name)),
             )
             try:
                 points = shard.query(request)
@@ -247,12 +245,6 @@ class QdrantEdgeStore(VectorStore):
                     raise StoreError(f"search in version {name!r} failed: {e}") from e
                 # Closed by a concurrent switch: retry once on the handle that replaced it.
         return [to_hit(p) for p in points]
-
-    def _search_of(self, version: str) -> SearchParams:
-        params = self._search.get(version)
-        if params is None:
-            params = self._search[version] = recorded_search(self.meta(version), self.default_search)
-        return params
 
     def _is_open(self, shard: qe.EdgeShard) -> bool:
         return any(s is shard for s in (*self._writers.values(), *self._readers.values()))

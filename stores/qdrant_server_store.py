@@ -45,7 +45,6 @@ from precompute.stores.vectors import (
     check_points,
     note_field_types,
     point_id,
-    recorded_search,
     with_id,
 )
 from precompute.stores.versions import check_version
@@ -136,8 +135,7 @@ class QdrantServerStore(VectorStore):
         self.where = f"qdrant server: {self.name}"
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
         self.default_search = SearchParams(settings.hnsw_ef)
-        self._search: dict[str, SearchParams] = {}
-        """Each version's recorded SearchParams, read once: a version's meta never changes once published."""
+        self._search = {}
         self.ready_timeout_s = ready_timeout_s
         """How long finalize waits for the index to be built before giving up (retryable)."""
         self._fields: dict[str, dict[str, type | None]] = {}
@@ -243,9 +241,7 @@ class QdrantServerStore(VectorStore):
         check_k(k)
         target = self.name if version is None else self._collection(version)
         if params is None and version is not None:
-            params = self._search.get(version)
-            if params is None:
-                params = self._search[version] = recorded_search(self.meta(version), self.default_search)
+            params = self.searched_with(version)
         try:
             with translated(f"search in {target!r}"):
                 points = self.client.query_points(

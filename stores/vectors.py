@@ -93,12 +93,6 @@ def with_id(item_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     return {**payload, ID_KEY: str(item_id)}
 
 
-def recorded_search(meta: Mapping[str, Any], default: SearchParams) -> SearchParams:
-    """A version's recorded SearchParams; `default` for a version written before they were."""
-    recorded = meta.get(SEARCH_KEY)
-    return default if recorded is None else SearchParams(**recorded)
-
-
 def check_k(k: int) -> None:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -112,6 +106,8 @@ class VectorStore(ABC):
     """"qdrant edge: <name>" or "qdrant server: <name>"."""
     default_search: SearchParams
     """What a version without recorded SearchParams is searched with (VectorStoreSettings.hnsw_ef)."""
+    _search: dict[str, SearchParams]
+    """Each version's SearchParams as `searched_with` read them (set empty by a store's __init__)."""
 
     @abstractmethod
     def create_version(
@@ -176,6 +172,15 @@ class VectorStore(ABC):
     @abstractmethod
     def record_search(self, version: str, params: SearchParams) -> None:
         """Keep `params` in the version's meta (before it is published): readers search with them."""
+
+    def searched_with(self, version: str) -> SearchParams:
+        """The SearchParams recorded with `version`, else default_search (a version written before
+        they were); read once, since a published version's meta never changes."""
+        params = self._search.get(version)
+        if params is None:
+            recorded = self.meta(version).get(SEARCH_KEY)
+            params = self._search[version] = self.default_search if recorded is None else SearchParams(**recorded)
+        return params
 
     @abstractmethod
     def publish(self, version: str) -> None:
