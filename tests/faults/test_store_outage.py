@@ -49,20 +49,28 @@ def test_redis_down_under_load_then_back(
             clients = [threading.Thread(target=load, args=(base,)) for _ in range(2)]
             for client in clients:
                 client.start()
-            wait_for(lambda: lookups(0, 200) >= 20, "lookups answered before the outage")
-            redis.close()
-            first_503 = wait_for(
-                lambda: next((i for i, a in enumerate(answers) if a[1] == 503), None), "the first 503"
-            )
-            wait_for(lambda: lookups(first_503, 503) >= OUTAGE_ANSWERS, "lookups answered during the outage")
-            restarting = len(answers)
-            with redis_server(tmp_path / "redis", port=urlparse(url).port, persistent=True):
-                recovered = wait_for(
-                    lambda: next((i for i, a in enumerate(answers[restarting:]) if a[1] == 200 and a[0] != "/v1/search"), None),
-                    "a lookup answered again",
+            try:
+                wait_for(lambda: lookups(0, 200) >= 20, "lookups answered before the outage")
+                redis.close()
+                first_503 = wait_for(
+                    lambda: next((i for i, a in enumerate(answers) if a[1] == 503), None), "the first 503"
                 )
-                back = restarting + recovered + len(clients) * len(REQUESTS)  # the requests in flight then
-                wait_for(lambda: len(answers) >= back + 60, "answers after the recovery")
+                wait_for(lambda: lookups(first_503, 503) >= OUTAGE_ANSWERS, "lookups answered during the outage")
+                restarting = len(answers)
+                with redis_server(tmp_path / "redis", port=urlparse(url).port, persistent=True):
+                    recovered = wait_for(
+                        lambda: next(
+                            (i for i, a in enumerate(answers[restarting:]) if a[1] == 200 and a[0] != "/v1/search"),
+                            None,
+                        ),
+                        f"a lookup answered again (service log: {log})",
+                    )
+                    back = restarting + recovered + len(clients) * len(REQUESTS)  # the requests in flight then
+                    wait_for(lambda: len(answers) >= back + 60, "answers after the recovery")
+            except AssertionError as e:
+                tail = "\n".join(log.read_text().splitlines()[-20:]) if log.exists() else "(no log)"
+                raise AssertionError(f"{e}; last answers {answers[-6:]}; the service's log ends:\n{tail}") from None
+            finally:
                 stop.set()
                 for client in clients:
                     client.join(timeout=30)
