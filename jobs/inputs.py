@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+import ray
+from pydantic import Field
 
-from precompute.models.location import Location
+from precompute.models.datasets import DatasetInput, decoded, input_files, plain_schema
 from precompute.models.reference_texts import TextSample
 from precompute.models.text_columns import TEXT_TYPES
 
@@ -41,16 +42,27 @@ def _is_label(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
 
 
+def _is_labels(kind: pa.DataType) -> bool:
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    return _is_label(kind) or (is_list and _is_label(kind.value_type))
+
+
+def _is_weight(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_decimal(kind)
+    )
+
+
 COLUMN_TYPES = {
     "id": (_is_key, "strings, bytes or integers"),
     "text": (_is_text, "strings or UTF-8 bytes"),
-    "label": (
-        lambda kind: _is_label(kind) or (pa.types.is_list(kind) and _is_label(kind.value_type)),
-        "strings or integers, or lists of them (several labels per row)",
-    ),
+    "label": (_is_labels, "strings or integers, or lists of them (several labels per row)"),
     "user": (_is_key, "strings, bytes or integers"),
     "item": (_is_key, "strings, bytes or integers"),
-    "weight": (lambda kind: pa.types.is_integer(kind) or pa.types.is_floating(kind), "numbers"),
+    "weight": (_is_weight, "numbers or booleans"),
     "time": (is_time, TIME_TYPES),
 }
 """What each input column may hold, by its field in an `input` table: anything else is refused
@@ -58,7 +70,7 @@ before a job reads a row."""
 
 
 class CorpusInput(TextSample):
-    """A corpus Parquet (path or URI) and the names of its columns."""
+    """A corpus (a file, folder, glob or partitioned dataset) and the names of its columns."""
 
     label: str | None = None
     """Labels with a trained head: the column it learns from; a list column gives several labels
@@ -70,16 +82,12 @@ class CorpusInput(TextSample):
 
     def sample(self) -> TextSample:
         """The id and text columns alone: where an engine draws its gate and calibration texts."""
-        return TextSample(path=self.path, id=self.id, text=self.text)
+        return TextSample(path=self.path, format=self.format, where=self.where, id=self.id, text=self.text)
 
 
-class InteractionsInput(BaseModel):
-    """An interactions Parquet (path or URI) and the names of its columns."""
+class InteractionsInput(DatasetInput):
+    """Interactions (a file, folder, glob or partitioned dataset) and the names of their columns."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    path: Location
-    """The input: a local path (relative to the pipeline file) or an object-store URI."""
     user: str = "user_id"
     """The column of the user's id."""
     item: str = "item_id"
@@ -92,3 +100,14 @@ class InteractionsInput(BaseModel):
     interaction; without it, a seeded random one."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails when more than this share of interactions is rejected."""
+
+
+def read_input(source: DatasetInput) -> ray.data.Dataset:
+    """The input's rows on Ray, from the same files the driver's checks read (models/datasets.py)."""
+    files = input_files(source)
+    reader = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv, "json": ray.data.read_json}[files.format]
+    # The files are chosen already: no extension filter, and partition folders are not columns.
+    dataset = reader(list(files.files), filesystem=files.filesystem, partitioning=None, file_extensions=None)
+    if plain_schema(schema := files.encoded().schema) != schema:
+        dataset = dataset.map_batches(decoded, batch_format="pyarrow")
+    return dataset

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from precompute.jobs.inputs import TIME_TYPES, InteractionsInput, is_time
+from precompute.jobs.inputs import TIME_TYPES, InteractionsInput, is_time, read_input
 from precompute.jobs.validate import REASON, id_key
 from precompute.models.text_columns import lossless, utf8_errors
 
@@ -101,7 +101,7 @@ def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[
 
 
 def read_interactions(interactions: InteractionsInput) -> ray.data.Dataset:
-    dataset = ray.data.read_parquet(interactions.path)
+    dataset = read_input(interactions)
     renames = column_renames(interactions, dataset.schema().names)
     return dataset.rename_columns(renames) if renames else dataset
 

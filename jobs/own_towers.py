@@ -19,14 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pads
 import ray
 from ray.data.expressions import col
 
+from precompute.jobs.inputs import read_input
 from precompute.jobs.ray_session import actor_pool
 from precompute.jobs.recs_models import OwnTowers, rows_of
 from precompute.jobs.validate import REASON, duplicate_ids, id_key, quarantine
 from precompute.models.backends.base import ConcreteDevice
+from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings
 from precompute.models.text_columns import lossless, utf8_errors
 from precompute.models.towers import (
@@ -94,14 +95,14 @@ class TowerActor:
 
 def read_features(features: FeaturesInput, inputs: list[TowerInput]) -> ray.data.Dataset:
     """The id and the tower's input columns, the id renamed to `id`."""
-    dataset = ray.data.read_parquet(features.path).select_columns([features.id, *(i.name for i in inputs)])
+    dataset = read_input(features).select_columns([features.id, *(i.name for i in inputs)])
     return dataset.rename_columns({features.id: "id"}) if features.id != "id" else dataset
 
 
 def head_rows(features: FeaturesInput, inputs: list[TowerInput], rows: int) -> pa.Table:
     """Up to `rows` valid rows from the head of the file: calibration and gate rows, read cheaply."""
     names = [features.id, *(i.name for i in inputs)]
-    head = pads.dataset(features.path, format="parquet").head(rows, columns=names)
+    head = arrow_dataset(features).head(rows, columns=names)
     reasons = feature_reasons(head, inputs)
     return head.filter(pa.array([r is None for r in reasons]))
 
@@ -116,11 +117,11 @@ def tower_vectors(
     noun: str,
 ) -> Tower:
     """Vectors of every valid row of `features`, bad rows quarantined with their reason first."""
-    rows = pads.dataset(features.path, format="parquet").count_rows()
+    rows = arrow_dataset(features).count_rows()
     tagged = read_features(features, inputs).map_batches(
         tag_feature_rejects,
         batch_format="pyarrow",
-        fn_kwargs={"inputs": inputs, "duplicates": duplicate_ids(features.path, features.id)},
+        fn_kwargs={"inputs": inputs, "duplicates": duplicate_ids(features, features.id)},
     )
     rejected = tagged.drop_columns([KEY])
     if features.id != "id":  # the rejects file names the id column as the input does

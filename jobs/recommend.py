@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import ray
 import torch
 from ray.actor import ActorHandle
@@ -65,6 +64,7 @@ from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.validate import REASON, quarantine
+from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings
 from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import RANKED, encode_ranked
@@ -238,7 +238,7 @@ def run_recs_job(
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
         start = time.perf_counter()
-        rows = pads.dataset(interactions.path, format="parquet").count_rows()
+        rows = arrow_dataset(interactions).count_rows()
         tagged = read_interactions(interactions).map_batches(
             tag_rejects, batch_format="pyarrow", fn_kwargs={"index": index}
         )

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import torch
 
 from precompute.jobs.inputs import InteractionsInput
@@ -49,6 +48,7 @@ from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.sequence_train import WarmStart
 from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.validate import REASON
+from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings
 
 MAX_USERS = 5000
@@ -86,7 +86,7 @@ class RecsQuality:
 
 def interactions_table(interactions: InteractionsInput) -> pa.Table:
     """The input's user, item, weight and time columns (those present) under the job's names."""
-    table = pads.dataset(interactions.path, format="parquet").to_table()
+    table = arrow_dataset(interactions).to_table()
     renames = column_renames(interactions, table.column_names)
     return table.rename_columns([renames.get(c, c) for c in table.column_names])
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray
 from ray.data.expressions import col
 
-from precompute.jobs.inputs import CorpusInput
+from precompute.jobs.inputs import CorpusInput, read_input
+from precompute.models.datasets import DatasetInput, arrow_dataset
 from precompute.models.errors import InvalidInputError, ModelError
 from precompute.models.text_columns import as_text, lossless, readable, utf8_errors
 from precompute.models.tokenize import check_text
@@ -29,9 +29,9 @@ def id_key(value: object) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
-def duplicate_ids(uri: str, column: str = "id") -> set[str]:
+def duplicate_ids(source: DatasetInput, column: str = "id") -> set[str]:
     """Ids that occur more than once. All their rows are rejected: which copy is right is unknowable."""
-    ids = lossless(pads.dataset(uri, format="parquet").to_table(columns=[column]).rename_columns(["id"]))
+    ids = lossless(arrow_dataset(source).to_table(columns=[column]).rename_columns(["id"]))
     counts = ids.group_by("id").aggregate([("id", "count")])
     repeated = counts.filter(pc.greater(counts["id_count"], 1))["id"]
     return {id_key(i) for i in repeated.to_pylist()}
@@ -86,20 +86,20 @@ def canonical_columns(corpus: CorpusInput) -> dict[str, str]:
 
 def validated_corpus(corpus: CorpusInput, rejects_path: Path) -> tuple[ray.data.Dataset, int, int]:
     """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first."""
-    source = pads.dataset(corpus.path, format="parquet")
+    source = arrow_dataset(corpus)
     rows = source.count_rows()
     renames = canonical_columns(corpus)
     schema = pa.schema(
         [f.with_name(renames.get(f.name, f.name)) for f in source.schema], source.schema.metadata
     )
-    dataset = ray.data.read_parquet(corpus.path)
+    dataset = read_input(corpus)
     if renames:
         dataset = dataset.rename_columns(renames)
     tagged = dataset.map_batches(
         tag_rejects,
         batch_format="pyarrow",
         fn_kwargs={
-            "duplicates": duplicate_ids(corpus.path, corpus.id),
+            "duplicates": duplicate_ids(corpus, corpus.id),
             "max_text_bytes": corpus.max_text_bytes,
         },
     )

@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from typing import Literal
 
 import pyarrow as pa
-import pyarrow.dataset as pads
-from pydantic import BaseModel, ConfigDict
 
+from precompute.models.datasets import DatasetInput, arrow_dataset
 from precompute.models.errors import ModelError
-from precompute.models.location import Location
 from precompute.models.text_columns import decodable_rows
 
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
@@ -25,13 +23,9 @@ FALLBACK_SLOTS = {"gate": frozenset({2, 4, 6, 8}), "calibration": frozenset({3, 
 """Free slots a purpose may borrow from when its own slot holds fewer texts than asked."""
 
 
-class TextSample(BaseModel):
-    """A Parquet input's texts, by the names of its id and text columns."""
+class TextSample(DatasetInput):
+    """An input's texts, by the names of its id and text columns."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-    path: Location
-    """The input: a local path (relative to the pipeline file) or an object-store URI."""
     id: str = "id"
     """The column of each row's unique id."""
     text: str = "text"
@@ -53,7 +47,7 @@ def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, ob
     a caller that needs the first few thousand stops early, so memory and time do not grow with
     the input (every engine's actors read their gate texts here)."""
     try:
-        for batch in pads.dataset(sample.path, format="parquet").to_batches(columns=columns):
+        for batch in arrow_dataset(sample).to_batches(columns=columns):
             # A row of invalid UTF-8 is left out: the job's to quarantine.
             yield from decodable_rows(pa.Table.from_batches([batch]))
     except (OSError, pa.ArrowException) as e:

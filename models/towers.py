@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from precompute.models.backends.base import BuildSpec, ConcreteDevice, Feeds, Runner
+from precompute.models.datasets import DatasetInput
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
 from precompute.models.gate import GateResult, overlap_gate, top_overlap
@@ -45,13 +46,10 @@ ELEMENT_TYPES = {
 CALIBRATION_BATCH = 256
 
 
-class FeaturesInput(BaseModel):
-    """A features Parquet (path or URI): an id column and the columns the tower's inputs name."""
+class FeaturesInput(DatasetInput):
+    """Features (a file, folder, glob or partitioned dataset): an id column and the columns the
+    tower's inputs name."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    path: Location
-    """The features file: a local path (relative to the pipeline file) or an object-store URI."""
     id: str = "id"
     """The column of the user's (or item's) id."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, create_model
 from pydantic._internal._utils import deep_update
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from precompute.jobs.inputs import COLUMN_TYPES
 from precompute.kinds import NAME, OutputKind, OutputSpec, kinds, registry
+from precompute.models.datasets import DatasetInput, InputError, arrow_dataset
 from precompute.models.location import BASE
 from precompute.models.source import ModelSource
 
@@ -120,19 +120,22 @@ class Pipeline(BaseModel):
     def check_input(
         self,
         name: str,
-        path: str,
+        source: DatasetInput,
         columns: dict[str, str],
         optional: dict[str, str] | None = None,
         table: str = "input",
     ) -> None:
-        """The output's input file is readable, holds rows, and has each column (by its field in the
+        """The output's input is readable, holds rows, and has each column (by its field in the
         output's `table`, `input` by default) with a type COLUMN_TYPES accepts for that field; each
         `optional` one that it has, too."""
+        path = source.path
         try:
-            dataset = pads.dataset(path, format="parquet")
+            dataset = arrow_dataset(source)
             rows = dataset.count_rows()
+        except InputError as e:
+            raise self.error(name, f"{table}.path", str(e)) from None
         except (OSError, pa.ArrowException) as e:
-            raise self.error(name, f"{table}.path", f"cannot read Parquet at {path} ({e})") from None
+            raise self.error(name, f"{table}.path", f"cannot read {path} ({e})") from None
         if rows == 0:
             raise self.error(name, f"{table}.path", f"{path} holds no rows")
         schema = dataset.schema

@@ -13,12 +13,12 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.kinds import OutputKind, OutputSpec
 from precompute.kinds.text import engine_lines, engine_of, read_model
-from precompute.models.location import Location
+from precompute.models.datasets import DatasetInput, arrow_dataset
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
 from precompute.stores.vector_settings import Quantization
@@ -43,13 +43,9 @@ USER_QUERIES = 1000
 """The queries file's first rows the check searches: enough for recall to 0.003, cheap to embed."""
 
 
-class QueriesInput(BaseModel):
-    """The searches users make, to tune the index on: a Parquet file (or URI) with a text column."""
+class QueriesInput(DatasetInput):
+    """The searches users make, to tune the index on: an input with a text column."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-    path: Location
-    """A local path (relative to the pipeline file) or an object-store URI."""
     text: str = "text"
     """The column of each query's text; the file's first 1,000 rows are read (USER_QUERIES)."""
 
@@ -73,11 +69,9 @@ class EmbeddingsSpec(OutputSpec):
 def user_queries(queries: QueriesInput, engine: Engine) -> np.ndarray:
     """The vectors of the queries file's first USER_QUERIES texts, by the engine that embedded the
     corpus (its gate already passed: opening it is a cache hit)."""
-    import pyarrow.dataset as pads
-
     from precompute.models import load_encoder
 
-    column = pads.dataset(queries.path, format="parquet").head(USER_QUERIES, columns=[queries.text])[queries.text]
+    column = arrow_dataset(queries).head(USER_QUERIES, columns=[queries.text])[queries.text]
     texts = [text for text in column.to_pylist() if isinstance(text, str) and text.strip()]
     with load_encoder(engine) as encoder:
         return encoder.encode(texts)
@@ -94,9 +88,9 @@ class Embeddings(OutputKind):
 
     def check(self, pipeline: Pipeline, name: str) -> None:
         output = pipeline.outputs[name]
-        pipeline.check_input(name, output.input.path, {"id": output.input.id, "text": output.input.text})
+        pipeline.check_input(name, output.input, {"id": output.input.id, "text": output.input.text})
         if output.queries is not None:
-            pipeline.check_input(name, output.queries.path, {"text": output.queries.text}, table="queries")
+            pipeline.check_input(name, output.queries, {"text": output.queries.text}, table="queries")
 
     def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
         output = pipeline.outputs[name]

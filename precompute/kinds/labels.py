@@ -74,7 +74,7 @@ class Labels(OutputKind):
         columns = {"id": output.input.id, "text": output.input.text}
         if output.classifier is None and output.input.label is not None:
             columns["label"] = output.input.label
-        pipeline.check_input(name, output.input.path, columns)
+        pipeline.check_input(name, output.input, columns)
 
     def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
         spec = pipeline.outputs[name].input

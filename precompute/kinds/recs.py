@@ -20,6 +20,7 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.kinds import OutputKind, OutputSpec, QualityError
 from precompute.kinds.keyed import key_value_versions, publish_new_version, store_line
+from precompute.models.datasets import InputError, arrow_dataset
 from precompute.models.errors import ModelError
 from precompute.models.towers import Signature, TowersSpec, column_problem, same_dim
 
@@ -76,7 +77,7 @@ class Recs(OutputKind):
         optional = {"weight": output.input.weight, "time": output.input.time}
         given = output.input.model_fields_set
         columns |= {field: column for field, column in optional.items() if field in given}
-        pipeline.check_input(name, output.input.path, columns, optional)
+        pipeline.check_input(name, output.input, columns, optional)
         if output.towers is not None:
             check_towers(pipeline, name, output.towers)
 
@@ -180,9 +181,6 @@ class Recs(OutputKind):
 def check_towers(pipeline: Pipeline, name: str, towers: TowersSpec) -> None:
     """Both graphs open and return one dim; each features file has the id column and a column of
     the right type for every input of its tower."""
-    import pyarrow as pa
-    import pyarrow.dataset as pads
-
     signatures = {}
     for tower in ("user", "item"):
         path = getattr(towers, tower)
@@ -199,9 +197,9 @@ def check_towers(pipeline: Pipeline, name: str, towers: TowersSpec) -> None:
     for tower, features in (("user", towers.users), ("item", towers.items)):
         field = f"towers.{tower}s"
         try:
-            schema = pads.dataset(features.path, format="parquet").schema
-        except (OSError, pa.ArrowException) as e:
-            raise pipeline.error(name, f"{field}.path", f"cannot read Parquet at {features.path} ({e})") from None
+            schema = arrow_dataset(features).schema
+        except InputError as e:
+            raise pipeline.error(name, f"{field}.path", str(e)) from None
         for column in [features.id, *(i.name for i in signatures[tower].inputs)]:
             if column not in schema.names:
                 raise pipeline.error(

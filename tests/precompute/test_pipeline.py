@@ -81,7 +81,7 @@ def test_vector_quantization_is_set_per_output(tmp_path: Path, monkeypatch: pyte
         (
             '[outputs.docs]\nkind = "embeddings"\ninput = { path = "missing.parquet" }',
             "outputs.docs.input.path",
-            "cannot read Parquet",
+            "missing.parquet: no such file, or no files in it",
         ),
         (
             f'[outputs.tags]\nkind = "labels"\n{CORPUS}',
@@ -108,7 +108,7 @@ def test_each_mistake_is_one_line_naming_file_output_and_field(
 @pytest.mark.parametrize(
     ("data", "field", "message"),
     [
-        ("not a Parquet file", "input.path", "cannot read Parquet at"),
+        ("not a Parquet file", "input.path", "cannot read parquet at"),
         (
             pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}),
             "input.path",
