@@ -79,7 +79,7 @@ class EmbedActor:
 
 def version_meta(engine: Engine) -> dict[str, Any]:
     """What a version records of its model: a reader embeds queries with the same one."""
-    return {"model": engine.model.model_dump(mode="json"), "reference": engine.reference.model_dump()}
+    return {"model": engine.model.model_dump(mode="json"), "reference": engine.reference.model_dump(mode="json")}
 
 
 def payload_kind(kind: pa.DataType) -> str:
@@ -99,7 +99,8 @@ def load_version(
     payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
     payload = {c: payload_kind(parts.schema.field(c).type) for c in payload_columns}
     dim = parts.schema.field(EMBEDDING).type.list_size
-    store.create_version(version, dim, {**meta, "payload": payload}, quantization)
+    integer_ids = pa.types.is_integer(parts.schema.field("id").type)  # answered as numbers
+    store.create_version(version, dim, {**meta, "payload": payload, "integer_ids": integer_ids}, quantization)
     for batch in parts.to_batches(batch_size=LOAD_BATCH):
         table = pa.Table.from_batches([batch])
         ids = [str(i) for i in table["id"].to_pylist()]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -32,12 +34,21 @@ from precompute.stores.redis_settings import RedisSettings
 VOCABULARIES_PER_OUTPUT = 2
 """The published version's vocabulary and the one before a switch."""
 NOTHING_PUBLISHED_RETRY_S = "5"
+INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _digits(value: object) -> object:
+    return str(value) if type(value) is int else value
+
+
+Id = Annotated[str, BeforeValidator(_digits)]
+"""An id as a string, or an integer (looked up as its digits: inputs with integer ids)."""
 
 
 class LabelsBatchGet(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    ids: list[str] = Field(min_length=1)
+    ids: list[Id] = Field(min_length=1)
 
 
 class RecsBatchGet(LabelsBatchGet):
@@ -73,11 +84,19 @@ RECS = Output("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet, "recommende
 
 
 class Vocabulary:
-    """One version's vocabulary (label names, item ids), JSON-escaped once for all its answers."""
+    """One version's vocabulary (label names, item ids), JSON-escaped once for all its answers,
+    and how its ids are answered: as JSON numbers where the input's were integers (meta's
+    integer_vocabulary, integer_ids), so `GET /v1/recs/42` lists items as the user wrote them."""
 
-    def __init__(self, entries: Sequence[str], template: str) -> None:
-        self.quoted = list(map(json.dumps, entries))
+    def __init__(self, meta: dict, template: str) -> None:
+        entries: Sequence[str] = meta["vocabulary"]
+        self.quoted = [str(int(e)) for e in entries] if meta.get("integer_vocabulary") else list(map(json.dumps, entries))
+        self.integer_ids = bool(meta.get("integer_ids"))
         self.template = template
+
+    def id_json(self, item_id: str) -> str:
+        """A requested id as JSON: a number where the ids were integers and it is one."""
+        return item_id if self.integer_ids and INTEGER.fullmatch(item_id) else json.dumps(item_id)
 
     def render(self, value: bytes, k: int | None) -> str:
         """A stored value as a JSON array of entries, best first, the first `k` (None: all).
@@ -157,7 +176,7 @@ class KeyLookups:
                     version=version,
                 )
             return Response(
-                f'{{"version":"{version}","id":{json.dumps(item_id)},'
+                f'{{"version":"{version}","id":{vocabulary.id_json(item_id)},'
                 f'"{output.list_key}":{vocabulary.render(value, k)}}}',
                 media_type="application/json",
             )
@@ -181,13 +200,13 @@ class KeyLookups:
             results, missing = [], []
             for item_id, value in zip(req.ids, values, strict=True):
                 if value is None:
-                    missing.append(item_id)
+                    missing.append(vocabulary.id_json(item_id))
                 else:
                     results.append(
-                        f'{{"id":{json.dumps(item_id)},"{output.list_key}":{vocabulary.render(value, k)}}}'
+                        f'{{"id":{vocabulary.id_json(item_id)},"{output.list_key}":{vocabulary.render(value, k)}}}'
                     )
             return Response(
-                f'{{"version":"{version}","results":[{",".join(results)}],"missing":{json.dumps(missing)}}}',
+                f'{{"version":"{version}","results":[{",".join(results)}],"missing":[{",".join(missing)}]}}',
                 media_type="application/json",
             )
 
@@ -227,7 +246,7 @@ class KeyLookups:
         vocabulary = self._vocabularies.get((output.name, version))
         if vocabulary is None:
             meta = await reader.meta(output.name, version)
-            vocabulary = Vocabulary(meta["vocabulary"], output.entry)
+            vocabulary = Vocabulary(meta, output.entry)
             self._vocabularies[output.name, version] = vocabulary
             if len(self._vocabularies) > VOCABULARIES_PER_OUTPUT * len(self.outputs):
                 del self._vocabularies[next(iter(self._vocabularies))]

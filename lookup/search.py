@@ -15,6 +15,7 @@ query and index always agree.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -153,6 +154,18 @@ class Found:
     """The answer says so: a query longer than max_query_tokens (or the model's window) was cut."""
 
 
+@dataclass(frozen=True)
+class ServedVersion:
+    """What a version's meta says about answering it."""
+
+    engine: Engine
+    """The engine of the model that made the version."""
+    payload: dict[str, str] | None
+    """Its payload's field types (None: written without them)."""
+    integer_ids: bool
+    """The input's ids were integers: hits answer them as numbers."""
+
+
 class Searcher:
     """One embeddings output: its store, and the encoder of whichever version it serves."""
 
@@ -172,11 +185,10 @@ class Searcher:
         self.max_query_tokens = max_query_tokens
         self.engine = engine
         """The output's engine as the pipeline file states it: a version's own model replaces its model."""
-        self._versions: dict[str, tuple[Engine, dict[str, str] | None]] = {}
-        """The served version's engine and payload fields, replaced whole (search threads read it)."""
+        self._versions: dict[str, ServedVersion] = {}
+        """The served version's, replaced whole (search threads read it)."""
 
-    def served(self, version: str) -> tuple[Engine, dict[str, str] | None]:
-        """(the engine of the model that made `version`, its payload's field types)."""
+    def served(self, version: str) -> ServedVersion:
         known = self._versions.get(version)
         if known is None:
             meta = self.store.meta(version)
@@ -184,17 +196,17 @@ class Searcher:
             if "model" in meta:  # else written without one (by hand): the file's model
                 model = ModelSource.model_validate(meta["model"])
                 engine = engine.replace(model=model, reference=TextSample.model_validate(meta["reference"]))
-            known = (engine, meta.get("payload"))
+            known = ServedVersion(engine, meta.get("payload"), bool(meta.get("integer_ids")))
             self._versions = {version: known}  # one version is served at a time
         return known
 
     def engine_of(self, version: str) -> Engine:
-        return self.served(version)[0]
+        return self.served(version).engine
 
     def check_filter(self, version: str, filter: Filter) -> None:
         """Raise FilterError unless each key is a field of the version's payload, with a value of
         its type: a filter on a field that does not exist would match nothing, silently."""
-        fields = self.served(version)[1]
+        fields = self.served(version).payload
         if fields is None:  # a version written without its payload's schema
             return
         for key, value in filter.items():
@@ -245,7 +257,10 @@ class Searcher:
             ids, cut = encoder.tokenizer.query_ids(query, self.max_query_tokens)
             embedded = QueryVector(encoder.encode_ids(ids), len(ids) if cut else None)
             self.vectors.put((engine.model.hash, query), embedded)
-        return Found(self.store.search(embedded.vector, k, filter, version=version), embedded.cut_to)
+        hits = self.store.search(embedded.vector, k, filter, version=version)
+        if self.served(version).integer_ids:
+            hits = [dataclasses.replace(hit, id=int(hit.id)) for hit in hits]
+        return Found(hits, embedded.cut_to)
 
 
 class SearchOutput:

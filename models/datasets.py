@@ -4,9 +4,10 @@ CSV or JSON Lines, on local disk or object storage.
 Every reader of an input (the pipeline's check, the jobs on Ray, the gate's texts) resolves it
 here to one list of files on one filesystem, so they all read the same rows. Hive partition
 folders (`dt=2026-11-25/`) select files through `where`; they are not columns of the rows.
-Credentials come from the environment and the usual config files, never from the pipeline file;
+Credentials come from the environment and the usual config files, never from the pipeline file.
 AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL names an S3-compatible server, as for the AWS SDKs (pyarrow
-does not read them itself).
+does not read them itself): where the pipeline file is read, it joins each s3:// path, so Ray's
+workers, whose environment may lack it, read the same server.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import datetime
 import os
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import unquote, urlencode
 
 import fsspec.core
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from fsspec.implementations.arrow import ArrowFSWrapper
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from precompute.models.errors import ModelError
 from precompute.models.location import Location
@@ -43,6 +45,24 @@ GLOB = "*?["
 PartitionValue = str | int | datetime.date
 
 
+def _pairs(value: object) -> object:
+    """A table of partition values as sorted (key, values) pairs: hashable, as engines are."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, tuple(v) if isinstance(v, list | tuple) else (v,)) for k, v in value.items()))
+    return value
+
+
+Where = Annotated[tuple[tuple[str, tuple[PartitionValue, ...]], ...], BeforeValidator(_pairs)]
+
+
+def with_endpoint(path: str) -> str:
+    """An s3:// URI with the environment's endpoint, unless it names one itself."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not path.startswith("s3://") or not endpoint or "endpoint_override=" in path:
+        return path
+    return path + ("&" if "?" in path else "?") + urlencode({"endpoint_override": endpoint})
+
+
 class InputError(ModelError):
     """An input that cannot be read as named: the message names the path and what is wrong."""
 
@@ -52,12 +72,12 @@ class DatasetInput(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    path: Location
+    path: Annotated[Location, AfterValidator(with_endpoint)]
     """The input: a file, a folder of files, a glob (`exports/*.parquet`) or a hive-partitioned
     folder; a local path (relative to the pipeline file) or an object-store URI (s3://, gs://...)."""
     format: Format | None = None
     """The files' format: parquet, csv or json (JSON Lines); by default read from their extension."""
-    where: dict[str, PartitionValue | list[PartitionValue]] = {}
+    where: Where = ()
     """Hive partitions to read, e.g. `{ dt = "2026-11-25" }` (a list for several values): only
     files under `key=value` folders that match every key are read."""
 
@@ -106,10 +126,6 @@ def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     (local, s3, gs, hdfs, abfs), else fsspec's (whatever is installed) wrapped for pyarrow."""
     if "://" not in path:
         return pafs.LocalFileSystem(), os.path.abspath(path)
-    scheme = path.split("://", 1)[0]
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if scheme == "s3" and endpoint and "endpoint_override=" not in path:
-        path += ("&" if "?" in path else "?") + urlencode({"endpoint_override": endpoint})
     try:
         return pafs.FileSystem.from_uri(path)
     except pa.ArrowInvalid:
@@ -144,10 +160,8 @@ def partitions(relative: str) -> dict[str, str]:
 
 
 def _selected(source: DatasetInput, base: str, files: list[str]) -> list[str]:
-    wanted = {
-        key: {str(v) for v in (values if isinstance(values, list) else [values])}
-        for key, values in source.where.items()
-    }
+    wanted = {key: {str(v) for v in values} for key, values in source.where}
+    asked = ", ".join(f"{key} in ({', '.join(sorted(values))})" for key, values in wanted.items())
     keys = {key for f in files for key in partitions(posixpath.relpath(f, base))}
     if missing := sorted(set(wanted) - keys):
         raise InputError(
@@ -160,7 +174,7 @@ def _selected(source: DatasetInput, base: str, files: list[str]) -> list[str]:
         if all(found.get(key) in values for key, values in wanted.items()):
             chosen.append(f)
     if not chosen:
-        raise InputError(f"{source.path}: no partition matches where {source.where}")
+        raise InputError(f"{source.path}: no partition has {asked}")
     return chosen
 
 
@@ -200,3 +214,12 @@ def arrow_dataset(source: DatasetInput) -> pads.Dataset:
         return files.arrow()
     except (OSError, pa.ArrowException) as e:
         raise InputError(f"cannot read {files.format} at {source.path} ({e})") from None
+
+
+def integer_column(source: DatasetInput, column: str) -> bool:
+    """Whether the input's `column` holds integers (or lists of them): ids a user wrote as
+    integers are answered as JSON numbers, as they were given."""
+    kind = arrow_dataset(source).schema.field(column).type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        kind = kind.value_type
+    return pa.types.is_integer(kind)

@@ -49,7 +49,8 @@ class SearchParams:
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    id: str
+    id: str | int
+    """The item's id: a string as stored; the service answers an integer where the input's were."""
     score: float
     """Cosine similarity, higher is nearer."""
     payload: dict[str, Any]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -19,6 +20,18 @@ if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
     from precompute.pipeline import Pipeline
     from precompute.settings import Machine
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What a version's values index, and how the service answers its ids and entries."""
+
+    entries: list[str]
+    """Label names for labels, item ids for recommendations, as strings."""
+    integer_ids: bool
+    """The records' ids (items for labels, users for recommendations) were integers in the input."""
+    integer_entries: bool
+    """So were the entries (integer labels, integer item ids): answered as JSON numbers."""
 
 
 class JobReport(Protocol):
@@ -42,15 +55,20 @@ def store_line(pipeline: Pipeline, name: str, machine: Machine) -> str:
 
 
 def publish_new_version(
-    run: RunContext, name: str, vocabulary: list[str], job: Callable[[NewVersion, Path], Report]
+    run: RunContext, name: str, vocabulary: Vocabulary, job: Callable[[NewVersion, Path], Report]
 ) -> tuple[Report, str, list[str]]:
     """Run `job(new_version, run_folder)` into a new version of the output and publish it with its
     samples checked; then delete the run folders of versions the store no longer holds. A version
     that failed before its publish is dropped whole. Returns (job report, version, versions deleted)."""
     runs = work_dir.runs(run.work_dir, name)
+    meta = {
+        "vocabulary": vocabulary.entries,
+        "integer_ids": vocabulary.integer_ids,
+        "integer_vocabulary": vocabulary.integer_entries,
+    }
     with (
         KeyValueStore(run.machine.redis) as store,
-        NewVersion(store, run.pipeline.store(name), {"vocabulary": vocabulary}) as new,
+        NewVersion(store, run.pipeline.store(name), meta) as new,
     ):
         report = job(new, runs / new.version)
         deleted = new.publish(report.samples, run.keep(name))

@@ -17,8 +17,9 @@ from pydantic import Field, model_validator
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import key_value_versions, publish_new_version, store_line
+from precompute.kinds.keyed import Vocabulary, key_value_versions, publish_new_version, store_line
 from precompute.kinds.text import engine_lines, engine_of, read_model
+from precompute.models.datasets import integer_column
 from precompute.models.label_head import LabelPolicy, LabelTask
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
@@ -111,10 +112,12 @@ class Labels(OutputKind):
                     raise QualityError(refusal)
                 vocabulary = head.labels
             cache = work_dir.cache_dir(run.work_dir, name)
+            source = output.input
+            integer_labels = source.label is not None and integer_column(source, source.label)
             labelled, version, deleted = publish_new_version(
                 run,
                 name,
-                vocabulary,
+                Vocabulary(vocabulary, integer_column(source, source.id), integer_labels),
                 lambda new, folder: run_labels_job(
                     output.input,
                     machine.job,

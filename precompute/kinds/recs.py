@@ -19,8 +19,8 @@ from pydantic import Field, model_validator
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import key_value_versions, publish_new_version, store_line
-from precompute.models.datasets import InputError, arrow_dataset
+from precompute.kinds.keyed import Vocabulary, key_value_versions, publish_new_version, store_line
+from precompute.models.datasets import InputError, arrow_dataset, integer_column
 from precompute.models.errors import ModelError
 from precompute.models.towers import Signature, TowersSpec, column_problem, same_dim
 
@@ -143,7 +143,11 @@ class Recs(OutputKind):
                     raise QualityError(refusal)
                 return report
 
-            return publish_new_version(run, name, items.ids, job)
+            corpus = run.pipeline.outputs[output.items].input
+            vocabulary = Vocabulary(
+                items.ids, integer_column(output.input, output.input.user), integer_column(corpus, corpus.id)
+            )
+            return publish_new_version(run, name, vocabulary, job)
 
         recs, version, deleted = run.step("recommend", recommend)
         return {

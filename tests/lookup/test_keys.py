@@ -193,7 +193,7 @@ def test_bad_gets_are_422_naming_the_field(served: TestClient, path: str, field:
         ("/v1/labels:batchGet", {"ids": []}, "ids"),
         ("/v1/labels:batchGet", {}, "ids"),
         ("/v1/labels:batchGet", {"ids": "pkg-1"}, "ids"),
-        ("/v1/labels:batchGet", {"ids": ["pkg-1", 7]}, "ids.1"),
+        ("/v1/labels:batchGet", {"ids": ["pkg-1", 7.5]}, "ids.1"),
         ("/v1/labels:batchGet", {"ids": ["pkg-1", ""]}, "ids.1"),
         ("/v1/labels:batchGet", {"ids": ["x" * 257]}, "ids.0"),
         ("/v1/labels:batchGet", {"ids": ["pkg-1"] * 501}, "ids"),
@@ -201,7 +201,7 @@ def test_bad_gets_are_422_naming_the_field(served: TestClient, path: str, field:
         ("/v1/recs:batchGet", {"ids": ["user-1"], "k": 0}, "k"),
         ("/v1/recs:batchGet", {"ids": ["user-1"], "k": 11}, "k"),
         ("/v1/recs:batchGet", {"ids": ["user-1"], "k": "3"}, "k"),
-        ("/v1/recs:batchGet", {"ids": ["user-1", 7], "k": 0}, "ids.1"),  # the first of two wrong fields
+        ("/v1/recs:batchGet", {"ids": ["user-1", True], "k": 0}, "ids.1"),  # the first of two wrong fields
     ],
 )
 def test_bad_batches_are_422_naming_the_field(served: TestClient, path: str, body: dict, field: str) -> None:

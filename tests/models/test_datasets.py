@@ -65,7 +65,7 @@ def test_csv_and_json_lines_are_read_by_their_extension_or_the_format_given(tmp_
     ("where", "path", "message"),
     [
         ({"day": "2026-11-25"}, "", r"where names day, not a partition folder of it \(partitions: dt\)"),
-        ({"dt": "2027-01-01"}, "", r"no partition matches where \{'dt': '2027-01-01'\}"),
+        ({"dt": "2027-01-01"}, "", r"no partition has dt in \(2027-01-01\)"),
         ({}, "nowhere", r"nowhere: no such file, or no files in it"),
         ({}, "dt=2026-11-2[89]/*", r"no such file, or no files in it"),
     ],
