@@ -3,7 +3,8 @@
 Rows are assigned by a hash of their id, so the split is stable across runs and
 independent of row order: the gate never scores an engine on texts that set its ranges.
 An input too small to fill a purpose's slot lends it rows of the free slots, half each, so
-a catalogue of a few hundred rows is gated on what it has (the report says how few).
+a catalogue of a few hundred rows is gated on what it has (the report says how few); one of a
+few rows lends any row it has.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def reference_texts(
     sample: TextSample, purpose: Literal["gate", "calibration"], count: int, at_least: int = 1
 ) -> list[str]:
     """The first `count` texts of the input whose id hashes into the purpose's slot (1 in 10),
-    then, if those are fewer, of its fallback slots; fewer than `at_least` are an error. Reading
-    stops once the purpose's own slot has `count`: a large input is read no further than that."""
-    own, borrowed = [], []
+    then, if those are fewer, of its fallback slots; then, to reach `at_least`, of any slot (an
+    input of a few rows: the gate and calibration may share a text then); fewer are an error.
+    Reading stops once the purpose's own slot has `count`: a large input is read no further."""
+    own, borrowed, anywhere = [], [], []
     for row in sample_rows(sample, [sample.id, sample.text]):
         text = row[sample.text]
         if not (isinstance(text, str) and text.strip()):
@@ -72,7 +74,10 @@ def reference_texts(
                 return own
         elif slot in FALLBACK_SLOTS[purpose] and len(borrowed) < count:
             borrowed.append(text)
+        elif len(anywhere) < at_least:
+            anywhere.append(text)
     found = own + borrowed[: count - len(own)]
+    found += anywhere[: max(0, at_least - len(found))]
     if len(found) < at_least:
         raise ModelError(f"reference texts {sample.path}: {len(found)} {purpose} texts, at least {at_least} needed")
     return found

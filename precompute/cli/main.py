@@ -88,6 +88,15 @@ def schema() -> None:
 
 
 @app.command()
+def inputs() -> None:
+    """Print what an input may be: the Arrow types each column accepts, and the sources and
+    formats a pipeline file may name."""
+    from precompute.inputs_table import markdown
+
+    print(markdown())
+
+
+@app.command()
 def settings() -> None:
     """Print every setting in one table: this machine's (PRECOMPUTE_* variables) and each output's
     (the pipeline file's fields), with its environment variable and default."""

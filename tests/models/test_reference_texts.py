@@ -51,6 +51,12 @@ def test_a_small_input_lends_its_free_slots_half_each_never_the_same_text(tmp_pa
     assert slots_of(sample, calibration) <= {SPLIT_SLOT["calibration"], *FALLBACK_SLOTS["calibration"]}
 
 
+def test_an_input_of_one_row_gates_and_calibrates_on_it(tmp_path: Path) -> None:
+    sample = corpus(tmp_path, 1)
+    only = pq.read_table(sample.path)["text"].to_pylist()
+    assert reference_texts(sample, "gate", 256) == reference_texts(sample, "calibration", 128) == only
+
+
 def test_an_input_without_a_text_is_refused_by_name(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": ["a"], "text": ["  "]}), tmp_path / "blank.parquet")
     with pytest.raises(ModelError, match=r"blank.parquet: 0 gate texts, at least 1 needed"):

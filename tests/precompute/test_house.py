@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from precompute import inputs_table
 from precompute.settings_table import BEGIN, END, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,12 @@ def test_the_readme_names_every_module() -> None:
         str(p.relative_to(ROOT)) for p in modules() if holds_code(p) and f"`{p.relative_to(ROOT)}`" not in readme
     ]
     assert unnamed == []
+
+
+def test_the_readme_shows_what_inputs_the_checks_accept() -> None:
+    readme = (ROOT / "README.md").read_text()
+    shown = readme[readme.index(inputs_table.BEGIN) + len(inputs_table.BEGIN) : readme.index(inputs_table.END)]
+    assert shown.strip() == inputs_table.markdown(), "the README's inputs table is stale: paste `precompute inputs` in"
 
 
 def test_the_readme_shows_every_setting_as_the_code_declares_it() -> None:
