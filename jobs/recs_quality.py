@@ -49,6 +49,7 @@ from precompute.jobs.sequence_train import WarmStart
 from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.validate import REASON
 from precompute.models.datasets import arrow_dataset
+from precompute.models.gate import few_held_out
 from precompute.models.settings import EngineSettings
 
 MAX_USERS = 5000
@@ -82,6 +83,8 @@ class RecsQuality:
     candidates: dict[str, ModelQuality] = field(default_factory=dict)
     """Every model trained to choose the published one from, by name (model auto: several,
     jobs/recs_models.py candidates; else the one named)."""
+    note: str = ""
+    """Set when few users were evaluated (models/gate.py few_held_out): read the rates with care."""
 
 
 def interactions_table(interactions: InteractionsInput) -> pa.Table:
@@ -209,6 +212,7 @@ def evaluate(
             },
         },
         candidates=judged,
+        note=few_held_out(len(sample_users), "users"),
     )
     return quality, published
 

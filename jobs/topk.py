@@ -38,8 +38,9 @@ class BlockedTopK:
         prior: np.ndarray | None = None,
         tile: int | None = None,
     ) -> None:
-        if not 1 <= k <= len(item_vectors):
-            raise ValueError(f"k must be between 1 and the number of items ({len(item_vectors)}), got {k}")
+        if k < 1 or not len(item_vectors):
+            raise ValueError(f"k must be at least 1 and there must be items: k={k}, {len(item_vectors)} items")
+        k = min(k, len(item_vectors))  # a catalogue smaller than k: every item, ranked
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.items = torch.tensor(item_vectors, dtype=torch.float32, device=self.device)
         self.prior = None if prior is None else torch.tensor(prior, dtype=torch.float32, device=self.device)

@@ -49,6 +49,18 @@ def few_texts(texts: int, asked: int) -> str:
     return f"rests on {texts} held-out texts, {asked} asked: the input has few rows"
 
 
+FEW_HELD_OUT = 100
+"""Below this many held-out rows, a quality figure carries a note: its error is over +-0.05."""
+
+
+def few_held_out(count: int, noun: str) -> str:
+    """A note for a held-out rate (accuracy, hit-rate) measured on few rows: a binomial rate's
+    standard error is at most 0.5 / sqrt(count), so on 20 rows it moves by +-0.11."""
+    if count >= FEW_HELD_OUT:
+        return ""
+    return f"rests on {count} held-out {noun}: a rate on so few moves by up to +-{0.5 / max(count, 1) ** 0.5:.2f}"
+
+
 TOP_K = 10
 """The list length whose overlap is gated: the results a search page or a product page shows."""
 TIE = 1e-4

@@ -222,6 +222,11 @@ def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[L
         texts, labels, slots, digests = ([part[i] for i in keep] for part in (texts, labels, slots, digests))
     multi = isinstance(labels[0], tuple)
     names = sorted({name for label in labels for name in (label if multi else [label])})
+    if len(names) < 2 and not multi:
+        raise ModelError(
+            f"labels corpus {sample.path}: every labelled row of {column!r} has the label {names[0]!r}; "
+            "a head learns from two or more"
+        )
     index = {name: i for i, name in enumerate(names)}
     if multi:
         targets = np.zeros((len(labels), len(names)), dtype=bool)

@@ -34,6 +34,7 @@ from sklearn.metrics import f1_score, precision_recall_curve
 from sklearn.svm import LinearSVC
 
 from precompute.models.errors import ModelError
+from precompute.models.gate import few_held_out
 from precompute.models.label_features import TextFeatures
 
 TEST_SLOT, VALIDATION_SLOT = 1, 2
@@ -110,6 +111,8 @@ class TrainingReport:
     test_rows: int
     baseline: CandidateReport
     candidates: list[CandidateReport] = field(default_factory=list)
+    note: str = ""
+    """Set when the test rows are few (models/gate.py few_held_out): read the accuracies with care."""
 
     @property
     def accuracy(self) -> float:
@@ -162,8 +165,10 @@ def calibrate(labelled: Labelled, logits: np.ndarray, rows: np.ndarray) -> Calib
         return Calibration(
             float(np.exp(-minimize_scalar(nll, bounds=(-7, 7), method="bounded").x)), 0.0, None
         )
-    platt = LogisticRegression(C=1e4).fit(logits.reshape(-1, 1), truth.reshape(-1))
-    scale, offset = float(platt.coef_[0, 0]), float(platt.intercept_[0])
+    scale, offset = 1.0, 0.0  # rows whose every label is on (or off) leave no slope to fit
+    if 0 < truth.sum() < truth.size:
+        platt = LogisticRegression(C=1e4).fit(logits.reshape(-1, 1), truth.reshape(-1))
+        scale, offset = float(platt.coef_[0, 0]), float(platt.intercept_[0])
     return Calibration(scale, offset, best_thresholds(sigmoid(logits * scale + offset), truth))
 
 
@@ -346,6 +351,7 @@ def train_head(
         len(rows["test"]),
         baseline(labelled, rows),
         [r for r, _, _ in trained.values()],
+        few_held_out(len(rows["test"]), "rows"),
     )
     return head, report
 

@@ -216,3 +216,9 @@ def test_ease_on_the_gpu_matches_the_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     on_cpu = train_towers("ease", csr(rows), np.eye(300, dtype=np.float32), settings)
     np.testing.assert_allclose(on_gpu.items, on_cpu.items, atol=1e-4)
+
+
+def test_a_catalogue_smaller_than_k_gives_each_user_every_unseen_item() -> None:
+    towers = train_towers("content", csr([[A0]]), vectors(), RecsSpec(model="content", content_weight=1))
+    indices, scores = recommend_users(towers, BlockedTopK(towers.items, 50, 8), csr([[A0]]))
+    assert sorted(indices[0][np.isfinite(scores[0])].tolist()) == [A1, B0, B1, COLD, POPULAR]

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from scipy.special import softmax
 
 from precompute.models.errors import ModelError
+from precompute.models.label_head import labelled_rows
 from precompute.models.label_training import Labelled, held_out_split, loses_to_baseline, sigmoid, train_head
+from precompute.models.reference_texts import TextSample
 
 ROWS, DIM = 1500, 16
 WORDS = [f"word{i}" for i in range(60)]
@@ -81,3 +86,19 @@ def test_too_few_labelled_rows_to_hold_any_out_are_named() -> None:
     only_train = np.full(ROWS, 5)
     with pytest.raises(ModelError, match="leave no validation or test rows"):
         held_out_split(Labelled(texts, classes_of, list("abc"), only_train))
+
+
+def test_one_label_on_every_row_calibrates_without_a_slope() -> None:
+    """A list column whose rows all carry the one label (a tiny catalogue): nothing to fit a
+    Platt slope on, so the scores are taken as they are, and the head still trains."""
+    texts, embeddings, _, slots = corpus(3, 2, text_signal=0.5)
+    labelled = Labelled(texts[:60], np.ones((60, 1), dtype=bool), ["only"], slots[:60])
+    head, report = train_head(labelled, {"embeddings": embeddings[:60]}, held_out_split(labelled))
+    assert report.test_rows < 60 and "rests on" in report.note
+    assert head is not None
+
+
+def test_a_label_column_of_one_label_is_refused_by_name(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": ["a", "b", "c"], "kind": ["x", "x", "x"]}), tmp_path / "one.parquet")
+    with pytest.raises(ModelError, match=r"one.parquet: every labelled row of 'kind' has the label 'x'"):
+        labelled_rows(TextSample(path=str(tmp_path / "one.parquet")), "kind", None)
