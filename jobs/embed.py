@@ -26,6 +26,7 @@ from ray.actor import ActorHandle
 from precompute.jobs import progress, work_dir
 from precompute.jobs.content_cache import KEY, join_previous, promote, uncached, with_content_keys
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
+from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
@@ -33,7 +34,7 @@ from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset
 from precompute.jobs.validate import validated_corpus
 from precompute.models import Engine, load_encoder
 from precompute.stores.vector_settings import Quantization
-from precompute.stores.vectors import VectorStore
+from precompute.stores.vectors import GRAPH_KEY, VectorStore
 
 NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
 LOAD_BATCH = 256
@@ -165,7 +166,8 @@ def run_embed_job(
 
     start = time.perf_counter()
     with progress.stage(output, "load"):
-        loaded = load_version(store, version, sink.run_dir, version_meta(engine), quantization)
+        meta = {**version_meta(engine), GRAPH_KEY: asdict(next_graph(cache))}
+        loaded = load_version(store, version, sink.run_dir, meta, quantization)
     seconds["load"] = time.perf_counter() - start
     promote(cache, sink.run_dir)
     return EmbedJobReport(

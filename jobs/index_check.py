@@ -12,11 +12,15 @@ doubled up to max_hnsw_ef; INT8 versions then oversample more before the FP32 re
 records the first rung that reaches min_recall with the version, which readers then search
 with (stores/vectors.py SearchParams). The last rung is an exact scan (unless exact_scan is
 off): a version then fails only when even that misses, i.e. the load itself is broken. The
-walked curve goes to the report.
+walked curve goes to the report. When no graph rung reached min_recall (the version passed by
+scan, or was refused), the check asks the next build for a denser graph (stores/vectors.py
+GraphParams.denser) in the output's cache folder: the next night's version is searched by its
+graph again.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,7 +32,7 @@ import numpy as np
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
 from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING
-from precompute.stores.vectors import SearchParams, VectorStore
+from precompute.stores.vectors import GraphParams, SearchParams, VectorStore
 
 K = 10
 TIE = 1e-5
@@ -52,6 +56,29 @@ class Validation:
     """The SearchParams recorded with the version."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """Each rung walked: its params, recall@10 and median search ms in this process."""
+    graph: dict[str, Any] = field(default_factory=dict)
+    """The GraphParams the version was built with."""
+    next_graph: dict[str, Any] | None = None
+    """The denser graph asked of the next build, when this one's search alone fell short."""
+
+
+GRAPH_FILE = "graph.json"
+"""In the output's cache folder: the GraphParams the next build makes."""
+
+
+def next_graph(cache: Path) -> GraphParams:
+    """The graph the next version is built with: the default until a check asked for denser."""
+    try:
+        return GraphParams(**json.loads((cache / GRAPH_FILE).read_text()))
+    except FileNotFoundError:
+        return GraphParams()
+
+
+def ask_denser(cache: Path, built: GraphParams) -> GraphParams:
+    denser = built.denser()
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / GRAPH_FILE).write_text(json.dumps(asdict(denser)))
+    return denser
 
 
 def staged_vectors(run_dir: Path) -> tuple[list[str], np.ndarray]:
@@ -120,11 +147,14 @@ def check_index(
     user_queries: np.ndarray | None = None,
     max_ef: int = 1024,
     exact: bool = True,
+    cache: Path | None = None,
 ) -> Validation:
     """The version's figures at the first rung of the ladder that passes, whose params are then
     recorded with the version; IndexCheckError if none does. `user_queries`: vectors of the
     searches users make, measured beside the sampled rows. `max_ef`, `exact`: the ladder's
-    limits (VectorStoreSettings.max_hnsw_ef, exact_scan)."""
+    limits (VectorStoreSettings.max_hnsw_ef, exact_scan). `cache`: the output's cache folder,
+    where a denser graph is asked of the next build if no graph rung passes."""
+    built = GraphParams.of(store.meta(version))
     ids, vectors = staged_vectors(run_dir)
     count = store.count(version)
     if count != len(ids):
@@ -142,10 +172,23 @@ def check_index(
         curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3)})
         if found == len(sample) and recall >= min_recall:
             store.record_search(version, params)
-            return Validation(count, len(sample), found, round(recall, 4), len(extra), asdict(params), curve)
+            denser = ask_denser(cache, built) if params.exact and cache is not None else None
+            return Validation(
+                count,
+                len(sample),
+                found,
+                round(recall, 4),
+                len(extra),
+                asdict(params),
+                curve,
+                asdict(built),
+                None if denser is None else asdict(denser),
+            )
+    asked = ""
+    if not exact and cache is not None:  # without a scan, the graph is all search has
+        denser = ask_denser(cache, built)
+        asked = f"; the next build makes a denser graph (m={denser.m}, ef_construct={denser.ef_construct})"
     if found < len(sample):
-        raise IndexCheckError(
-            f"version {version}: {len(sample) - found} of {len(sample)} canaries not found"
-        )
+        raise IndexCheckError(f"version {version}: {len(sample) - found} of {len(sample)} canaries not found{asked}")
     reached = "even by exact scan" if exact else f"at hnsw_ef {max_ef} (exact scan off)"
-    raise IndexCheckError(f"version {version}: recall@10 {recall:.4f} < min_recall={min_recall} {reached}")
+    raise IndexCheckError(f"version {version}: recall@10 {recall:.4f} < min_recall={min_recall} {reached}{asked}")

@@ -61,6 +61,7 @@ from precompute.stores.vectors import (
     SEARCH_KEY,
     UPSERT_BATCH,
     Filter,
+    GraphParams,
     Hit,
     SearchParams,
     VectorStore,
@@ -144,11 +145,12 @@ class QdrantEdgeStore(VectorStore):
         if path.exists():
             raise StoreError(f"version {version!r} already exists at {path}")
         self.root.mkdir(parents=True, exist_ok=True)
+        graph = GraphParams.of(meta or {})
         config = qe.EdgeConfig(
             vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
             optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_THRESHOLD_KB),
             hnsw_config=qe.HnswIndexConfig(
-                m=16, ef_construct=100, full_scan_threshold=self.full_scan_threshold_kb
+                m=graph.m, ef_construct=graph.ef_construct, full_scan_threshold=self.full_scan_threshold_kb
             ),
             quantization_config=edge_quantization(quantization),
             wal_enabled=False,

@@ -3,13 +3,14 @@
 Collection `<name>-<version>` per version; the alias `<name>` names the published one,
 and readers query the alias, so a publish is one `update_collection_aliases` call
 (delete + create, applied atomically by the server). A version is created with
-`hnsw_config.m = 0` (no graph is built while points stream in), finalized by setting
-`m = 16` and waiting for the collection to turn green, and marked finalized in the
-collection's metadata (Qdrant 1.16+ servers), which publish checks. With
-`quantization = "int8"` the collection also keeps scalar INT8 vectors (quantile 0.99, in RAM);
-queries always ask to rescore the version's oversampled candidates with the original vectors (a
-server otherwise decides by itself), which collections without quantization ignore. A version's
-search parameters (SearchParams, tuned by the nightly check) live in the same metadata.
+`hnsw_config.m = 0` (no graph is built while points stream in), finalized by setting the
+graph's `m` (stores/vectors.py GraphParams: 16 unless the check asked for a denser graph) and
+waiting for the collection to turn green, and marked finalized in the collection's metadata
+(Qdrant 1.16+ servers), which publish checks. With `quantization = "int8"` the collection also
+keeps scalar INT8 vectors (quantile 0.99, in RAM); queries always ask to rescore the version's
+oversampled candidates with the original vectors (a server otherwise decides by itself), which
+collections without quantization ignore. A version's search parameters (SearchParams, tuned by
+the nightly check) live in the same metadata.
 
 Also runs on qdrant-client's local mode (`QdrantClient(":memory:")` or `path=`), which is
 what the tests inject: a pure-Python brute force that accepts and ignores HNSW and
@@ -37,6 +38,7 @@ from precompute.stores.vectors import (
     SEARCH_KEY,
     UPSERT_BATCH,
     Filter,
+    GraphParams,
     Hit,
     SearchParams,
     VectorStore,
@@ -49,7 +51,6 @@ from precompute.stores.vectors import (
 )
 from precompute.stores.versions import check_version
 
-HNSW_M = 16
 FINALIZED_KEY = "precompute_finalized"
 META_KEY = "precompute_meta"
 RETRY_AFTER_S = 1.0
@@ -163,7 +164,11 @@ class QdrantServerStore(VectorStore):
             self.client.create_collection(
                 collection,
                 vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
-                hnsw_config=models.HnswConfigDiff(m=0, full_scan_threshold=self.full_scan_threshold_kb),
+                hnsw_config=models.HnswConfigDiff(
+                    m=0,
+                    ef_construct=GraphParams.of(meta or {}).ef_construct,
+                    full_scan_threshold=self.full_scan_threshold_kb,
+                ),
                 quantization_config=server_quantization(quantization),
                 metadata={FINALIZED_KEY: False, META_KEY: {**(meta or {}), "dim": dim}},
             )
@@ -198,7 +203,8 @@ class QdrantServerStore(VectorStore):
             for key, kind in self._fields.pop(version, {}).items():
                 if kind is not None:  # before the graph, so HNSW builds its filter-aware links
                     self.client.create_payload_index(collection, key, FIELD_SCHEMAS[kind], wait=True)
-            self.client.update_collection(collection, hnsw_config=models.HnswConfigDiff(m=HNSW_M))
+            graph = GraphParams.of(self.meta(version))
+            self.client.update_collection(collection, hnsw_config=models.HnswConfigDiff(m=graph.m))
             deadline = time.monotonic() + self.ready_timeout_s
             while (status := self.client.get_collection(collection).status) != models.CollectionStatus.GREEN:
                 if status == models.CollectionStatus.RED:

@@ -47,6 +47,32 @@ class SearchParams:
     """Skip the graph: scan every vector (exact FP32 scores); the last rung of the check's ladder."""
 
 
+GRAPH_KEY = "graph"
+"""The version's meta key of the GraphParams it was built with."""
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    """How a version's HNSW graph is built. A denser graph (more links per point, a wider search
+    while linking) finds more of the exact top 10 at any hnsw_ef, for a longer load: the index
+    check asks the next build for one when search alone did not reach min_recall."""
+
+    m: int = 16
+    ef_construct: int = 100
+
+    def denser(self) -> GraphParams:
+        return GraphParams(min(2 * self.m, MAX_M), min(2 * self.ef_construct, MAX_EF_CONSTRUCT))
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> GraphParams:
+        """The graph a version's meta asks for (the defaults when it names none)."""
+        return cls(**meta.get(GRAPH_KEY, {}))
+
+
+MAX_M, MAX_EF_CONSTRUCT = 64, 800
+"""Past these a graph costs several times the vectors' memory and load time for little recall."""
+
+
 @dataclass(frozen=True, slots=True)
 class Hit:
     id: str | int

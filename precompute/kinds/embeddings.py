@@ -128,7 +128,10 @@ class Embeddings(OutputKind):
             queries = user_queries(output.queries, engine) if output.queries is not None else None
             with open_vector_store(machine.qdrant, store_name) as store:
                 limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
-                return check_index(store, version, staged, CHECK_QUERIES, output.min_recall, queries, **limits)
+                cache = work_dir.cache_dir(run.work_dir, name)
+                return check_index(
+                    store, version, staged, CHECK_QUERIES, output.min_recall, queries, **limits, cache=cache
+                )
 
         def publish() -> None:
             with open_vector_store(machine.qdrant, store_name) as store:

@@ -9,6 +9,7 @@ threshold and a one-candidate search (hnsw_ef=1), which the check then raises ru
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
-from precompute.jobs.index_check import IndexCheckError, check_index
+from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
 from precompute.jobs.staging import commit
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import SearchParams
+from precompute.stores.vectors import GRAPH_KEY, GraphParams, SearchParams
 
 DIM = 32
 ROWS = 300
@@ -48,12 +49,14 @@ def staged(tmp_path: Path, vectors: np.ndarray = VECTORS) -> Path:
     return run_dir
 
 
-def store(tmp_path: Path, ids: list[str], vectors: np.ndarray, **settings: object) -> QdrantEdgeStore:
+def store(
+    tmp_path: Path, ids: list[str], vectors: np.ndarray, graph: GraphParams | None = None, **settings: object
+) -> QdrantEdgeStore:
     """The version as the store holds it, which a faulty write can make differ from the staged rows."""
     opened = QdrantEdgeStore(
         VectorStoreSettings(path=tmp_path / "qdrant", **settings), "docs", pointer_check_s=0
     )
-    opened.create_version(V1, DIM)
+    opened.create_version(V1, DIM, None if graph is None else {GRAPH_KEY: asdict(graph)})
     opened.upsert(V1, ids, vectors, [{} for _ in ids])
     opened.finalize(V1)
     return opened
@@ -192,3 +195,21 @@ def test_with_the_exact_scan_off_a_version_short_of_recall_at_max_hnsw_ef_is_ref
         with pytest.raises(IndexCheckError, match=r"< min_recall=1\.0 at hnsw_ef 1 \(exact scan off\)$"):
             check_index(version, V1, run_dir, queries=ROWS, min_recall=1.0, max_ef=1, exact=False)
         assert version.meta(V1).get("search") is None
+
+
+def test_a_graph_that_search_alone_cannot_take_to_min_recall_is_built_denser_the_next_night(tmp_path: Path) -> None:
+    """A sparse graph searched with one candidate at most (max_ef=1) passes only by exact scan:
+    the check asks the next build for twice the links and construction width, which the next
+    version is built with; with the scan off the refusal says so too."""
+    cache = tmp_path / "cache"
+    sparse = GraphParams(m=4, ef_construct=8)
+    with store(tmp_path, IDS, VECTORS, full_scan_threshold_kb=1, hnsw_ef=1, graph=sparse) as version:
+        run_dir = staged(tmp_path)
+        passed = check_index(version, V1, run_dir, queries=ROWS, min_recall=1.0, max_ef=1, cache=cache)
+        assert passed.search["exact"] and passed.graph == asdict(sparse)
+        assert passed.next_graph == {"m": 8, "ef_construct": 16} and next_graph(cache) == GraphParams(8, 16)
+        (cache / GRAPH_FILE).unlink()
+        with pytest.raises(IndexCheckError, match=r"the next build makes a denser graph \(m=8, ef_construct=16\)$"):
+            check_index(version, V1, run_dir, queries=ROWS, min_recall=1.0, max_ef=1, exact=False, cache=cache)
+        assert next_graph(cache) == GraphParams(8, 16)
+    assert next_graph(tmp_path / "elsewhere") == GraphParams()
