@@ -108,20 +108,26 @@ def ray_session(address: str | None) -> Iterator[None]:
             stop_local()
 
 
+BATCH_RETRIES = 3
+"""Times a batch whose actor died is run again on a restarted actor before the job fails."""
+
+
 def actor_pool(size: int, gpus: bool) -> dict[str, Any]:
     """`map_batches` options of an inference actor pool: one GPU per actor where there are
     GPUs. On CPU the engine's threads use every core anyway; half a CPU in Ray's books leaves
     room for the read tasks, while an actor taking all CPUs of a node hangs the dataset
     silently (STACK.md).
 
-    A lost node or a killed actor process: Ray Data gives pool actors max_restarts=-1 and
-    max_task_retries=-1, so the actor is started again on a node with room and the batches it
-    had in flight are retried (tests/flows/test_multinode.py kills a node mid-embedding). They
-    are left at those defaults: Ray 2.60 takes them only through `ray_remote_args`, which it
-    deprecates. The cost: a batch that kills its actor every time (out of memory, a crash in
-    the engine) restarts it for ever rather than failing the job."""
+    A lost node or a killed actor process: the actor is started again on a node with room and
+    the batches it had in flight are retried (tests/flows/test_multinode.py kills a node
+    mid-embedding), BATCH_RETRIES times. Ray Data's defaults are -1 for both, so a batch that
+    kills its actor every time (out of memory, a crash in the engine) would restart it for
+    ever; bounded, the job fails naming the actor's death (tests/jobs/test_ray_session.py).
+    Ray 2.60 takes the bounds only as `ray_remote_args`, which it deprecates for 2.64."""
     return {
         "compute": ActorPoolStrategy(size=size),
         "num_gpus": 1 if gpus else 0,
         "num_cpus": 1 if gpus else 0.5,
+        "max_restarts": BATCH_RETRIES,
+        "max_task_retries": BATCH_RETRIES,
     }

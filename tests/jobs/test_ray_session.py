@@ -3,13 +3,14 @@ process each, for every read; a job's session reads through the first datasource
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import ray
 from ray.data import DataContext
 
-from precompute.jobs.ray_session import ray_session
+from precompute.jobs.ray_session import actor_pool, ray_session
 
 
 def footer_readers() -> int:
@@ -29,3 +30,22 @@ def test_a_jobs_parquet_read_starts_no_footer_reader_actors(
     with ray_session(None):
         assert ray.data.read_parquet(str(small_corpus)).materialize().count() == 204
     assert footer_readers() == started
+
+
+class Poisoned:
+    """An actor whose process dies on the batch holding row 13, every time: out of memory, or a
+    crash inside an engine, as a user's data can cause."""
+
+    def __call__(self, batch: dict) -> dict:
+        if 13 in batch["id"]:
+            os._exit(1)
+        return batch
+
+
+def test_a_batch_that_kills_its_actor_every_time_fails_the_job_after_bounded_retries(ray_local) -> None:
+    """With Ray Data's defaults the pool restarts the actor and retries the batch for ever; the
+    pool's bounds fail the dataset naming the actor's death, after BATCH_RETRIES restarts."""
+    rows = ray.data.range(64, override_num_blocks=8)
+    with pytest.raises(ray.exceptions.ActorDiedError):
+        rows.map_batches(Poisoned, batch_size=8, **actor_pool(1, gpus=False)).materialize()
+    assert sum(1 for _ in rows.map_batches(lambda b: b).iter_rows()) == 64  # Ray itself carries on
