@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 import ray
 from ray.actor import ActorHandle
-from ray.data.datasource import Datasink
 
 from precompute.jobs import progress
 from precompute.jobs.content_cache import KEY, join_previous, uncached, with_content_keys
@@ -37,6 +36,7 @@ from precompute.jobs.validate import validated_corpus
 from precompute.models import Engine
 from precompute.models.label_head import LabelTask
 from precompute.models.labels import LabelerReport, load_labeler, open_labeler
+from precompute.stores.key_value_sink import KeyValueSink
 from precompute.stores.records import encode_ranked
 
 SAMPLES = 5
@@ -129,7 +129,7 @@ def run_labels_job(
     settings: JobSettings,
     labels: LabelTask,
     engine: Engine,
-    sink: Datasink,
+    sink: KeyValueSink,
     work_dir: Path,
     before_write: Callable[[int], None] | None = None,
     cache_dir: Path | None = None,
@@ -188,7 +188,7 @@ def run_labels_job(
             values.write_datasink(staging)
             if before_write:
                 before_write(rows - rejects)
-            values.select_columns(["id", VALUE]).write_datasink(sink)
+            sink.routed(values.select_columns(["id", VALUE]), rows - rejects).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     return LabelsJobReport(
         rows=rows,

@@ -30,7 +30,6 @@ import pyarrow.compute as pc
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.data.datasource import Datasink
 from ray.data.expressions import col
 
 from precompute.jobs import progress
@@ -66,6 +65,7 @@ from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.validate import REASON, quarantine
 from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings
+from precompute.stores.key_value_sink import KeyValueSink
 from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import RANKED, encode_ranked
 
@@ -204,7 +204,7 @@ def run_recs_job(
     settings: RecsSpec,
     job: JobSettings,
     items: Items,
-    sink: Datasink,
+    sink: KeyValueSink,
     work_dir: Path,
     before_write: Callable[[int, CopyPlan | None], None] | None = None,
     items_model: str = "",
@@ -327,7 +327,7 @@ def run_recs_job(
             if before_write:
                 before_write(users.num_rows, copy)
             if values:
-                values.write_datasink(sink)
+                sink.routed(values, rescored).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     towers_report = None
     if own is not None:

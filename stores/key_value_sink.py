@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
+import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
 from precompute.stores.errors import StoreError
 from precompute.stores.key_value import KeyValueStore
-from precompute.stores.redis_settings import RedisSettings, output_keys
+from precompute.stores.redis_settings import RedisSettings, buckets_of, output_keys
+
+BUCKET = "bucket"
+
+
+def with_bucket(batch: pa.Table, buckets: int) -> pa.Table:
+    ids = batch["id"].cast(pa.string()).to_pylist()
+    return batch.append_column(BUCKET, pa.array(buckets_of([i.encode() for i in ids], buckets), pa.int64()))
 
 
 class KeyValueSink(Datasink[int]):
@@ -35,6 +44,18 @@ class KeyValueSink(Datasink[int]):
         per task put more records into each HSET (records per HSET = rows per task x
         entries_per_bucket / rows of the version)."""
         return self.settings.write_batch
+
+    def routed(self, values: ray.data.Dataset, rows: int) -> ray.data.Dataset:
+        """`values` hash-partitioned by the bucket each id falls in, a block per write task, so
+        each task writes whole buckets: about entries_per_bucket records per HSET, where rows
+        in any order put about one in each at millions of rows. Fewer rows than one write
+        task takes need no routing. Call it once the version exists (its bucket count)."""
+        if rows <= self.settings.write_batch:
+            return values
+        with KeyValueStore(self.settings) as store:
+            buckets = store.buckets(self.output, self.version)
+        tagged = values.map_batches(with_bucket, fn_kwargs={"buckets": buckets}, batch_format="pyarrow")
+        return tagged.repartition(math.ceil(rows / self.settings.write_batch), keys=[BUCKET])
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
         if schema is not None and {"id", "value"} - set(schema.names):

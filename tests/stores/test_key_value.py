@@ -27,6 +27,7 @@ from precompute.stores.errors import (
 )
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.key_value_sink import BUCKET
 from precompute.stores.key_value_versions import CopyPlan, NewVersion, OutputVersions
 from precompute.stores.records import decode_ranked, encode_ranked
 from precompute.stores.redis_server import redis_server
@@ -216,6 +217,27 @@ def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, sett
     with pytest.raises(Exception, match=r"values\[0\] must be bytes, got str"):
         ray.data.from_arrow(bad).write_datasink(store.sink(OUTPUT, V2))
     assert [v.name for v in store.versions(OUTPUT)] == [V1]  # the failed version is deleted whole
+
+
+def test_rows_routed_by_bucket_reach_each_write_task_as_whole_buckets(ray_local: None, redis_url: str) -> None:
+    """Past one write task's rows, the sink hash-partitions rows by bucket: each block holds whole
+    buckets (no bucket is written by two tasks), so every HSET carries a bucket's records, and the
+    version reads back the same as unrouted."""
+    import ray
+
+    settings = RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}", write_batch=60, entries_per_bucket=5)
+    values = values_of(1)
+    with KeyValueStore(settings) as store:
+        store.create_version(OUTPUT, V1, N)
+        sink = store.sink(OUTPUT, V1)
+        routed = sink.routed(ray.data.from_arrow(pa.table({"id": IDS, "value": pa.array(values, pa.binary())})), N)
+        blocks = [ray.get(ref) for ref in routed.materialize().to_arrow_refs()]
+        assert len(blocks) == 5 and sum(b.num_rows for b in blocks) == N  # ceil(250 / 60)
+        buckets = [set(b[BUCKET].to_pylist()) for b in blocks]
+        assert sum(map(len, buckets)) == len(set().union(*buckets)) > 0.9 * store.buckets(OUTPUT, V1)
+        routed.write_datasink(sink)
+        store.publish(OUTPUT, V1, KEEP, {IDS[100]: values[100]})
+    assert asyncio.run(read(settings, IDS))[:2] == (V1, values)
 
 
 def copy_rescore_delete(store: KeyValueStore, settings: RedisSettings) -> None:
