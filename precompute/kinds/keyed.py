@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Vocabulary:
+class VersionVocabulary:
     """What a version's values index, and how the service answers its ids and entries."""
 
     entries: list[str]
@@ -55,7 +55,7 @@ def store_line(pipeline: Pipeline, name: str, machine: Machine) -> str:
 
 
 def publish_new_version(
-    run: RunContext, name: str, vocabulary: Vocabulary, job: Callable[[NewVersion, Path], Report]
+    run: RunContext, name: str, vocabulary: VersionVocabulary, job: Callable[[NewVersion, Path], Report]
 ) -> tuple[Report, str, list[str]]:
     """Run `job(new_version, run_folder)` into a new version of the output and publish it with its
     samples checked; then delete the run folders of versions the store no longer holds. A version

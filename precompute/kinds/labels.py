@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import Vocabulary, key_value_versions, publish_new_version, store_line
+from precompute.kinds.keyed import VersionVocabulary, key_value_versions, publish_new_version, store_line
 from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.models.datasets import integer_column
 from precompute.models.label_head import LabelPolicy, LabelTask
@@ -117,7 +117,7 @@ class Labels(OutputKind):
             labelled, version, deleted = publish_new_version(
                 run,
                 name,
-                Vocabulary(vocabulary, integer_column(source, source.id), integer_labels),
+                VersionVocabulary(vocabulary, integer_column(source, source.id), integer_labels),
                 lambda new, folder: run_labels_job(
                     output.input,
                     machine.job,

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import Vocabulary, key_value_versions, publish_new_version, store_line
+from precompute.kinds.keyed import VersionVocabulary, key_value_versions, publish_new_version, store_line
 from precompute.models.datasets import InputError, arrow_dataset, integer_column
 from precompute.models.errors import ModelError
 from precompute.models.towers import Signature, TowersSpec, column_problem, same_dim
@@ -144,7 +144,7 @@ class Recs(OutputKind):
                 return report
 
             corpus = run.pipeline.outputs[output.items].input
-            vocabulary = Vocabulary(
+            vocabulary = VersionVocabulary(
                 items.ids, integer_column(output.input, output.input.user), integer_column(corpus, corpus.id)
             )
             return publish_new_version(run, name, vocabulary, job)
