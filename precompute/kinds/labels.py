@@ -113,7 +113,8 @@ class Labels(OutputKind):
                 vocabulary = head.labels
             cache = work_dir.cache_dir(run.work_dir, name)
             source = output.input
-            integer_labels = source.label is not None and integer_column(source, source.label)
+            trained = output.classifier is None and source.label is not None  # else a classifier's names
+            integer_labels = trained and integer_column(source, source.label)
             labelled, version, deleted = publish_new_version(
                 run,
                 name,
