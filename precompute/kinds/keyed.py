@@ -28,9 +28,9 @@ class VersionVocabulary:
 
     entries: list[str]
     """Label names for labels, item ids for recommendations, as strings."""
-    integer_ids: bool
+    integer_ids: bool = False
     """The records' ids (items for labels, users for recommendations) were integers in the input."""
-    integer_entries: bool
+    integer_entries: bool = False
     """So were the entries (integer labels, integer item ids): answered as JSON numbers."""
 
 

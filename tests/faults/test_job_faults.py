@@ -223,7 +223,7 @@ def test_flow_killed_mid_embedding_then_rerun(
     assert refused.returncode == 1, output
     refusal = (
         r"^error: docs failed at validate: IndexCheckError: version \S+: recall@10 0\.\d+ < min_recall=1\.0 "
-        r"at hnsw_ef 1 \(exact scan off\)$"
+        r"at hnsw_ef 1 \(exact scan off\); the next build makes a denser graph \(m=32, ef_construct=200\)$"
     )
     assert re.search(refusal, output, re.MULTILINE), output
     with open_vector_store(VectorStoreSettings(), "docs") as store:
@@ -238,7 +238,7 @@ def test_two_runs_started_at_once(
         monkeypatch,
         tmp_path,
         settings,
-        EMBEDDINGS.format(corpus=small_corpus).replace("64", "16").replace("32", "16"),
+        EMBEDDINGS.replace("64", "16").replace("32", "16").format(corpus=small_corpus),  # not in the path
         PRECOMPUTE_REDIS_URL=redis_url,
         PREFECT_API_URL=prefect_api,
     )

@@ -39,6 +39,11 @@ def test_redis_down_under_load_then_back(
                     answer = http.request(method, path, json=body)
                     answers.append((path, answer.status_code, answer.json().get("version")))
 
+    def stop_clients() -> None:
+        stop.set()
+        for client in clients:
+            client.join(timeout=30)
+
     def lookups(since: int, status: int) -> int:
         return sum(1 for path, got, _ in answers[since:] if path != "/v1/search" and got == status)
 
@@ -67,13 +72,12 @@ def test_redis_down_under_load_then_back(
                     )
                     back = restarting + recovered + len(clients) * len(REQUESTS)  # the requests in flight then
                     wait_for(lambda: len(answers) >= back + 60, "answers after the recovery")
+                    stop_clients()  # while Redis is up: what they answer after is not the test's
             except AssertionError as e:
                 tail = "\n".join(log.read_text().splitlines()[-20:]) if log.exists() else "(no log)"
                 raise AssertionError(f"{e}; last answers {answers[-6:]}; the service's log ends:\n{tail}") from None
             finally:
-                stop.set()
-                for client in clients:
-                    client.join(timeout=30)
+                stop_clients()
 
     assert {status for _, status, _ in answers} <= {200, 503}
     assert {version for _, status, version in answers if status == 200} == {V1}

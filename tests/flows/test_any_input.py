@@ -47,6 +47,8 @@ TEXTS = pq.read_table(DEMO_CORPUS, columns=["text", "section"]).slice(0, 400).to
 START = datetime.datetime(2026, 11, 1, tzinfo=datetime.UTC)
 
 ID_TYPES = ["int32", "int64", "string", "large_string", "dictionary", "binary"]
+REFUSED_ID_TYPES = ["float64"]
+"""Not an id: the check refuses it in one line (exit 2), and nothing runs."""
 TEXT_TYPES = ["string", "large_string", "dictionary", "binary"]
 LABEL_TYPES = ["string", "int64", "dictionary", "list<string>", "list<int64>"]
 TIME_TYPES = ["timestamp[s]", "timestamp[ms, UTC]", "timestamp[ns, Europe/Paris]", "date32", "seconds", "millis", "iso"]
@@ -57,7 +59,7 @@ SHAPES = ["varied", "one interaction per user", "one item for all"]
 
 def column(values: list, kind: str) -> pa.Array:
     """`values` (ints, strings, lists of either) as the Arrow type a warehouse would write."""
-    if kind in ("int32", "int64"):
+    if kind in ("int32", "int64", "float64"):
         return pa.array(values, getattr(pa, kind)())
     if kind == "dictionary":
         return pa.array([None if v is None else str(v) for v in values]).dictionary_encode()
@@ -97,7 +99,7 @@ def inputs(draw: st.DrawFn) -> dict:
     # Tiny shapes, and sizes the outputs can publish from, about equally often.
     return {
         "rows": draw(st.one_of(st.integers(1, 8), st.integers(30, 80))),
-        "id": draw(st.sampled_from(ID_TYPES)),
+        "id": draw(st.one_of(st.sampled_from(ID_TYPES), st.sampled_from(REFUSED_ID_TYPES))),
         "text": draw(st.sampled_from(TEXT_TYPES)),
         "label": draw(st.sampled_from(LABEL_TYPES)),
         "classes": draw(st.one_of(st.just(1), st.integers(2, 4))),

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pyarrow.parquet as pq
 import ray
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import ray_session
 from precompute.kinds import OutputKind, OutputSpec
-from precompute.kinds.keyed import key_value_versions, publish_new_version, store_line
+from precompute.kinds.keyed import VersionVocabulary, key_value_versions, publish_new_version, store_line
 from precompute.lookup.keys import LabelsBatchGet, Output
+from precompute.models.datasets import arrow_dataset, integer_column
 from precompute.stores.records import encode_ranked
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Lengths(OutputKind):
 
     def check(self, pipeline: Pipeline, name: str) -> None:
         spec = pipeline.outputs[name].input
-        pipeline.check_input(name, spec.path, {"id": spec.id, "text": spec.text})
+        pipeline.check_input(name, spec, {"id": spec.id, "text": spec.text})
 
     def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
         return [f"  input   {pipeline.outputs[name].input.path}", store_line(pipeline, name, machine)]
@@ -79,7 +79,7 @@ class Lengths(OutputKind):
         start = time.perf_counter()
 
         def count(new: NewVersion, folder: Path) -> Counted:
-            table = pq.read_table(spec.path, columns=[spec.id, spec.text])
+            table = arrow_dataset(spec).to_table(columns=[spec.id, spec.text])
             ids = [str(i) for i in table[spec.id].to_pylist()]
             lengths = np.array([[len(t)] for t in table[spec.text].to_pylist()], np.float32)
             values = encode_ranked(np.zeros(lengths.shape, np.int64), lengths)
@@ -94,7 +94,7 @@ class Lengths(OutputKind):
             return Counted(len(ids), dict(list(zip(ids, values, strict=True))[:SAMPLES]))
 
         counted, version, deleted = run.step(
-            "count", lambda: publish_new_version(run, name, ["characters"], count)
+            "count", lambda: publish_new_version(run, name, VersionVocabulary(["characters"], integer_column(spec, spec.id)), count)
         )
         seconds = round(time.perf_counter() - start, 2)
         return {
