@@ -101,13 +101,20 @@ class InteractionsInput(DatasetInput):
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails when more than this share of interactions is rejected."""
 
+    def id_columns(self) -> tuple[str, ...]:
+        return (self.user, self.item)
+
 
 def read_input(source: DatasetInput) -> ray.data.Dataset:
     """The input's rows on Ray, from the same files the driver's checks read (models/datasets.py)."""
     files = input_files(source)
-    reader = {"parquet": ray.data.read_parquet, "csv": ray.data.read_csv, "json": ray.data.read_json}[files.format]
     # The files are chosen already: no extension filter, and partition folders are not columns.
-    dataset = reader(list(files.files), filesystem=files.filesystem, partitioning=None, file_extensions=None)
+    options = {"filesystem": files.filesystem, "partitioning": None, "file_extensions": None}
+    if files.format == "csv":
+        dataset = ray.data.read_csv(list(files.files), convert_options=files.csv_options(), **options)
+    else:
+        reader = {"parquet": ray.data.read_parquet, "json": ray.data.read_json}[files.format]
+        dataset = reader(list(files.files), **options)
     if plain_schema(schema := files.encoded().schema) != schema:
         dataset = dataset.map_batches(decoded, batch_format="pyarrow")
     return dataset

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlencode
 
 import fsspec.core
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from fsspec.implementations.arrow import ArrowFSWrapper
@@ -81,6 +82,11 @@ class DatasetInput(BaseModel):
     """Hive partitions to read, e.g. `{ dt = "2026-11-25" }` (a list for several values): only
     files under `key=value` folders that match every key are read."""
 
+    def id_columns(self) -> tuple[str, ...]:
+        """Columns of ids: CSV says nothing of types, so these are read as strings there (an id
+        `007` stays `007`, where inference would make it 7)."""
+        return ()
+
 
 @dataclass(frozen=True)
 class InputFiles:
@@ -89,16 +95,24 @@ class InputFiles:
     files: tuple[str, ...]
     filesystem: pafs.FileSystem
     format: Format
+    strings: tuple[str, ...] = ()
+    """CSV columns read as strings, whatever they look like (DatasetInput.id_columns)."""
+
+    def csv_options(self) -> pacsv.ConvertOptions:
+        return pacsv.ConvertOptions(column_types=dict.fromkeys(self.strings, pa.string()))
 
     def arrow(self) -> pads.Dataset:
         """The files as one pyarrow dataset, for reads in the driver (schema, counts, samples),
         dictionary-encoded columns read as their values."""
         schema = plain_schema(self.encoded().schema)
-        return pads.dataset(list(self.files), schema=schema, filesystem=self.filesystem, format=self.format)
+        return pads.dataset(list(self.files), schema=schema, filesystem=self.filesystem, format=self._format())
 
     def encoded(self) -> pads.Dataset:
         """The files as they are written (dictionary columns included)."""
-        return pads.dataset(list(self.files), filesystem=self.filesystem, format=self.format)
+        return pads.dataset(list(self.files), filesystem=self.filesystem, format=self._format())
+
+    def _format(self) -> str | pads.FileFormat:
+        return pads.CsvFileFormat(convert_options=self.csv_options()) if self.format == "csv" else self.format
 
 
 def plain_type(kind: pa.DataType) -> pa.DataType:
@@ -197,14 +211,17 @@ def input_files(source: DatasetInput) -> InputFiles:
         raise InputError(f"{source.path}: no such file, or no files in it")
     if source.where:
         files = _selected(source, base, files)
-    if source.format is not None:
-        return InputFiles(tuple(files), fs, source.format)
+    kind = source.format or _one_format(source, files)
+    return InputFiles(tuple(files), fs, kind, source.id_columns() if kind == "csv" else ())
+
+
+def _one_format(source: DatasetInput, files: list[str]) -> Format:
     formats = {f: format_of(f) for f in files}
     if unknown := [f for f, found in formats.items() if found is None]:
         raise InputError(f"{source.path}: cannot tell the format of {unknown[0]}; set format = parquet, csv or json")
     if len(kinds := set(formats.values())) > 1:
         raise InputError(f"{source.path}: holds {' and '.join(sorted(map(str, kinds)))} files; name one with a glob")
-    return InputFiles(tuple(files), fs, kinds.pop())
+    return kinds.pop()
 
 
 def arrow_dataset(source: DatasetInput) -> pads.Dataset:

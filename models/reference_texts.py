@@ -32,6 +32,9 @@ class TextSample(DatasetInput):
     text: str = "text"
     """The column of each row's text."""
 
+    def id_columns(self) -> tuple[str, ...]:
+        return (self.id,)
+
 
 def split_slot(id_: object) -> int:
     """The row's slot of ten: 0 is the gate's, 1 calibration's, the rest free (training)."""

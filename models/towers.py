@@ -55,6 +55,9 @@ class FeaturesInput(DatasetInput):
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails when more than this share of feature rows is rejected (null, NaN, wrong width)."""
 
+    def id_columns(self) -> tuple[str, ...]:
+        return (self.id,)
+
 
 class GatedTowers(BaseModel):
     """How a pair of tower graphs gets its engines: the precision ladder and its gate."""

@@ -11,7 +11,9 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
+from precompute.jobs.inputs import read_input
 from precompute.models.datasets import DatasetInput, InputError, arrow_dataset, input_files
+from precompute.models.reference_texts import TextSample
 
 ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int32()), "text": pa.array(["a", "b", "a"]).dictionary_encode()})
 
@@ -83,3 +85,14 @@ def test_a_folder_of_mixed_or_unknown_formats_asks_for_a_format(tmp_path: Path) 
     (tmp_path / "notes.md").write_text("x")
     with pytest.raises(InputError, match=r"cannot tell the format of .*notes.md; set format"):
         input_files(DatasetInput(path=str(tmp_path / "notes.md")))
+
+
+def test_csv_ids_stay_strings_on_every_reader(ray_local, tmp_path: Path) -> None:
+    """CSV says nothing of types: an id column is read as strings by the driver and by Ray, so a
+    zero-padded id keeps its zeros (inference would read `007` as 7); other columns are inferred."""
+    (tmp_path / "items.csv").write_text("id,text,price\n007,first,1.5\n8,second,2\n")
+    sample = TextSample(path=str(tmp_path / "items.csv"))
+    table = arrow_dataset(sample).to_table()
+    assert table["id"].to_pylist() == ["007", "8"] and table.schema.field("price").type == pa.float64()
+    assert [row["id"] for row in read_input(sample).iter_rows()] == ["007", "8"]
+    assert arrow_dataset(DatasetInput(path=str(tmp_path / "items.csv"))).to_table()["id"].to_pylist() == [7, 8]
