@@ -23,9 +23,8 @@ TIME_TYPES = "timestamps, dates, numbers or ISO-8601 strings"
 
 
 def is_time(kind: pa.DataType) -> bool:
-    """A column type jobs/interactions.py time_seconds reads."""
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
+    """A column type jobs/interactions.py time_seconds reads (dictionaries read as their values:
+    models/datasets.py plain_type)."""
     return (
         pa.types.is_timestamp(kind)
         or pa.types.is_date(kind)

@@ -117,11 +117,12 @@ def tower_vectors(
     noun: str,
 ) -> Tower:
     """Vectors of every valid row of `features`, bad rows quarantined with their reason first."""
-    rows = arrow_dataset(features).count_rows()
+    source = arrow_dataset(features)
+    rows = source.count_rows()
     tagged = read_features(features, inputs).map_batches(
         tag_feature_rejects,
         batch_format="pyarrow",
-        fn_kwargs={"inputs": inputs, "duplicates": duplicate_ids(features, features.id)},
+        fn_kwargs={"inputs": inputs, "duplicates": duplicate_ids(source, features.id)},
     )
     rejected = tagged.drop_columns([KEY])
     if features.id != "id":  # the rejects file names the id column as the input does

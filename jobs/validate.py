@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray
 from ray.data.expressions import col
 
 from precompute.jobs.inputs import CorpusInput, read_input
-from precompute.models.datasets import DatasetInput, arrow_dataset
+from precompute.models.datasets import arrow_dataset
 from precompute.models.errors import InvalidInputError, ModelError
 from precompute.models.text_columns import as_text, lossless, readable, utf8_errors
 from precompute.models.tokenize import check_text
@@ -29,9 +30,9 @@ def id_key(value: object) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
-def duplicate_ids(source: DatasetInput, column: str = "id") -> set[str]:
+def duplicate_ids(dataset: pads.Dataset, column: str = "id") -> set[str]:
     """Ids that occur more than once. All their rows are rejected: which copy is right is unknowable."""
-    ids = lossless(arrow_dataset(source).to_table(columns=[column]).rename_columns(["id"]))
+    ids = lossless(dataset.to_table(columns=[column]).rename_columns(["id"]))
     counts = ids.group_by("id").aggregate([("id", "count")])
     repeated = counts.filter(pc.greater(counts["id_count"], 1))["id"]
     return {id_key(i) for i in repeated.to_pylist()}
@@ -99,7 +100,7 @@ def validated_corpus(corpus: CorpusInput, rejects_path: Path) -> tuple[ray.data.
         tag_rejects,
         batch_format="pyarrow",
         fn_kwargs={
-            "duplicates": duplicate_ids(corpus, corpus.id),
+            "duplicates": duplicate_ids(source, corpus.id),
             "max_text_bytes": corpus.max_text_bytes,
         },
     )

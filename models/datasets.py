@@ -104,7 +104,9 @@ class InputFiles:
     def arrow(self) -> pads.Dataset:
         """The files as one pyarrow dataset, for reads in the driver (schema, counts, samples),
         dictionary-encoded columns read as their values."""
-        schema = plain_schema(self.encoded().schema)
+        encoded = self.encoded()
+        if (schema := plain_schema(encoded.schema)) == encoded.schema:
+            return encoded
         return pads.dataset(list(self.files), schema=schema, filesystem=self.filesystem, format=self._format())
 
     def encoded(self) -> pads.Dataset:
