@@ -111,10 +111,10 @@ def reference(corpus: list[str], queries: list[str]) -> tuple[np.ndarray, np.nda
 
 def main(documents: int = 10_000, queries: int = 1_000) -> dict[str, Any]:
     job = JobSettings()
-    folder = job.work_dir / "bench-fidelity"
+    folder = job.work_dir.machine_dir() / "bench-fidelity"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    data = retrieval_set(job.work_dir / "datasets", documents, queries)
+    data = retrieval_set(job.work_dir.machine_dir() / "datasets", documents, queries)
     pq.write_table(data.corpus, folder / "corpus.parquet")
     (folder / "precompute.toml").write_text(PIPELINE)
     environment = {"PRECOMPUTE_JOB_WORK_DIR": str(folder / "work"), "PRECOMPUTE_QDRANT_PATH": str(folder / "qdrant")}

@@ -127,7 +127,7 @@ def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
     job = JobSettings()
     result: dict[str, Any] = {"bench": "labels", "machine": device_fingerprint("cpu"), "datasets": {}}
     for name in names:
-        figures = measure(name, job.work_dir / "bench-labels" / name, job.work_dir / "datasets")
+        figures = measure(name, job.work_dir.machine_dir() / "bench-labels" / name, job.work_dir.machine_dir() / "datasets")
         result["datasets"][name] = figures
         candidates = ", ".join(f"{c} {f['top1']:.4f} ({f['train_s']} s)" for c, f in figures["candidates"].items())
         print(

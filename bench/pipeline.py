@@ -19,6 +19,7 @@ from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.jobs.embed import run_embed_job
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.settings import JobSettings
+from precompute.jobs.work_dir import WorkPath
 from precompute.models import load_encoder
 from precompute.models.hardware import device_fingerprint
 from precompute.stores.vector_settings import VectorStoreSettings
@@ -40,7 +41,7 @@ def main(corpus: str | None = None) -> dict[str, object]:
         stores = VectorStoreSettings(type="edge", path=Path(tmp) / "qdrant")
         with open_vector_store(stores, "bench") as store:
             report = run_embed_job(
-                "bench", store, source, job.model_copy(update={"work_dir": Path(tmp)}), engine
+                "bench", store, source, job.model_copy(update={"work_dir": WorkPath.of(tmp)}), engine
             )
     job_rate = report.computed / report.seconds["embed"]
     result = {

@@ -160,7 +160,7 @@ def main(
     set by what the service serves (bench/recs_served.py)."""
     settings, job = RecsSpec(), JobSettings()
     block = block or job.users_per_block
-    cache = cache or job.work_dir / "datasets"
+    cache = cache or job.work_dir.machine_dir() / "datasets"
     names = datasets.split(",")
     if unknown := set(names) - {"demo", *DATASETS}:
         raise ValueError(f"unknown data sets {sorted(unknown)}: choose from demo, {', '.join(DATASETS)}")
@@ -181,7 +181,7 @@ def main(
         items, interactions = load(name, cache)
         ids = items["id"].to_pylist()
         good = valid_interactions(interactions.rename_columns(["user_id", "item_id", "time"]), ids)
-        figures = served_quality(name, items, good, job.work_dir / "bench-recs" / name, settings)
+        figures = served_quality(name, items, good, job.work_dir.machine_dir() / "bench-recs" / name, settings)
         print_served(figures)
         result["datasets"][name] = figures
     timing = speed(ids, good, settings, repeats, block)

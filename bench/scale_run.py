@@ -56,7 +56,7 @@ def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
 
     before = redis_used_memory(redis_url)
     start = time.perf_counter()
-    with PeakRss() as rss, output_to_file(JobSettings().work_dir / "logs") as (log, _, _):
+    with PeakRss() as rss, output_to_file(JobSettings().work_dir.machine_dir() / "logs") as (log, _, _):
         state = nightly(pipeline=str(pipeline), return_state=True)
         report = state.result(raise_on_failure=False)
         flow_run_id = state.state_details.flow_run_id

@@ -23,6 +23,7 @@ from prefect import flow
 from precompute.flows.failures import failure_line
 from precompute.flows.run_report import write_report
 from precompute.flows.steps import RunContext
+from precompute.jobs.work_dir import WorkPath
 from precompute.pipeline import Pipeline, load_pipeline
 from precompute.settings import Machine
 from precompute.stores.versions import new_version
@@ -58,13 +59,15 @@ def nightly(pipeline: str | None = None, keep_versions: int | None = None) -> di
 
 
 @contextlib.contextmanager
-def one_run_at_a_time(work_dir: Path) -> Iterator[None]:
+def one_run_at_a_time(work_dir: WorkPath) -> Iterator[None]:
     """Refuse a second run on the same work directory while one is running: each run's garbage
     collection would take the other's unpublished versions for a killed run's. The lock goes with
-    the process, so a killed run never leaves it held. (Scheduled runs are one at a time anyway:
-    `precompute schedule` sets the deployment's concurrency limit to 1.)"""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with open(work_dir / "run.lock", "a") as lock:
+    the process, so a killed run never leaves it held. It is a file lock on this machine, also for
+    a work directory on object storage, which has none: runs of one deployment are one at a time
+    anyway (`precompute schedule` sets its concurrency limit to 1)."""
+    folder = work_dir.machine_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "run.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

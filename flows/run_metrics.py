@@ -11,10 +11,11 @@ on a run missing for 26 h.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, push_to_gateway, write_to_textfile
+from prometheus_client import CollectorRegistry, Gauge, generate_latest, push_to_gateway
+
+from precompute.jobs.work_dir import WorkPath
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,15 @@ def publish_run_metrics(
     pipeline: str,
     seconds: float,
     finished: float,
-    work_dir: Path,
+    work_dir: WorkPath,
     pushgateway: str | None,
-) -> Path:
+) -> WorkPath:
     """Write the run's textfile (returned) and push it where a Pushgateway is set. A push that
     fails is logged, not raised: the run's outputs are published, and a run that never reports
     trips PrecomputeRunMissing."""
     registry = run_registry(report, pipeline, seconds, finished)
     path = work_dir / "metrics" / "nightly.prom"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_to_textfile(str(path), registry)
+    path.write_bytes(generate_latest(registry))
     if pushgateway is not None:
         try:
             push_to_gateway(pushgateway, job=JOB, registry=registry, grouping_key={"pipeline": pipeline})

@@ -12,11 +12,12 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from precompute.flows.run_metrics import publish_run_metrics
 from precompute.flows.run_page import render
+from precompute.jobs.work_dir import WorkPath
 
 log = logging.getLogger(__name__)
 
 
-def report_path(work_dir: Path, run: str) -> Path:
+def report_path(work_dir: WorkPath, run: str) -> WorkPath:
     return work_dir / "reports" / f"{run}.json"
 
 
@@ -46,13 +47,12 @@ def models_table(quality: dict[str, Any], models: dict[str, dict[str, Any]]) -> 
 
 
 def write_report(
-    report: dict[str, Any], work_dir: Path, pipeline: Path, seconds: float, finished: float, pushgateway: str | None
-) -> Path:
+    report: dict[str, Any], work_dir: WorkPath, pipeline: Path, seconds: float, finished: float, pushgateway: str | None
+) -> WorkPath:
     """The JSON (returned), its page, the Prefect artifacts and the run's metrics."""
     path = report_path(work_dir, report["run"])
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
-    page = path.with_suffix(".html")
+    page = path.parent / f"{report['run']}.html"
     try:
         page.write_text(render(report))
     except Exception:  # a view of the JSON beside it: a bug here must not fail a run that published

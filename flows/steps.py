@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect import task
@@ -18,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from precompute.flows.failures import root_cause
+from precompute.jobs.work_dir import WorkPath
 from precompute.pipeline import Pipeline
 from precompute.settings import Machine
 from precompute.stores.errors import StoreUnavailableError
@@ -60,7 +60,7 @@ class RunContext:
     """The step the running output is in."""
 
     @property
-    def work_dir(self) -> Path:
+    def work_dir(self) -> WorkPath:
         return self.machine.job.work_dir
 
     def keep(self, name: str) -> int:

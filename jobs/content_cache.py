@@ -18,14 +18,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
-from pathlib import Path
+import posixpath
 
 import numpy as np
 import pyarrow as pa
 import ray
 
-from precompute.jobs.staging import committed_parts, is_committed
+from precompute.jobs.staging import is_committed, read_committed
+from precompute.jobs.work_dir import WorkPath
 
 POINTER = "CURRENT"
 KEY = "content_key"
@@ -48,13 +48,13 @@ def with_content_keys(batch: pa.Table, identity: str) -> pa.Table:
     )
 
 
-def previous_run(cache_dir: Path) -> Path | None:
+def previous_run(cache_dir: WorkPath) -> WorkPath | None:
     """The promoted run's committed parts folder; None when there is none (first run, or a
     folder staged before manifests existed: its rows are simply computed again)."""
     pointer = cache_dir / POINTER
     if not pointer.exists():
         return None
-    run_dir = Path(pointer.read_text().strip())
+    run_dir = cache_dir / pointer.read_text().strip()  # older pointers hold an absolute path
     if not is_committed(run_dir):
         log.warning("cache %s points to %s, which has no manifest: computing every row", cache_dir, run_dir)
         return None
@@ -62,14 +62,14 @@ def previous_run(cache_dir: Path) -> Path | None:
 
 
 def join_previous(
-    rows: ray.data.Dataset, row_count: int, cache_dir: Path, columns: list[str]
+    rows: ray.data.Dataset, row_count: int, cache_dir: WorkPath, columns: list[str]
 ) -> ray.data.Dataset:
     """`rows` (with `id` and content keys) with the previous run's `columns` where (id, key)
     matched, null where not; `rows` unchanged when there is no previous run."""
     previous = previous_run(cache_dir)
     if previous is None:
         return rows
-    cached = ray.data.read_parquet(committed_parts(previous)).select_columns(["id", KEY, *columns])
+    cached = read_committed(previous).select_columns(["id", KEY, *columns])
     return rows.join(
         cached,
         "left_outer",
@@ -85,9 +85,7 @@ def uncached(batch: pa.Table, column: str) -> np.ndarray:
     return batch[column].is_null().to_numpy(zero_copy_only=False)
 
 
-def promote(cache_dir: Path, run_dir: Path) -> None:
-    """Make the committed parts in `run_dir` the cache the next run reads."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".{POINTER}.tmp"
-    tmp.write_text(str(run_dir.resolve()))
-    os.replace(tmp, cache_dir / POINTER)
+def promote(cache_dir: WorkPath, run_dir: WorkPath) -> None:
+    """Make the committed parts in `run_dir` the cache the next run reads: the pointer names it
+    relative to the cache, so a work directory moved or mounted elsewhere keeps its caches."""
+    (cache_dir / POINTER).write_text(posixpath.relpath(run_dir.path, cache_dir.path))

@@ -24,13 +24,13 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
+from precompute.jobs.work_dir import WorkPath
 from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING
 from precompute.stores.vectors import GraphParams, SearchParams, VectorStore
 
@@ -66,22 +66,19 @@ GRAPH_FILE = "graph.json"
 """In the output's cache folder: the GraphParams the next build makes."""
 
 
-def next_graph(cache: Path) -> GraphParams:
+def next_graph(cache: WorkPath) -> GraphParams:
     """The graph the next version is built with: the default until a check asked for denser."""
-    try:
-        return GraphParams(**json.loads((cache / GRAPH_FILE).read_text()))
-    except FileNotFoundError:
-        return GraphParams()
+    asked = cache / GRAPH_FILE
+    return GraphParams(**json.loads(asked.read_text())) if asked.is_file() else GraphParams()
 
 
-def ask_denser(cache: Path, built: GraphParams) -> GraphParams:
+def ask_denser(cache: WorkPath, built: GraphParams) -> GraphParams:
     denser = built.denser()
-    cache.mkdir(parents=True, exist_ok=True)
     (cache / GRAPH_FILE).write_text(json.dumps(asdict(denser)))
     return denser
 
 
-def staged_vectors(run_dir: Path) -> tuple[list[str], np.ndarray]:
+def staged_vectors(run_dir: WorkPath) -> tuple[list[str], np.ndarray]:
     """(ids, vectors) of the committed parts only: a retried write's orphan part would count twice."""
     table = committed_dataset(run_dir).to_table(columns=["id", EMBEDDING])
     return [str(i) for i in table["id"].to_pylist()], embeddings_of(table)
@@ -141,13 +138,13 @@ def measure(
 def check_index(
     store: VectorStore,
     version: str,
-    run_dir: Path,
+    run_dir: WorkPath,
     queries: int,
     min_recall: float,
     user_queries: np.ndarray | None = None,
     max_ef: int = 1024,
     exact: bool = True,
-    cache: Path | None = None,
+    cache: WorkPath | None = None,
 ) -> Validation:
     """The version's figures at the first rung of the ladder that passes, whose params are then
     recorded with the version; IndexCheckError if none does. `user_queries`: vectors of the

@@ -33,6 +33,7 @@ from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink
 from precompute.jobs.validate import validated_corpus
+from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.label_head import LabelTask
 from precompute.models.labels import LabelerReport, load_labeler, open_labeler
@@ -61,8 +62,6 @@ class LabelsJobReport:
     """Label names by index: a value's indices point here, so a publish stores it with the version."""
     samples: dict[str, bytes]
     """A few item_id -> value as written, for the read-back checks of a publish."""
-    staged: str
-    """The committed parts: the next run's cache once this version is published (content_cache.promote)."""
 
 
 def labeler_identity(labels: LabelTask, engine: Engine, report: LabelerReport, vocabulary: list[str]) -> str:
@@ -109,7 +108,7 @@ class LabelActor:
         progress.add(self.counter, batch.num_rows)
         return pa.table(
             {
-                "id": pa.array([str(i) for i in batch["id"].to_pylist()], pa.string()),
+                "id": batch["id"],  # its own type: the cache joins the next run's rows on it
                 KEY: batch[KEY],
                 VALUE: pa.array(values, pa.binary()),
                 COMPUTED: pa.array(np.asarray(missing)),
@@ -130,9 +129,9 @@ def run_labels_job(
     labels: LabelTask,
     engine: Engine,
     sink: KeyValueSink,
-    work_dir: Path,
+    work_dir: WorkPath,
     before_write: Callable[[int], None] | None = None,
-    cache_dir: Path | None = None,
+    cache_dir: WorkPath | None = None,
     output: str = "labels",
 ) -> LabelsJobReport:
     """Top labels of every valid corpus row, written through `sink`.
@@ -180,7 +179,7 @@ def run_labels_job(
                 **actor_pool(settings.actors, gpus),
             ).materialize()
         seconds["label"] = time.perf_counter() - start
-        samples = {row["id"]: row[VALUE] for row in values.take(SAMPLES)}
+        samples = {str(row["id"]): row[VALUE] for row in values.take(SAMPLES)}
 
         start = time.perf_counter()
         staging = StagingSink(work_dir / STAGED)
@@ -201,5 +200,4 @@ def run_labels_job(
         labeler=asdict(report),
         vocabulary=vocabulary,
         samples=samples,
-        staged=str(staging.run_dir),
     )

@@ -26,6 +26,7 @@ from precompute.jobs.inputs import read_input
 from precompute.jobs.ray_session import actor_pool
 from precompute.jobs.recs_models import OwnTowers, rows_of
 from precompute.jobs.validate import REASON, duplicate_ids, id_key, quarantine
+from precompute.jobs.work_dir import WorkPath
 from precompute.models.backends.base import ConcreteDevice
 from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings
@@ -113,7 +114,7 @@ def tower_vectors(
     inputs: list[TowerInput],
     machine: EngineSettings,
     device: ConcreteDevice,
-    rejects_path: Path,
+    rejects_path: WorkPath,
     noun: str,
 ) -> Tower:
     """Vectors of every valid row of `features`, bad rows quarantined with their reason first."""
@@ -152,7 +153,7 @@ def aligned(tower: Tower, ids: list[str], dim: int) -> tuple[np.ndarray, int]:
     return matrix, int((~has).sum())
 
 
-def own_towers(spec: TowersSpec, item_ids: list[str], work_dir: Path, machine: EngineSettings) -> OwnTowers:
+def own_towers(spec: TowersSpec, item_ids: list[str], work_dir: WorkPath, machine: EngineSettings) -> OwnTowers:
     """The towers model of a run (item vectors in the order of `item_ids`), its report saying
     the engines chosen, rows read and rejected per features file, and items without features.
     Runs in the caller's Ray session: on GPUs where the cluster has them."""

@@ -22,7 +22,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -63,6 +62,7 @@ from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.validate import REASON, quarantine
+from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings
 from precompute.stores.key_value_sink import KeyValueSink
@@ -205,7 +205,7 @@ def run_recs_job(
     job: JobSettings,
     items: Items,
     sink: KeyValueSink,
-    work_dir: Path,
+    work_dir: WorkPath,
     before_write: Callable[[int, CopyPlan | None], None] | None = None,
     items_model: str = "",
     previous: Previous | None = None,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,6 +36,7 @@ import pyarrow.parquet as pq
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
+from precompute.jobs.work_dir import WorkPath
 
 STATE = "recs_state"
 MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS = (
@@ -63,7 +63,7 @@ class Previous:
     """The published version a run may copy from."""
 
     version: str
-    run_dir: Path
+    run_dir: WorkPath
     """Its run folder, holding the `recs_state/` it staged."""
     users: range
     """User counts a copy of it holds well (the store says: stores/key_value_versions.py);
@@ -83,7 +83,7 @@ class Plan(NamedTuple):
     """The previous version's user_id -> fingerprint (incremental runs)."""
 
 
-def staged_items(run_dir: Path) -> Items:
+def staged_items(run_dir: WorkPath) -> Items:
     """The embeddings an output committed, sorted by id: parts arrive in any order, values need one."""
     table = committed_dataset(run_dir).to_table(columns=["id", KEY, EMBEDDING])
     table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
@@ -126,7 +126,7 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
     if not (state / MODEL).is_file():
         return full(f"the published version {previous.version} left no recs state")
     before = json.loads((state / MODEL).read_text())
-    old_items = pq.read_table(state / ITEMS_FILE)
+    old_items = pq.read_table((state / ITEMS_FILE).path, filesystem=state.fs)
     if before["vocabulary"] != fingerprint["vocabulary"]:
         old, new = set(old_items["id"].to_pylist()), set(items.ids)
         return full(f"the items changed: {len(new - old)} added, {len(old - new)} removed")
@@ -135,7 +135,7 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
             return full(f"{field} changed from {before.get(field)!r} to {value!r}")
     old_keys = np.array(old_items[KEY].to_pylist(), dtype="S16")
     changed = np.flatnonzero(old_keys != np.array(items.keys, dtype="S16"))
-    users = pq.read_table(state / USERS_FILE)
+    users = pq.read_table((state / USERS_FILE).path, filesystem=state.fs)
     return Plan("incremental", f"copied from {previous.version}", previous, changed, users)
 
 
@@ -152,10 +152,11 @@ def rescore(users: pa.Table, previous: pa.Table) -> tuple[np.ndarray, list[str]]
     return mask, gone.to_pylist()
 
 
-def stage(run_dir: Path, fingerprint: dict[str, Any], items: Items, users: pa.Table) -> None:
+def stage(run_dir: WorkPath, fingerprint: dict[str, Any], items: Items, users: pa.Table) -> None:
     """What the next run compares with; written before the version exists, read only once it is published."""
     state = run_dir / STATE
-    state.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": items.ids, KEY: pa.array(items.keys, pa.binary())}), state / ITEMS_FILE)
-    pq.write_table(users.select(["id", FINGERPRINT]), state / USERS_FILE)
+    state.mkdir()
+    items_table = pa.table({"id": items.ids, KEY: pa.array(items.keys, pa.binary())})
+    pq.write_table(items_table, (state / ITEMS_FILE).path, filesystem=state.fs)
+    pq.write_table(users.select(["id", FINGERPRINT]), (state / USERS_FILE).path, filesystem=state.fs)
     (state / MODEL).write_text(json.dumps(fingerprint, indent=2))

@@ -12,11 +12,11 @@ Training stops at `train_budget_s`, after `patience` checks without a better NDC
 from __future__ import annotations
 
 import copy
+import io
 import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +24,7 @@ import torch
 
 from precompute.jobs.recs_spec import SequenceSpec
 from precompute.jobs.sequence_loss import step_loss
+from precompute.jobs.work_dir import WorkPath
 from precompute.models.sequence import SASRec
 
 VALIDATION_USERS = 2000
@@ -119,10 +120,11 @@ def network(settings: SequenceSpec) -> dict[str, int]:
     }
 
 
-def save_weights(model: SASRec, settings: SequenceSpec, item_ids: list[str], path: Path) -> None:
+def save_weights(model: SASRec, settings: SequenceSpec, item_ids: list[str], path: WorkPath) -> None:
     """What the next night starts from: the weights, the network's shape and the items' ids by row."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"items": list(item_ids), "network": network(settings), "state": model.state_dict()}, path)
+    saved = io.BytesIO()
+    torch.save({"items": list(item_ids), "network": network(settings), "state": model.state_dict()}, saved)
+    path.write_bytes(saved.getvalue())
 
 
 class WarmStart(NamedTuple):
@@ -131,13 +133,13 @@ class WarmStart(NamedTuple):
     reason: str
 
 
-def warm_start(path: Path, item_ids: list[str], settings: SequenceSpec) -> WarmStart:
+def warm_start(path: WorkPath, item_ids: list[str], settings: SequenceSpec) -> WarmStart:
     """(weights for this catalogue, why) from a previous run's save_weights: each item keeps its
     embedding, a new item gets a fresh one; None (train cold) when there is none, the network's
     shape changed, or fewer than WARM_MIN_SHARED of today's items were in it."""
     if not path.is_file():
         return WarmStart(None, "cold: no weights from the published version")
-    saved = torch.load(path, weights_only=True)
+    saved = torch.load(io.BytesIO(path.read_bytes()), weights_only=True)
     if saved["network"] != network(settings):
         return WarmStart(None, f"cold: the network changed from {saved['network']} to {network(settings)}")
     before = {item: row for row, item in enumerate(saved["items"])}

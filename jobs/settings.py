@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from precompute.jobs.work_dir import LOCAL_STATE, WorkPath
+
+WorkDir = Annotated[
+    WorkPath, NoDecode, PlainValidator(WorkPath.of), PlainSerializer(str), WithJsonSchema({"type": "string"})
+]
+"""A path or URI in the environment and the settings table, a WorkPath in code."""
 
 
 class JobSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_JOB_", frozen=True, use_attribute_docstrings=True)
 
-    work_dir: Path = Path.home() / ".local" / "share" / "precompute" / "jobs"
-    """Rejects, staged outputs and the embedding caches (each the last run's staged output),
-    under `runs/<output>/<version>` and `cache/<output>`; run reports under `reports/`."""
+    work_dir: WorkDir = WorkPath.of(LOCAL_STATE / "jobs")
+    """Rejects, staged outputs, caches (`runs/<output>/<version>`, `cache/<output>`) and run
+    reports (`reports/`): a local folder, or an object-store URI (s3://bucket/precompute) where
+    a cluster's nodes share no filesystem. Logs and the run lock stay on the machine that runs."""
 
     ray_address: str | None = None
     """A Ray cluster (ray://host:10001 or auto); None starts a local Ray for this process."""

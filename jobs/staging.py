@@ -12,18 +12,19 @@ and nothing else: a folder without a manifest was never committed.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
+
+from precompute.jobs.work_dir import WorkPath
 
 MANIFEST = "manifest.json"
 PARTS = "part-*.parquet"
@@ -38,13 +39,13 @@ class UncommittedError(Exception):
 class StagingSink(Datasink[list[dict[str, Any]]]):
     """Writes each block as a Parquet part of `run_dir` and commits the parts that were returned."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: WorkPath) -> None:
         self.run_dir = run_dir
         self.rows = self.computed = 0
         """Rows committed, and of them those with `computed` true; set by on_write_complete."""
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir()
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> list[dict[str, Any]]:
         parts = []
@@ -53,7 +54,7 @@ class StagingSink(Datasink[list[dict[str, Any]]]):
             if not table.num_rows:
                 continue
             name = f"part-{uuid.uuid4().hex}.parquet"
-            pq.write_table(table, self.run_dir / name)
+            pq.write_table(table, (self.run_dir / name).path, filesystem=self.run_dir.fs)
             computed = int(pc.sum(table[COMPUTED]).as_py() or 0) if COMPUTED in table.column_names else 0
             parts.append({"name": name, "rows": table.num_rows, "computed": computed})
         return parts
@@ -65,30 +66,32 @@ class StagingSink(Datasink[list[dict[str, Any]]]):
         self.computed = sum(p["computed"] for p in parts)
 
 
-def commit(run_dir: Path, parts: list[dict[str, Any]]) -> None:
+def commit(run_dir: WorkPath, parts: list[dict[str, Any]]) -> None:
     """Write the manifest of `parts` atomically, then delete every part it does not list."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"parts": parts}))
-    os.replace(tmp, run_dir / MANIFEST)
+    (run_dir / MANIFEST).write_text(json.dumps({"parts": parts}))
     listed = {p["name"] for p in parts}
     for orphan in run_dir.glob(PARTS):
         if orphan.name not in listed:
-            orphan.unlink(missing_ok=True)
+            orphan.unlink()
 
 
-def is_committed(run_dir: Path) -> bool:
+def is_committed(run_dir: WorkPath) -> bool:
     return (run_dir / MANIFEST).is_file()
 
 
-def committed_parts(run_dir: Path) -> list[str]:
-    """Paths of the parts the manifest lists, in its order."""
+def committed_parts(run_dir: WorkPath) -> list[str]:
+    """Paths of the parts the manifest lists, in its order, on `run_dir.fs`."""
     if not is_committed(run_dir):
         raise UncommittedError(f"{run_dir} has no {MANIFEST}: its write never completed")
     parts = json.loads((run_dir / MANIFEST).read_text())["parts"]
-    return [str(run_dir / p["name"]) for p in parts]
+    return [(run_dir / p["name"]).path for p in parts]
 
 
-def committed_dataset(run_dir: Path) -> pads.Dataset:
+def committed_dataset(run_dir: WorkPath) -> pads.Dataset:
     """The committed parts as one pyarrow dataset (read in batches, never whole unless asked)."""
-    return pads.dataset(committed_parts(run_dir), format="parquet")
+    return pads.dataset(committed_parts(run_dir), format="parquet", filesystem=run_dir.fs)
+
+
+def read_committed(run_dir: WorkPath) -> ray.data.Dataset:
+    """The committed parts as a Ray dataset, read where Ray's tasks run."""
+    return ray.data.read_parquet(committed_parts(run_dir), filesystem=run_dir.fs)

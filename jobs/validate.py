@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Set
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,6 +12,7 @@ import ray
 from ray.data.expressions import col
 
 from precompute.jobs.inputs import CorpusInput, read_input
+from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import arrow_dataset
 from precompute.models.errors import InvalidInputError, ModelError
 from precompute.models.text_columns import as_text, lossless, readable, utf8_errors
@@ -65,13 +65,13 @@ def tag_rejects(batch: pa.Table, duplicates: Set[str], max_text_bytes: int) -> p
     return batch.append_column(REASON, pa.array(reasons, type=pa.string()))
 
 
-def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: Path, noun: str = "rows") -> int:
+def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: WorkPath, noun: str = "rows") -> int:
     """Write every row with a reason to `path`, before any inference is spent; fail past `max_ratio`."""
     rejects = tagged.filter(expr=col(REASON).is_not_null()).materialize()
     tables = [t for t in ray.get(rejects.to_arrow_refs()) if t.num_rows]
-    path.parent.mkdir(parents=True, exist_ok=True)
     if tables:
-        pq.write_table(readable(pa.concat_tables(tables)), path)
+        path.parent.mkdir()
+        pq.write_table(readable(pa.concat_tables(tables)), path.path, filesystem=path.fs)
     count = sum(t.num_rows for t in tables)
     if rows and count / rows > max_ratio:
         raise RejectRatioExceededError(
@@ -85,7 +85,7 @@ def canonical_columns(corpus: CorpusInput) -> dict[str, str]:
     return {old: new for old, new in ((corpus.id, "id"), (corpus.text, "text")) if old != new}
 
 
-def validated_corpus(corpus: CorpusInput, rejects_path: Path) -> tuple[ray.data.Dataset, int, int]:
+def validated_corpus(corpus: CorpusInput, rejects_path: WorkPath) -> tuple[ray.data.Dataset, int, int]:
     """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first."""
     source = arrow_dataset(corpus)
     rows = source.count_rows()

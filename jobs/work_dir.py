@@ -1,33 +1,155 @@
-"""The work directory's layout, and the clean-up that keeps it the size of what the stores hold.
+"""The work directory: its layout, the paths in it on local disk or object storage, and the
+clean-up that keeps it the size of what the stores hold.
 
     <work_dir>/runs/<output>/<version>/   a run's rejects and staged parts (jobs/staging.py)
-    <work_dir>/cache/<output>/CURRENT     the run whose parts the next run reuses (jobs/content_cache.py)
-    <work_dir>/reports/<run>.json|.html   run reports; logs/ and metrics/ beside them
+    <work_dir>/cache/<output>/CURRENT     the run whose parts the next run reads (jobs/content_cache.py)
+    <work_dir>/reports/<run>.json|.html   run reports; metrics/ beside them
+
+On a cluster without a shared filesystem the work directory is an object-store URI (s3://,
+gs://...): inference actors on any node write the staged parts the driver publishes and the
+next run reads. Logs and the one-run lock stay on the machine that runs the command.
 """
 
 from __future__ import annotations
 
-import shutil
+import fnmatch
+import hashlib
+import posixpath
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.fs as pafs
 
-def runs(work_dir: Path, output: str) -> Path:
+from precompute.models.datasets import filesystem, with_endpoint
+
+LOCAL_STATE = Path.home() / ".local" / "share" / "precompute"
+
+
+@dataclass(frozen=True)
+class WorkPath:
+    """A file or folder of the work directory on its filesystem.
+
+    The filesystem is pyarrow's, the one the inputs, Ray Data and Parquet use (with the S3
+    endpoint of the environment it was made in, so actors elsewhere reach the same server);
+    universal-pathlib would bring s3fs, a second S3 client with its own configuration. Object
+    stores have no rename: a file is written aside and moved (a server-side copy there, atomic
+    like a rename), so readers never see half a file."""
+
+    fs: pafs.FileSystem = field(compare=False)
+    """Not compared: pyarrow's filesystems are unhashable, and settings are hashed."""
+    path: str
+    scheme: str = ""
+    """The URI scheme ("s3") for messages; empty on local disk."""
+
+    @classmethod
+    def of(cls, location: str | Path | WorkPath) -> WorkPath:
+        """A local path or an object-store URI (AWS_ENDPOINT_URL(_S3) names an S3-compatible server)."""
+        if isinstance(location, WorkPath):
+            return location
+        text = str(location)
+        fs, path = filesystem(with_endpoint(text))
+        return cls(fs, path, text.split("://", 1)[0] if "://" in text else "")
+
+    def __truediv__(self, name: str) -> WorkPath:
+        """`name` below this folder: a relative path with `..` resolved; an absolute one as itself."""
+        return WorkPath(self.fs, posixpath.normpath(posixpath.join(self.path, name)), self.scheme)
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.path}" if self.scheme else self.path
+
+    def as_uri(self) -> str:
+        return str(self) if self.scheme else Path(self.path).as_uri()
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+    @property
+    def parent(self) -> WorkPath:
+        return WorkPath(self.fs, posixpath.dirname(self.path), self.scheme)
+
+    @property
+    def local(self) -> Path | None:
+        """The path on this machine's disk; None on object storage."""
+        return None if self.scheme else Path(self.path)
+
+    def _type(self) -> pafs.FileType:
+        return self.fs.get_file_info(self.path).type
+
+    def exists(self) -> bool:
+        return self._type() != pafs.FileType.NotFound
+
+    def is_file(self) -> bool:
+        return self._type() == pafs.FileType.File
+
+    def is_dir(self) -> bool:
+        return self._type() == pafs.FileType.Directory
+
+    def mkdir(self) -> None:
+        """This folder and its parents (on object storage: nothing to make)."""
+        if not self.scheme:
+            self.fs.create_dir(self.path, recursive=True)
+
+    def iterdir(self) -> list[WorkPath]:
+        found = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        return [WorkPath(self.fs, f.path, self.scheme) for f in found]
+
+    def glob(self, pattern: str) -> list[WorkPath]:
+        """Entries of this folder whose names match `pattern`."""
+        return [p for p in self.iterdir() if fnmatch.fnmatch(p.name, pattern)]
+
+    def read_bytes(self) -> bytes:
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read()
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode()
+
+    def write_bytes(self, data: bytes) -> None:
+        """Replace the file whole: readers see the old content or the new, never part of it."""
+        self.parent.mkdir()
+        tmp = self.parent / f".{self.name}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open_output_stream(tmp.path) as f:
+            f.write(data)
+        self.fs.move(tmp.path, self.path)
+
+    def write_text(self, text: str) -> None:
+        self.write_bytes(text.encode())
+
+    def unlink(self) -> None:
+        if self.exists():
+            self.fs.delete_file(self.path)
+
+    def rmtree(self) -> None:
+        if self.exists():
+            self.fs.delete_dir(self.path)
+
+    def machine_dir(self) -> Path:
+        """A folder on this machine for what must stay local (logs, the run lock): the work
+        directory itself on local disk, else one named after its URI."""
+        if self.local is not None:
+            return self.local
+        return LOCAL_STATE / "remote" / hashlib.sha256(str(self).encode()).hexdigest()[:16]
+
+
+def runs(work_dir: WorkPath, output: str) -> WorkPath:
     return work_dir / "runs" / output
 
 
-def run_dir(work_dir: Path, output: str, version: str) -> Path:
+def run_dir(work_dir: WorkPath, output: str, version: str) -> WorkPath:
     return runs(work_dir, output) / version
 
 
-def cache_dir(work_dir: Path, output: str) -> Path:
+def cache_dir(work_dir: WorkPath, output: str) -> WorkPath:
     return work_dir / "cache" / output
 
 
-def collect_runs(runs: Path, current: str | None, kept: set[str]) -> None:
+def collect_runs(runs: WorkPath, current: str | None, kept: set[str]) -> None:
     """Delete the run folders (staged parts, rejects) of versions the store no longer holds,
     and of runs killed before they made one; newer folders are runs in progress."""
     if current is None or not runs.is_dir():
         return
     for run in runs.iterdir():
         if run.is_dir() and run.name < current and run.name not in kept:
-            shutil.rmtree(run, ignore_errors=True)
+            run.rmtree()

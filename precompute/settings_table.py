@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
+from precompute.jobs.work_dir import WorkPath
 from precompute.kinds import kinds
 from precompute.models.settings import EnginePolicy
 from precompute.pipeline import FlowSpec
@@ -48,7 +49,7 @@ def default_of(field: FieldInfo) -> str:
         value = field.default
     if isinstance(value, BaseModel):
         value = value.model_dump(exclude_defaults=True, mode="json") or "(each field's default)"
-    if isinstance(value, Path):
+    if isinstance(value, Path | WorkPath):
         value = str(value).replace(str(Path.home()), "~")
     return "none" if value is None else json.dumps(value) if not isinstance(value, str) else value
 

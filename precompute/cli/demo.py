@@ -76,7 +76,7 @@ def summary(report: dict) -> str:
 def main(top_k: int = 3, verbose: bool = False) -> None:
     pipeline = load_pipeline()
     pipeline.check()
-    with redis_for_demo(JobSettings().work_dir):
+    with redis_for_demo(JobSettings().work_dir.machine_dir()):
         print("running the nightly flow on the demo data (a few minutes on 2 cores the first time)")
         report, log = run_logged(pipeline, verbose)
         print()

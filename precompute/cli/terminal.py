@@ -27,6 +27,7 @@ from precompute.flows.nightly import RunFailedError, nightly
 from precompute.flows.run_report import report_path
 from precompute.jobs.progress import LOG, Progress
 from precompute.jobs.settings import JobSettings
+from precompute.jobs.work_dir import WorkPath
 from precompute.pipeline import Pipeline
 
 PLAIN_INTERVAL_S = 10.0
@@ -70,13 +71,13 @@ def progress_on(stream: TextIO) -> Iterator[None]:
 
 
 @contextmanager
-def terminal(work_dir: Path, verbose: bool) -> Iterator[tuple[Path | None, TextIO, TextIO]]:
+def terminal(work_dir: WorkPath, verbose: bool) -> Iterator[tuple[Path | None, TextIO, TextIO]]:
     """(the log file, None when verbose; the terminal's stdout and stderr)."""
     if verbose:
         with progress_on(sys.stdout):
             yield None, sys.stdout, sys.stderr
         return
-    with output_to_file(work_dir / "logs") as (log, out, err), progress_on(out):
+    with output_to_file(work_dir.machine_dir() / "logs") as (log, out, err), progress_on(out):
         yield log, out, err
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from precompute.jobs import work_dir
@@ -55,7 +54,7 @@ def store_line(pipeline: Pipeline, name: str, machine: Machine) -> str:
 
 
 def publish_new_version(
-    run: RunContext, name: str, vocabulary: VersionVocabulary, job: Callable[[NewVersion, Path], Report]
+    run: RunContext, name: str, vocabulary: VersionVocabulary, job: Callable[[NewVersion, work_dir.WorkPath], Report]
 ) -> tuple[Report, str, list[str]]:
     """Run `job(new_version, run_folder)` into a new version of the output and publish it with its
     samples checked; then delete the run folders of versions the store no longer holds. A version

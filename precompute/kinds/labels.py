@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
@@ -91,7 +90,7 @@ class Labels(OutputKind):
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
         from precompute.jobs import progress, work_dir
         from precompute.jobs.content_cache import promote
-        from precompute.jobs.labels import run_labels_job
+        from precompute.jobs.labels import STAGED, run_labels_job
         from precompute.models.label_head import load_head
         from precompute.models.label_training import loses_to_baseline
 
@@ -131,7 +130,7 @@ class Labels(OutputKind):
                     output=name,
                 ),
             )
-            promote(cache, Path(labelled.staged))
+            promote(cache, work_dir.run_dir(run.work_dir, name, version) / STAGED)
             return labelled, version, deleted
 
         labelled, version, deleted = run.step("label", label)

@@ -115,7 +115,7 @@ class Recs(OutputKind):
             model's held-out NDCG@10 beats most-popular's by `min_lift`."""
             items = staged_items(embeddings)
 
-            def job(new: NewVersion, folder: Path) -> RecsJobReport:
+            def job(new: NewVersion, folder: work_dir.WorkPath) -> RecsJobReport:
                 """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
                 current = new.store.current(new.output)
                 previous = None

@@ -16,6 +16,7 @@ from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
 from precompute.jobs.content_cache import previous_run
 from precompute.jobs.staging import committed_dataset
+from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
@@ -145,10 +146,10 @@ def test_a_worker_node_killed_mid_embedding_publishes_every_row_once(
     valid = docs["rows"] - docs["rejects"]
     assert docs["rows"] == 834 and docs["computed"] == valid and docs["validation"]["count"] == valid
     assert [p.name for p in runs.iterdir()] == [docs["version"]]  # the job survived: no retried attempt
-    run_dir = runs / docs["version"] / "embeddings"
+    run_dir = WorkPath.of(runs / docs["version"] / "embeddings")
     ids = committed_dataset(run_dir).to_table(columns=["id"])["id"].to_pylist()
     assert len(ids) == len(set(ids)) == valid
-    cached = committed_dataset(previous_run(environment / "work" / "cache" / "docs")).to_table(columns=["id"])
+    cached = committed_dataset(previous_run(WorkPath.of(environment / "work" / "cache" / "docs"))).to_table(columns=["id"])
     assert sorted(cached["id"].to_pylist()) == sorted(ids)
     with open_vector_store(VectorStoreSettings(), "docs") as store:
         assert store.current() == docs["version"] and store.count(docs["version"]) == valid

@@ -1,7 +1,8 @@
 """A warehouse export on object storage, end to end: hive-partitioned Parquet on an S3-compatible
 server (moto, a separate process over HTTP), integer ids, dictionary-encoded text and labels,
 Arrow timestamps. The nightly flow reads the partitions `where` names, publishes all three
-outputs, and the service answers the integer ids as integers."""
+outputs with its work directory in the same bucket, and the service answers the integer ids as
+integers; the next night reads its caches from there."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+import ray
 from starlette.testclient import TestClient
 
 from precompute.flows.nightly import nightly
+from precompute.jobs.ray_session import start_local, stop_local
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
 from precompute.stores.redis_server import free_port
+from tests.conftest import LOCAL_RAY
 from tests.flows.conftest import CONTENT_RECS
 from tests.lookup.apps import app_of
 from tests.waiting import wait_for
@@ -29,6 +33,7 @@ from tests.waiting import wait_for
 BUCKET = "warehouse"
 DAYS = ("2026-11-25", "2026-11-26")
 """The partitions the pipeline file reads; a third day beside them holds only broken rows."""
+CREDENTIALS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
 
 
 @pytest.fixture
@@ -44,12 +49,7 @@ def s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pafs.S3FileS
         endpoint = f"http://127.0.0.1:{port}"
         wait_for(lambda: _answers(endpoint) or server.poll() is not None, "moto's S3 server")
         assert server.poll() is None, (tmp_path / "moto.log").read_text()[-2000:]
-        for name, value in {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }.items():
+        for name, value in zip(CREDENTIALS, (endpoint, "test", "test", "us-east-1"), strict=True):
             monkeypatch.setenv(name, value)
         fs = pafs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True)
         fs.create_dir(BUCKET)
@@ -58,6 +58,25 @@ def s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pafs.S3FileS
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture
+def ray_with_credentials(s3) -> Iterator[None]:
+    """A local Ray whose workers hold the credentials, from their environment as a cluster's
+    nodes would (the run's shared Ray started before `s3` set them: anonymous writes, which moto
+    stores with their chunk framing). The shared one is started again after, without them."""
+    had_local = ray.is_initialized()
+    stop_local()
+    start_local(**LOCAL_RAY)
+    try:
+        yield
+    finally:
+        stop_local()
+        if had_local:
+            with pytest.MonkeyPatch.context() as env:
+                for name in CREDENTIALS:
+                    env.delenv(name, raising=False)
+                start_local(**LOCAL_RAY)
 
 
 def _answers(endpoint: str) -> bool:
@@ -103,7 +122,7 @@ def export(small_corpus: Path, fs: pafs.S3FileSystem) -> dict[str, int]:
 
 
 def test_a_partitioned_export_on_object_storage_publishes_three_outputs_answered_by_integer_ids(
-    prefect_api, ray_local, settings, small_corpus: Path, redis_url: str, s3, tmp_path: Path, monkeypatch
+    prefect_api, ray_with_credentials, settings, small_corpus: Path, redis_url: str, s3, tmp_path: Path, monkeypatch
 ) -> None:
     numbers = export(small_corpus, s3)
     where = f'where = {{ dt = ["{DAYS[0]}", "{DAYS[1]}"] }}'
@@ -114,7 +133,7 @@ def test_a_partitioned_export_on_object_storage_publishes_three_outputs_answered
         "PRECOMPUTE_PIPELINE": str(pipeline),
         "PRECOMPUTE_REDIS_URL": redis_url,
         "PRECOMPUTE_REDIS_PREFIX": f"s3{tmp_path.name}",
-        "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
+        "PRECOMPUTE_JOB_WORK_DIR": f"s3://{BUCKET}/precompute",
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
         "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
     }.items():
@@ -127,6 +146,7 @@ def test_a_partitioned_export_on_object_storage_publishes_three_outputs_answered
     assert (embeddings["rows"], embeddings["rejects"]) == (204, 4)
     assert (labels["items"], labels["rejects"]) == (200, 4)
     assert recs["users"] > 10
+    assert_work_dir_in_the_bucket(s3, report)
 
     item = numbers[pq.read_table(small_corpus)["id"][10].as_py()]
     app = app_of(ServiceSettings(warmup_queries=1), settings, pipeline=load_pipeline(pipeline))
@@ -140,3 +160,34 @@ def test_a_partitioned_export_on_object_storage_publishes_three_outputs_answered
         assert listed["id"] == user and all(isinstance(entry["id"], int) for entry in listed["items"])
         batch = client.post("/v1/recs:batchGet", json={"ids": [user, "2", 99999]}).json()
         assert [r["id"] for r in batch["results"]] == [1, 2] and batch["missing"] == [99999]
+
+    # The next night reads what the first left in the bucket: every embedding and label from the
+    # caches, every user's list copied from the recs state.
+    again = nightly()
+    assert again["failed"] == {}
+    assert (again["outputs"]["embeddings"]["reused"], again["outputs"]["embeddings"]["computed"]) == (200, 0)
+    assert (again["outputs"]["labels"]["reused"], again["outputs"]["labels"]["computed"]) == (200, 0)
+    assert again["outputs"]["recs"]["mode"] == "incremental"
+    assert again["outputs"]["recs"]["rescored"] == 0
+
+
+def assert_work_dir_in_the_bucket(fs: pafs.S3FileSystem, report: dict) -> None:
+    """Reports, metrics, rejects, committed parts, cache pointers and recs state are objects in
+    the bucket, under the work directory's prefix."""
+    work = f"{BUCKET}/precompute"
+    objects = {f.path.removeprefix(work + "/") for f in fs.get_file_info(pafs.FileSelector(work, recursive=True))}
+    versions = {name: report["outputs"][name]["version"] for name in ("embeddings", "labels", "recs")}
+    assert {
+        f"reports/{report['run']}.json",
+        f"reports/{report['run']}.html",
+        "metrics/nightly.prom",
+        f"runs/embeddings/{versions['embeddings']}/rejects.parquet",
+        f"runs/embeddings/{versions['embeddings']}/embeddings/manifest.json",
+        f"runs/labels/{versions['labels']}/labels/manifest.json",
+        f"runs/recs/{versions['recs']}/recs_state/model.json",
+        "cache/embeddings/CURRENT",
+        "cache/labels/CURRENT",
+    } <= objects
+    rejects = pq.read_table(f"{work}/runs/embeddings/{versions['embeddings']}/rejects.parquet", filesystem=fs)
+    assert rejects.num_rows == 4
+    assert not [name for name in objects if name.endswith(".tmp")]

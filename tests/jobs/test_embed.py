@@ -18,6 +18,7 @@ from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
 from precompute.jobs.validate import RejectRatioExceededError
+from precompute.jobs.work_dir import WorkPath
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import VectorStore, open_vector_store
 
@@ -55,7 +56,7 @@ def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job, c
     assert report.engine["precision"] in ("int8", "int8-mixed") and report.engine["gates"][-1]["passed"]
 
 
-def staged(job: JobSettings, version: str) -> Path:
+def staged(job: JobSettings, version: str) -> WorkPath:
     return job.work_dir / "runs" / "embeddings" / version / "embeddings"
 
 
@@ -78,7 +79,7 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
 ) -> None:
     first = run_embed_job("v1", store, corpus, job, settings)
     # A part no completed write returned (a killed write task's): neither the cache nor a reader sees it.
-    shutil.copy(committed_parts(staged(job, "v1"))[0], staged(job, "v1") / "part-orphan.parquet")
+    shutil.copy(committed_parts(staged(job, "v1"))[0], str(staged(job, "v1") / "part-orphan.parquet"))
     assert len(staged_vectors(staged(job, "v1"))[0]) == first.loaded
 
     table = pq.read_table(small_corpus).to_pylist()

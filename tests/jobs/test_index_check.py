@@ -20,6 +20,7 @@ import pytest
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
 from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
 from precompute.jobs.staging import commit
+from precompute.jobs.work_dir import WorkPath
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import GRAPH_KEY, GraphParams, SearchParams
@@ -40,13 +41,13 @@ IDS = [f"doc-{i}" for i in range(ROWS)]
 VECTORS = embeddings(ROWS, seed=0)
 
 
-def staged(tmp_path: Path, vectors: np.ndarray = VECTORS) -> Path:
+def staged(tmp_path: Path, vectors: np.ndarray = VECTORS) -> WorkPath:
     """A run directory whose committed part holds what the job embedded."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     pq.write_table(pa.table({"id": IDS, EMBEDDING: embeddings_column(vectors)}), run_dir / "part-0.parquet")
-    commit(run_dir, [{"name": "part-0.parquet", "rows": ROWS, "computed": ROWS}])
-    return run_dir
+    commit(WorkPath.of(run_dir), [{"name": "part-0.parquet", "rows": ROWS, "computed": ROWS}])
+    return WorkPath.of(run_dir)
 
 
 def store(
@@ -201,7 +202,7 @@ def test_a_graph_that_search_alone_cannot_take_to_min_recall_is_built_denser_the
     """A sparse graph searched with one candidate at most (max_ef=1) passes only by exact scan:
     the check asks the next build for twice the links and construction width, which the next
     version is built with; with the scan off the refusal says so too."""
-    cache = tmp_path / "cache"
+    cache = WorkPath.of(tmp_path / "cache")
     sparse = GraphParams(m=4, ef_construct=8)
     with store(tmp_path, IDS, VECTORS, full_scan_threshold_kb=1, hnsw_ef=1, graph=sparse) as version:
         run_dir = staged(tmp_path)

@@ -22,6 +22,7 @@ from precompute.jobs.recs_spec import RecsSpec, SequenceSpec
 from precompute.jobs.recs_state import SEQUENCE_WEIGHTS, STATE, Items, Previous
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import REASON
+from precompute.jobs.work_dir import WorkPath
 from precompute.pipeline import PipelineError, load_pipeline
 from precompute.stores.records import decode_ranked
 from tests.jobs.recs_inputs import ParquetSink
@@ -150,7 +151,7 @@ def test_the_job_orders_each_history_by_a_warehouse_timestamp(ray_local, tmp_pat
         JobSettings(),
         Items(ids, vectors, content_keys("random", ids)),
         ParquetSink(tmp_path / "out"),
-        tmp_path / "work",
+        WorkPath.of(tmp_path / "work"),
     )
     assert (report.rows, report.rejects, report.users) == (USERS * STEPS, 0, USERS)
     latest: dict[str, tuple[int, str]] = {}
@@ -184,7 +185,7 @@ def test_a_sequence_night_stages_its_weights_and_the_next_night_starts_from_them
             JobSettings(),
             catalogue,
             sink,
-            work,
+            WorkPath.of(work),
             previous=previous,
         )
         assert report.quality.published == "sequence" and report.users == USERS
@@ -193,5 +194,5 @@ def test_a_sequence_night_stages_its_weights_and_the_next_night_starts_from_them
     first = night(tmp_path / "first", None)
     assert first["training"]["start"] == "cold" and first["engines"]["gates"][0]["precision"] == "fp32"
     assert (tmp_path / "first" / STATE / SEQUENCE_WEIGHTS).is_file()
-    second = night(tmp_path / "second", Previous("v1", tmp_path / "first", range(0, 1000)))
+    second = night(tmp_path / "second", Previous("v1", WorkPath.of(tmp_path / "first"), range(0, 1000)))
     assert second["training"]["start"] == f"warm: {CATALOGUE} of {CATALOGUE} items' weights carried over"

@@ -20,6 +20,7 @@ from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import Items
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import RejectRatioExceededError
+from precompute.jobs.work_dir import WorkPath
 from precompute.models.settings import EngineSettings
 from precompute.models.towers import (
     FeaturesInput,
@@ -110,14 +111,14 @@ def test_the_job_ranks_by_the_users_own_towers_and_quarantines_feature_rows_it_c
 ) -> None:
     spec, items, interactions = towers_data
     settings = RecsSpec(k=K, model="towers", content_weight=0, popularity_weight=0)
-    own = own_towers(spec, items.ids, tmp_path / "work", EngineSettings(cache_dir=tmp_path / "cache"))
+    own = own_towers(spec, items.ids, WorkPath.of(tmp_path / "work"), EngineSettings(cache_dir=tmp_path / "cache"))
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
         settings,
         JobSettings(),
         items,
         ParquetSink(tmp_path / "out"),
-        tmp_path / "work",
+        WorkPath.of(tmp_path / "work"),
         own=own,
     )
 
@@ -244,6 +245,6 @@ def test_feature_rows_past_the_reject_ratio_fail_the_job_with_their_reasons_kept
     spec, items, _ = towers_data
     strict = spec.model_copy(update={"users": spec.users.model_copy(update={"max_reject_ratio": 0.01})})
     with pytest.raises(RejectRatioExceededError, match=r"^5 of \d+ user features rejected, over max_reject_ratio=0\.01"):
-        own_towers(strict, items.ids, tmp_path / "work", EngineSettings(cache_dir=tmp_path / "cache"))
+        own_towers(strict, items.ids, WorkPath.of(tmp_path / "work"), EngineSettings(cache_dir=tmp_path / "cache"))
     rejects = pq.read_table(tmp_path / "work" / "user_features_rejects.parquet")
     assert rejects.num_rows == 5 and set(rejects.column_names) >= {"user_id", "reject_reason"}

@@ -14,6 +14,7 @@ from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import top_k
 from precompute.jobs.validate import RejectRatioExceededError
+from precompute.jobs.work_dir import WorkPath
 from precompute.stores.records import decode_ranked
 from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
 
@@ -65,7 +66,7 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
         JobSettings(users_per_block=256),
         items,
         ParquetSink(tmp_path / "out"),
-        tmp_path / "work",
+        WorkPath.of(tmp_path / "work"),
         before_write=lambda users, copy: sized.append((users, copy, (tmp_path / "out").exists())),
     )
 
@@ -126,5 +127,5 @@ def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: 
     with pytest.raises(
         RejectRatioExceededError, match=r"7 of \d+ interactions rejected, over max_reject_ratio=0.001"
     ):
-        run_recs_job(strict, RecsSpec(), JobSettings(), items, ParquetSink(tmp_path / "out"), tmp_path / "work")
+        run_recs_job(strict, RecsSpec(), JobSettings(), items, ParquetSink(tmp_path / "out"), WorkPath.of(tmp_path / "work"))
     assert not (tmp_path / "out").exists()

@@ -20,6 +20,7 @@ from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import Items, Previous, model_fingerprint, plan
 from precompute.jobs.settings import JobSettings
+from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_versions import CopyPlan, NewVersion
 from precompute.stores.records import decode_ranked
@@ -51,7 +52,7 @@ def recs_run(
         JobSettings(users_per_block=256),
         items,
         ParquetSink(run_dir / "out"),
-        run_dir,
+        WorkPath.of(run_dir),
         before_write=lambda users, copy: plans.append(copy),
         items_model=MODEL,
         previous=previous,
@@ -70,7 +71,7 @@ def published(ray_local, items: Items, interactions: Path, tmp_path_factory: pyt
 
 
 def previous_of(published: Run, users: range = range(10**6)) -> Previous:
-    return Previous("20261124T030000Z-aaaaaa", Path(published.report.rejects_path).parent, users)
+    return Previous("20261124T030000Z-aaaaaa", WorkPath.of(published.report.rejects_path).parent, users)
 
 
 def assert_same_values(got: dict[str, bytes], want: dict[str, bytes]) -> None:
@@ -180,7 +181,7 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
     assert reason(model="mpnet") == "items_model changed from 'minilm' to 'mpnet'"
     assert reason(added) == "the items changed: 1 added, 0 removed"
     assert reason(removed) == "the items changed: 0 added, 1 removed"
-    nothing = Previous(previous.version, tmp_path, previous.users)
+    nothing = Previous(previous.version, WorkPath.of(tmp_path), previous.users)
     assert plan(model_fingerprint(MODEL, 10, scoring(), items.ids, RECIPE), items, nothing).reason == (
         "the published version 20261124T030000Z-aaaaaa left no recs state"
     )
@@ -193,7 +194,7 @@ def test_a_collaborative_model_copies_nobody_once_it_is_retrained(
     same interactions it is the same model, and the rerun copies everyone."""
     first = recs_run(items, interactions, tmp_path / "first", model="ease")
     assert first.report.users == len(first.written)
-    previous = Previous("20261124T030000Z-bbbbbb", tmp_path / "first", range(10**6))
+    previous = Previous("20261124T030000Z-bbbbbb", WorkPath.of(tmp_path / "first"), range(10**6))
     same = recs_run(items, interactions, tmp_path / "same", previous, model="ease")
     assert (same.report.mode, same.report.rescored) == ("incremental", 0)
     rows = good_rows(interactions)[1:]
@@ -219,7 +220,7 @@ def redis_run(
             JobSettings(users_per_block=256),
             items,
             new.sink(),
-            run_dir,
+            WorkPath.of(run_dir),
             new.create,
             items_model=MODEL,
             previous=previous,
@@ -243,7 +244,7 @@ def test_the_copy_plan_carried_out_in_redis_serves_copied_users_as_before_and_re
     assert len(before) == report.users
     moved, changed, gone = moved_interactions(items, interactions, tmp_path)
 
-    previous = Previous(first, tmp_path / "first", range(0))  # its bucket fit: the store says
+    previous = Previous(first, WorkPath.of(tmp_path / "first"), range(0))  # its bucket fit: the store says
     _, rerun, after = redis_run(items, moved, tmp_path / "second", redis, previous)
     assert (rerun.mode, rerun.rescored, rerun.copied) == ("incremental", 2, report.users - 2)
     assert gone not in after and set(after) == set(before) - {gone} | {"u-new"}

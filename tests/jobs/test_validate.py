@@ -12,6 +12,7 @@ import ray
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.validate import REASON, RejectRatioExceededError, quarantine, validated_corpus
+from precompute.jobs.work_dir import WorkPath
 
 ROWS = 200
 
@@ -24,7 +25,7 @@ def tagged(bad: int) -> ray.data.Dataset:
 @pytest.mark.parametrize("bad", [0, 2])
 def test_a_reject_ratio_at_its_limit_passes_with_every_bad_row_kept(ray_local, bad: int, tmp_path: Path) -> None:
     path = tmp_path / "work" / "embeddings" / "rejects.parquet"  # its folders made as needed
-    assert quarantine(tagged(bad), ROWS, 2 / ROWS, path) == bad  # 2 of 200 is exactly 1%
+    assert quarantine(tagged(bad), ROWS, 2 / ROWS, WorkPath.of(path)) == bad  # 2 of 200 is exactly 1%
     assert pq.read_table(path).num_rows == bad if bad else not path.exists()
 
 
@@ -33,7 +34,7 @@ def test_one_row_past_the_limit_fails_naming_the_count_and_where_the_reasons_are
 ) -> None:
     path = tmp_path / "rejects.parquet"
     with pytest.raises(RejectRatioExceededError) as raised:
-        quarantine(tagged(3), ROWS, 2 / ROWS, path, noun="interactions")
+        quarantine(tagged(3), ROWS, 2 / ROWS, WorkPath.of(path), noun="interactions")
     assert str(raised.value) == f"3 of 200 interactions rejected, over max_reject_ratio=0.01; reasons in {path}"
     assert pq.read_table(path).num_rows == 3  # kept, with their reasons, though the job fails
 
@@ -73,7 +74,7 @@ def test_every_bad_row_is_quarantined_with_its_reason_and_the_good_ones_read_bac
     corpus = CorpusInput(path=str(path), id="key", text="body", max_text_bytes=20, max_reject_ratio=0.9)
     rejects_path = tmp_path / "rejects.parquet"
 
-    good, read, rejected = validated_corpus(corpus, rejects_path)
+    good, read, rejected = validated_corpus(corpus, WorkPath.of(rejects_path))
 
     assert (read, rejected) == (11, 9)
     assert sorted(good.take_all(), key=lambda r: r["id"]) == [

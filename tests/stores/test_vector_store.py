@@ -28,6 +28,7 @@ from qdrant_client import QdrantClient
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
 from precompute.jobs.index_check import check_index
 from precompute.jobs.staging import commit
+from precompute.jobs.work_dir import WorkPath
 from precompute.stores.errors import StoreError, VersionNotFoundError
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.qdrant_server_store import QdrantServerStore
@@ -342,18 +343,18 @@ def clustered(n: int, dim: int, seed: int) -> np.ndarray:
     return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
 
 
-def int8_version(store: VectorStore, tmp_path: Path) -> tuple[list[str], np.ndarray, Path]:
+def int8_version(store: VectorStore, tmp_path: Path) -> tuple[list[str], np.ndarray, WorkPath]:
     """Writes a 2000-point INT8 version V1 and its run directory, for the recall gate to read."""
     ids = [f"doc-{i}" for i in range(2000)]
     vectors = clustered(len(ids), 64, seed=1)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     pq.write_table(pa.table({"id": ids, EMBEDDING: embeddings_column(vectors)}), run_dir / "part-0.parquet")
-    commit(run_dir, [{"name": "part-0.parquet", "rows": len(ids), "computed": len(ids)}])
+    commit(WorkPath.of(run_dir), [{"name": "part-0.parquet", "rows": len(ids), "computed": len(ids)}])
     store.create_version(V1, 64, quantization="int8")
     store.upsert(V1, ids, vectors, [{} for _ in ids])
     store.finalize(V1)
-    return ids, vectors, run_dir
+    return ids, vectors, WorkPath.of(run_dir)
 
 
 def assert_exact_answers(store: VectorStore, ids: list[str], vectors: np.ndarray) -> None:

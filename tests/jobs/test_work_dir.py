@@ -1,0 +1,62 @@
+"""The work directory's paths (jobs/work_dir.py) on local disk: what the tests of the flow on
+object storage (tests/flows/test_object_storage.py) exercise on an S3 server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from precompute.jobs import work_dir
+from precompute.jobs.content_cache import POINTER, previous_run, promote
+from precompute.jobs.staging import commit
+from precompute.jobs.work_dir import WorkPath
+
+
+def committed(run: WorkPath) -> WorkPath:
+    commit(run, [])
+    return run
+
+
+def test_a_cache_pointer_names_its_run_relative_to_the_cache_so_a_moved_work_dir_keeps_it(tmp_path: Path) -> None:
+    work = WorkPath.of(tmp_path / "work")
+    run = committed(work_dir.run_dir(work, "docs", "v1") / "embeddings")
+    cache = work_dir.cache_dir(work, "docs")
+    promote(cache, run)
+    assert (cache / POINTER).read_text() == "../../runs/docs/v1/embeddings"
+    assert previous_run(cache) == run
+
+    (tmp_path / "work").rename(tmp_path / "moved")
+    moved = WorkPath.of(tmp_path / "moved")
+    assert previous_run(work_dir.cache_dir(moved, "docs")) == moved / "runs" / "docs" / "v1" / "embeddings"
+
+
+def test_a_pointer_written_before_holds_an_absolute_path_and_is_still_read(tmp_path: Path) -> None:
+    run = committed(WorkPath.of(tmp_path / "runs" / "docs" / "v1"))
+    cache = WorkPath.of(tmp_path / "cache" / "docs")
+    cache.mkdir()
+    Path(cache.path, POINTER).write_text(str(tmp_path / "runs" / "docs" / "v1"))
+    assert previous_run(cache) == run
+
+
+def test_a_file_is_replaced_whole_and_leaves_nothing_beside_it(tmp_path: Path) -> None:
+    report = WorkPath.of(tmp_path) / "reports" / "run.json"
+    report.write_text(json.dumps({"a": 1}))
+    report.write_text(json.dumps({"a": 2}))
+    assert json.loads(report.read_text()) == {"a": 2}
+    assert [p.name for p in report.parent.iterdir()] == ["run.json"]
+
+
+def test_runs_of_versions_the_store_no_longer_holds_are_deleted_and_newer_ones_kept(tmp_path: Path) -> None:
+    runs = work_dir.runs(WorkPath.of(tmp_path), "docs")
+    for version in ("v1", "v2", "v3", "v4"):
+        committed(runs / version)
+    work_dir.collect_runs(runs, current="v3", kept={"v2"})
+    assert sorted(p.name for p in runs.iterdir()) == ["v2", "v3", "v4"]
+
+
+def test_what_stays_on_this_machine_goes_beside_a_local_work_dir_and_apart_for_a_uri(tmp_path: Path) -> None:
+    assert WorkPath.of(tmp_path).machine_dir() == tmp_path
+    remote = WorkPath(WorkPath.of(tmp_path).fs, "bucket/precompute", "s3")
+    assert str(remote) == "s3://bucket/precompute" and remote.local is None
+    assert remote.machine_dir() == work_dir.LOCAL_STATE / "remote" / remote.machine_dir().name
+    assert remote.machine_dir() != WorkPath(remote.fs, "bucket/other", "s3").machine_dir()
