@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from precompute.flows.run_metrics import JOB, publish_run_metrics
+from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.stores.redis_server import free_port
 from tests.faults.service import published_service
@@ -149,7 +150,7 @@ def test_prometheus_scrapes_the_service_and_a_runs_metrics(
 
 def scrape(base: str, gateway: str, prometheus: str, tmp_path: Path) -> None:
     """Traffic and a run's metrics in; Prometheus's view of both out."""
-    publish_run_metrics(report(), "demo", 42.0, time.time(), tmp_path / "work", f"http://{gateway}")
+    publish_run_metrics(report(), "demo", 42.0, time.time(), WorkPath.of(tmp_path / "work"), f"http://{gateway}")
     for _ in range(5):
         assert httpx.get(f"{base}/v1/labels/{ITEMS[0]}").status_code == 200
 
