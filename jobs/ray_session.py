@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -84,9 +84,14 @@ def _is_ray(process: psutil.Process) -> bool:
         return False
 
 
+_deferred: list[Callable[[], None]] | None = None
+"""While a ray_stopped_last block is open: the shutdowns of the Ray sessions started in it."""
+
+
 @contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
-    """A caller that already initialised Ray (a test, a flow) keeps its session and owns its shutdown.
+    """A caller that already initialised Ray (a test, a flow) keeps its session and owns its
+    shutdown; inside ray_stopped_last, the block does.
 
     Parquet is read through Ray Data's first datasource: its second (2.60's default) starts 32
     FooterReader actors, one process each, for every read, to fetch the footers of what here is
@@ -99,13 +104,34 @@ def ray_session(address: str | None) -> Iterator[None]:
         init(address=address)
     else:
         start_local(len(os.sched_getaffinity(0)))
+    stop = ray.shutdown if address else stop_local
+    if _deferred is not None:
+        _deferred.append(stop)
+        yield
+        return
     try:
         yield
     finally:
-        if address:
-            ray.shutdown()
-        else:
-            stop_local()
+        stop()
+
+
+@contextmanager
+def ray_stopped_last() -> Iterator[None]:
+    """Ray that a job in this block starts stays up until the block exits, so what encloses the
+    job inside the block cleans up first: a run stopped by SIGTERM deletes its unpublished
+    version before Ray's shutdown, which takes seconds under load and which the runner's kill,
+    after its grace period, would otherwise cut short with the version still there."""
+    global _deferred
+    if _deferred is not None:
+        yield
+        return
+    _deferred = []
+    try:
+        yield
+    finally:
+        stops, _deferred = _deferred, None
+        for stop in stops:
+            stop()
 
 
 BATCH_RETRIES = 3

@@ -59,6 +59,8 @@ def publish_new_version(
     """Run `job(new_version, run_folder)` into a new version of the output and publish it with its
     samples checked; then delete the run folders of versions the store no longer holds. A version
     that failed before its publish is dropped whole. Returns (job report, version, versions deleted)."""
+    from precompute.jobs.ray_session import ray_stopped_last  # Ray: for the jobs, not the service
+
     runs = work_dir.runs(run.work_dir, name)
     meta = {
         "vocabulary": vocabulary.entries,
@@ -66,6 +68,7 @@ def publish_new_version(
         "integer_vocabulary": vocabulary.integer_entries,
     }
     with (
+        ray_stopped_last(),  # after the version is dropped, if the job fails or is stopped
         KeyValueStore(run.machine.redis) as store,
         NewVersion(store, run.pipeline.store(name), meta) as new,
     ):

@@ -4,13 +4,16 @@ process each, for every read; a job's session reads through the first datasource
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import ray
 from ray.data import DataContext
 
-from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.ray_session import actor_pool, ray_session, ray_stopped_last, start_local, stop_local
+from tests.conftest import LOCAL_RAY
 
 
 def footer_readers() -> int:
@@ -49,3 +52,30 @@ def test_a_batch_that_kills_its_actor_every_time_fails_the_job_after_bounded_ret
     with pytest.raises(ray.exceptions.ActorDiedError):
         rows.map_batches(Poisoned, batch_size=8, **actor_pool(1, gpus=False)).materialize()
     assert sum(1 for _ in rows.map_batches(lambda b: b).iter_rows()) == 64  # Ray itself carries on
+
+
+def test_ray_a_job_starts_in_a_stopped_last_block_is_stopped_after_what_encloses_the_job_cleaned_up() -> None:
+    """A keyed output's version is dropped before Ray's shutdown when its job fails or is
+    stopped (precompute/kinds/keyed.py): the drop sees Ray still up, and Ray is down after."""
+    had_local = ray.is_initialized()
+    stop_local()
+    dropped_with_ray_up = []
+
+    @contextmanager
+    def new_version() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            dropped_with_ray_up.append(ray.is_initialized())
+
+    try:
+        with pytest.raises(KeyboardInterrupt), ray_stopped_last(), new_version():
+            with ray_session(None):
+                assert ray.get(ray.put(1)) == 1
+            assert ray.is_initialized()  # the session handed its shutdown to the block
+            raise KeyboardInterrupt  # as Prefect raises on SIGTERM
+        assert dropped_with_ray_up == [True] and not ray.is_initialized()
+    finally:
+        stop_local()
+        if had_local:
+            start_local(**LOCAL_RAY)
