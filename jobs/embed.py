@@ -31,7 +31,6 @@ from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset
 from precompute.jobs.validate import validated_corpus
-from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine, load_encoder
 from precompute.stores.vector_settings import Quantization
 from precompute.stores.vectors import GRAPH_KEY, VectorStore
@@ -93,7 +92,7 @@ def payload_kind(kind: pa.DataType) -> str:
 
 
 def load_version(
-    store: VectorStore, version: str, run_dir: WorkPath, meta: dict[str, Any], quantization: Quantization = "none"
+    store: VectorStore, version: str, run_dir: work_dir.WorkPath, meta: dict[str, Any], quantization: Quantization = "none"
 ) -> int:
     """Bulk-load staged parts into a new, unpublished version; index it; return its count."""
     parts = committed_dataset(run_dir)

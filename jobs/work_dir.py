@@ -91,9 +91,15 @@ class WorkPath:
         if not self.scheme:
             self.fs.create_dir(self.path, recursive=True)
 
+    def _listed(self) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+
     def iterdir(self) -> list[WorkPath]:
-        found = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
-        return [WorkPath(self.fs, f.path, self.scheme) for f in found]
+        return [WorkPath(self.fs, f.path, self.scheme) for f in self._listed()]
+
+    def folders(self) -> list[WorkPath]:
+        """The folders in this one, typed by the one listing: no request per entry on object storage."""
+        return [WorkPath(self.fs, f.path, self.scheme) for f in self._listed() if f.type == pafs.FileType.Directory]
 
     def glob(self, pattern: str) -> list[WorkPath]:
         """Entries of this folder whose names match `pattern`."""
@@ -148,8 +154,8 @@ def cache_dir(work_dir: WorkPath, output: str) -> WorkPath:
 def collect_runs(runs: WorkPath, current: str | None, kept: set[str]) -> None:
     """Delete the run folders (staged parts, rejects) of versions the store no longer holds,
     and of runs killed before they made one; newer folders are runs in progress."""
-    if current is None or not runs.is_dir():
+    if current is None:
         return
-    for run in runs.iterdir():
-        if run.is_dir() and run.name < current and run.name not in kept:
+    for run in runs.folders():
+        if run.name < current and run.name not in kept:
             run.rmtree()
