@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: demo test mutation redis-server test-tools
+.PHONY: demo test mutation redis-server test-tools gpu-check-files
 
 $(BIN)/precompute: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version) if sys.version_info < (3, 11) else None'
@@ -45,3 +45,14 @@ mutation: $(BIN)/precompute redis-server
 	  $(BIN)/cosmic-ray exec tests/mutation/$$area.toml .mutation/$$area.sqlite && \
 	  $(BIN)/cr-report .mutation/$$area.sqlite --surviving-only --show-diff || exit 1; \
 	done
+
+# What bench/gpu_check.sh needs on a GPU machine with no network and no pydantic (../shared/GPU.md):
+# the wheels of pydantic and pydantic-settings for its Python 3.12, and the bundled model saved in
+# FP16 by sentence-transformers (half the size; the check times speed, and gates FP16 against FP32).
+GPU_WHEELS := pydantic pydantic-core pydantic-settings annotated-types typing-inspection python-dotenv
+gpu-check-files: $(BIN)/precompute
+	rm -rf .gpu && mkdir -p .gpu/wheels
+	$(BIN)/python -c 'from sentence_transformers import SentenceTransformer; from precompute.models.source import bundled_encoder; SentenceTransformer(str(bundled_encoder().folder), device="cpu").half().save(".gpu/model")'
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
+	  $(foreach w,$(GPU_WHEELS),$(w)==$$($(BIN)/pip show $(w) | sed -n 's/^Version: //p'))

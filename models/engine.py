@@ -76,9 +76,9 @@ def load_encoder(engine: Engine) -> Encoder:
     for precision in precision_ladder(engine.policy.precision, device, runner_cls.name):
         for variant in build.variants(precision):
             engine_dir, hit = build.engine(precision, variant)
-            runner = runner_cls.open(engine_dir, device, threads, source)
+            runner = runner_cls.open(engine_dir, device, threads, source, precision)
             mixed = variant in MIXED_SHARES  # its gate names the share, its report "int8-mixed"
-            if runner_cls.name != "torch":  # the reference needs no gate against itself
+            if (runner_cls.name, precision) != ("torch", "fp32"):  # the reference needs no gate
                 gates.append(build.gate(engine_dir, variant if mixed else precision, runner, tokenizer))
                 if not gates[-1].passed:
                     runner.close()

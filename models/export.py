@@ -32,11 +32,9 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
 class SentenceEncoder(torch.nn.Module):
     """Transformer, pooling, optional L2 normalisation: a sentence encoder end to end."""
 
-    def __init__(self, source: ModelSource) -> None:
+    def __init__(self, source: ModelSource, attention: str) -> None:
         super().__init__()
-        # Eager attention exports as MatMul/Softmax with an additive mask. The SDPA export adds
-        # Where/IsNaN guards over every score, which cost CPU time (README, "Figures behind the defaults").
-        self.transformer = AutoModel.from_pretrained(source.folder, attn_implementation="eager")
+        self.transformer = AutoModel.from_pretrained(source.folder, attn_implementation=attention, dtype=torch.float32)
         self.pooling, self.normalize = source.pooling, source.normalize
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -48,10 +46,10 @@ class SentenceEncoder(torch.nn.Module):
 class TextClassifier(torch.nn.Module):
     """A sequence classifier's logits turned into probabilities: softmax, or sigmoid per label."""
 
-    def __init__(self, source: ModelSource) -> None:
+    def __init__(self, source: ModelSource, attention: str) -> None:
         super().__init__()
         self.classifier = AutoModelForSequenceClassification.from_pretrained(
-            source.folder, attn_implementation="eager"
+            source.folder, attn_implementation=attention, dtype=torch.float32
         )
         self.multi_label = source.multi_label
 
@@ -60,10 +58,15 @@ class TextClassifier(torch.nn.Module):
         return torch.sigmoid(logits) if self.multi_label else torch.softmax(logits, dim=-1)
 
 
-def load_reference(source: ModelSource) -> torch.nn.Module:
-    """The FP32 PyTorch model every engine of `source` is checked against."""
+def load_reference(source: ModelSource, attention: str = "eager") -> torch.nn.Module:
+    """The FP32 PyTorch model every engine of `source` is checked against: FP32 also where the
+    folder holds FP16 weights (transformers would load them as saved), so the export is FP32 too.
+
+    Eager attention (the default) exports as MatMul/Softmax with an additive mask; the SDPA export
+    adds Where/IsNaN guards over every score, which cost CPU time (README, "Figures behind the
+    defaults"). On a GPU, PyTorch itself runs SDPA's fused kernels."""
     transformers_logging.disable_progress_bar()  # a per-load bar is noise in job logs
-    module = SentenceEncoder(source) if source.task == "embed" else TextClassifier(source)
+    module = SentenceEncoder(source, attention) if source.task == "embed" else TextClassifier(source, attention)
     return module.eval()
 
 

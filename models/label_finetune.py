@@ -60,7 +60,7 @@ def train(
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(source.folder)
-    model = AutoModel.from_pretrained(source.folder).to(device).train()
+    model = AutoModel.from_pretrained(source.folder, dtype=torch.float32).to(device).train()
     layer = torch.nn.Linear(source.dim, len(labelled.names)).to(device)
     optimizer = torch.optim.AdamW(
         [{"params": model.parameters(), "lr": 5e-5}, {"params": layer.parameters(), "lr": 2e-3}], weight_decay=0.01

@@ -11,6 +11,8 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
+import onnxruntime as ort
+
 from precompute.models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
@@ -22,6 +24,8 @@ LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
     "cuda": ("int8", "fp16", "fp32"),
 }
 """Precisions by device, fastest first; the last is the reference every other is gated against."""
+TORCH_LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp16", "fp32")}
+"""PyTorch runs the module as it is (FP32), or cast to FP16 on a GPU; it quantizes nothing."""
 
 
 def resolve_device(machine: EngineSettings) -> ConcreteDevice:
@@ -29,11 +33,14 @@ def resolve_device(machine: EngineSettings) -> ConcreteDevice:
 
 
 def resolve_backend(machine: EngineSettings, device: ConcreteDevice) -> type[Runner]:
-    """The machine's backend; auto: TensorRT where it imports and a GPU is used, else ONNX Runtime."""
+    """The machine's backend; auto: on a GPU TensorRT where it imports, else ONNX Runtime where
+    it has its CUDA provider (onnxruntime-gpu), else PyTorch; on a CPU ONNX Runtime."""
     if machine.backend != "auto":
         return BACKENDS[machine.backend]()
     if device == "cuda" and importlib.util.find_spec("tensorrt") is not None:
         return BACKENDS["tensorrt"]()
+    if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        return BACKENDS["torch"]()
     return BACKENDS["onnxruntime"]()
 
 
@@ -45,9 +52,8 @@ def resolve_graph_backend(machine: EngineSettings, device: ConcreteDevice) -> ty
 
 
 def precision_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
-    """Precisions to try, fastest first, from `precision` up (auto: all of them); the torch backend
-    is the FP32 reference only."""
-    ladder = ("fp32",) if backend == "torch" else LADDERS[device]
+    """Precisions to try, fastest first, from `precision` up (auto: all of them)."""
+    ladder = (TORCH_LADDERS if backend == "torch" else LADDERS)[device]
     if precision == "auto":
         return ladder
     if precision not in ladder:

@@ -33,11 +33,14 @@ class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_ENGINE_", frozen=True, use_attribute_docstrings=True)
 
     backend: Backend = "auto"
-    """auto: TensorRT where it imports and a GPU is present, else ONNX Runtime. torch is
-    the FP32 reference: exact but slowest."""
+    """auto: on a GPU, TensorRT where it imports, else ONNX Runtime where it has its CUDA provider
+    (onnxruntime-gpu), else PyTorch (FP16, gated); on a CPU, ONNX Runtime. torch on a CPU is the
+    FP32 reference: exact but slowest."""
 
     device: Device = "auto"
-    """auto: cuda when a CUDA GPU is visible, else cpu."""
+    """auto: cuda when TensorRT or onnxruntime-gpu is installed and sees a GPU, else cpu. Set cuda
+    where only PyTorch sees the GPU: text encoders then run on PyTorch FP16; label heads and
+    towers (ONNX graphs) still need onnxruntime-gpu or TensorRT there."""
 
     graph: Graph = "batch"
     """batch: the plain export, fastest on batches (jobs). query: ONNX Runtime's fused

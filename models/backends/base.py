@@ -58,8 +58,11 @@ class Runner(ABC):
         """Turn a precision's ONNX graph into this backend's engine file."""
 
     @classmethod
-    def open(cls, entry: Path, device: ConcreteDevice, threads: int, source: ModelSource) -> Runner:
-        """The runner of a built engine: its cache entry, and the model it was built from."""
+    def open(
+        cls, entry: Path, device: ConcreteDevice, threads: int, source: ModelSource, precision: ConcretePrecision
+    ) -> Runner:
+        """The runner of a built engine: its cache entry, the model it was built from, and its
+        precision (which an engine file already holds; PyTorch, which has none, needs it)."""
         return cls(entry / cls.engine_file, device, threads)
 
     def __init__(self, engine_path: Path, device: ConcreteDevice, threads: int) -> None:

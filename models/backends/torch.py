@@ -1,4 +1,5 @@
-"""PyTorch FP32: the reference every quantized engine is gated against, never the fast path."""
+"""PyTorch: the FP32 reference every quantized engine is gated against, and the GPU's FP16
+encoder where neither TensorRT nor onnxruntime-gpu is installed."""
 
 from __future__ import annotations
 
@@ -7,15 +8,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from precompute.models.backends.base import BuildSpec, ConcreteDevice, Feeds, Runner
+from precompute.models.backends.base import BuildSpec, ConcreteDevice, ConcretePrecision, Feeds, Runner
 from precompute.models.errors import BackendUnavailableError
 from precompute.models.export import load_reference
 from precompute.models.source import INPUT_NAMES, ModelSource
 
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
 
 class TorchRunner(Runner):
-    """Runs the same module that export.py exports, so it is the ground truth for every engine of
-    a text model (an encoder or a classifier); it builds nothing and reads no engine file."""
+    """Runs the same module that export.py exports, so at FP32 it is the ground truth for every
+    engine of a text model (an encoder or a classifier); it builds nothing and reads no engine file.
+
+    On CUDA it also runs FP16, gated like any other engine, with PyTorch's fused attention
+    (SDPA: flash or memory-efficient kernels) in place of the eager attention the export needs."""
 
     name = "torch"
     engine_file = ""
@@ -31,15 +37,20 @@ class TorchRunner(Runner):
 
     @classmethod
     def build(cls, onnx_path: Path, engine_path: Path, spec: BuildSpec) -> None:
-        """Nothing to build: the reference runs the PyTorch module itself."""
+        """Nothing to build: PyTorch runs the module itself."""
 
     @classmethod
-    def open(cls, entry: Path, device: ConcreteDevice, threads: int, source: ModelSource) -> Runner:
-        return cls(source, device, threads)
+    def open(
+        cls, entry: Path, device: ConcreteDevice, threads: int, source: ModelSource, precision: ConcretePrecision
+    ) -> Runner:
+        return cls(source, device, threads, precision)
 
-    def __init__(self, source: ModelSource, device: ConcreteDevice, threads: int) -> None:
+    def __init__(
+        self, source: ModelSource, device: ConcreteDevice, threads: int, precision: ConcretePrecision = "fp32"
+    ) -> None:
         super().__init__(Path(), device, threads)
-        self._model = load_reference(source).to(device)
+        attention = "sdpa" if device == "cuda" else "eager"
+        self._model = load_reference(source, attention).to(device, DTYPES[precision])
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -47,5 +58,5 @@ class TorchRunner(Runner):
 
     @torch.inference_mode()
     def _infer(self, feeds: Feeds) -> np.ndarray:
-        ids, mask = (torch.from_numpy(feeds[name]).to(self.device) for name in INPUT_NAMES)
+        ids, mask = (torch.from_numpy(feeds[name]).to(self.device, non_blocking=True) for name in INPUT_NAMES)
         return self._model(ids, mask).float().cpu().numpy()

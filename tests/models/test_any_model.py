@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
@@ -98,6 +99,19 @@ def test_a_folder_saved_by_the_installed_sentence_transformers_is_read(
     config.write_text(config.read_text().replace('"cls"', '"lasttoken"'))
     with pytest.raises(ModelError, match=r"pooling must be exactly one of mean, cls, max \(found \['lasttoken'\]\)"):
         read_encoder(tmp_path / "saved")
+
+
+def test_a_folder_saved_in_fp16_has_an_fp32_reference_and_export(
+    settings: Engine, texts: list[str], tmp_path: Path
+) -> None:
+    """transformers loads weights in the dtype they were saved in: the reference and the export
+    ask for FP32, so the gate measures FP16 and INT8 against FP32, not against FP16."""
+    source = read_encoder(saved_by_sentence_transformers(tmp_path / "saved", half=True))
+    want = SentenceTransformer(str(tmp_path / "saved"), device="cpu").float().encode(texts, batch_size=8)
+    with load_encoder(settings.replace(model=source, precision="fp32")) as encoder:
+        graph = onnx.load(Path(encoder.report.engine_dir) / "model.onnx")
+        assert {i.data_type for i in graph.graph.initializer} <= {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64}
+        assert np.abs(encoder.encode(texts) - want).max() <= 1e-4
 
 
 def test_a_tiny_encoder_is_quantized_and_gated(settings: Engine, tmp_path: Path) -> None:

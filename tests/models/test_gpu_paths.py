@@ -11,10 +11,13 @@ import pytest
 from precompute.models.backends import BACKENDS, BuildSpec
 from precompute.models.backends.tensorrt import TensorRTRunner, profile_shapes, seq_buckets
 from precompute.models.backends.torch import TorchRunner
+from precompute.models.encoder import encode_texts
 from precompute.models.errors import BackendUnavailableError, ModelError
+from precompute.models.gate import row_cosine
 from precompute.models.runtime import precision_ladder, resolve_backend, resolve_graph_backend
 from precompute.models.settings import EngineSettings
 from precompute.models.source import bundled_encoder
+from precompute.models.tokenize import TextTokenizer
 from tests.models.tiny import tiny_towers
 
 
@@ -58,7 +61,7 @@ def test_tensorrt_is_refused_by_name_until_the_device_call(tmp_path: Path) -> No
     with pytest.raises(BackendUnavailableError, match="tensorrt is not installed"):
         TensorRTRunner.build(tmp_path / "model.onnx", tmp_path / TensorRTRunner.engine_file, BuildSpec(8, 256))
     with pytest.raises(BackendUnavailableError, match="tensorrt is not installed"):
-        TensorRTRunner.open(tmp_path, "cuda", 1, bundled_encoder())
+        TensorRTRunner.open(tmp_path, "cuda", 1, bundled_encoder(), "fp16")
     assert BACKENDS["tensorrt"]() is TensorRTRunner
 
 
@@ -66,10 +69,24 @@ def test_the_ladders_and_backends_a_gpu_machine_would_pick() -> None:
     cuda = EngineSettings(device="cuda")
     assert precision_ladder("auto", "cuda", "onnxruntime") == ("int8", "fp16", "fp32")
     assert precision_ladder("fp16", "cuda", "tensorrt") == ("fp16", "fp32")
-    assert resolve_backend(cuda, "cuda").name == "onnxruntime"  # tensorrt does not import here
+    assert precision_ladder("auto", "cuda", "torch") == ("fp16", "fp32")
+    assert precision_ladder("auto", "cpu", "torch") == ("fp32",)
+    # Neither tensorrt nor onnxruntime-gpu imports here: a GPU would run the encoder on PyTorch FP16.
+    assert resolve_backend(cuda, "cuda").name == "torch"
+    assert resolve_backend(cuda, "cpu").name == "onnxruntime"
     assert resolve_backend(EngineSettings(backend="tensorrt"), "cuda") is TensorRTRunner
     assert resolve_graph_backend(EngineSettings(backend="torch"), "cuda").name == "onnxruntime"
     with pytest.raises(BackendUnavailableError, match="onnxruntime-gpu"):
         BACKENDS["onnxruntime"]().check_available("cuda")
     with pytest.raises(BackendUnavailableError, match="no CUDA GPU"):
         TorchRunner.check_available("cuda")
+
+
+def test_the_fp16_module_a_gpu_runs_agrees_with_fp32_on_a_cpu(corpus_texts: list[str]) -> None:
+    """TorchRunner's FP16 rung casts the module a GPU would run (there with SDPA attention); on a
+    CPU the same cast runs with eager attention, and must stay within the gate's cosine."""
+    source, texts = bundled_encoder(), corpus_texts[:32]
+    tokenizer = TextTokenizer(source)
+    with TorchRunner(source, "cpu", 1) as fp32, TorchRunner(source, "cpu", 1, "fp16") as fp16:
+        want, got = (encode_texts(runner, tokenizer, texts, 8) for runner in (fp32, fp16))
+    assert row_cosine(got, want).min() >= 0.999

@@ -49,15 +49,17 @@ def _save(model: torch.nn.Module, folder: Path) -> Path:
     return folder
 
 
-def saved_by_sentence_transformers(folder: Path, pooling: str = "cls") -> Path:
+def saved_by_sentence_transformers(folder: Path, pooling: str = "cls", half: bool = False) -> Path:
     """A tiny BERT saved by the installed sentence-transformers itself, with its own Pooling
-    config form ("pooling_mode": "cls") and a Normalize module: a folder as users save them."""
+    config form ("pooling_mode": "cls") and a Normalize module: a folder as users save them
+    (`half`: with FP16 weights, as many are published)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     transformer = Transformer(str(tiny_encoder(folder.with_name(f"{folder.name}-hf"), "bert")))
     modules = [transformer, Pooling(HIDDEN, pooling_mode=pooling), Normalize()]
-    SentenceTransformer(modules=modules).save(str(folder))
+    model = SentenceTransformer(modules=modules)
+    (model.half() if half else model).save(str(folder))
     return folder
 
 

@@ -26,6 +26,9 @@ KEYS = {
     "ratio",
     "cosine_mean",
     "cosine_min",
+    "gate_cosine_mean",
+    "gate_cosine_min",
+    "gate_overlap10",
 }
 
 
@@ -38,3 +41,5 @@ def test_a_random_two_layer_bert_with_cls_pooling(tmp_path: Path, monkeypatch: p
     assert set(result) == KEYS
     assert result["model"].endswith(f"(bert, {HIDDEN}-d)")
     assert result["ratio"] > 0 and result["cosine_min"] > 0.97  # against sentence-transformers itself
+    assert result["baseline"] == "sentence-transformers FP32 (PyTorch)"  # on a CPU
+    assert result["gate_cosine_min"] >= 0.97  # the engine that served passed its gate
