@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check: our encoder path (PyTorch FP16 on CUDA, gated against FP32) against
-# sentence-transformers FP16 on CUDA, in one run, through `precompute bench embed`.
+# The GPU checks, each ours against its baseline in one run: `embed`, our encoder path (PyTorch
+# FP16 on CUDA, gated against FP32) against sentence-transformers FP16 on CUDA, through
+# `precompute bench embed`; `sequence`, the sequence model's training on the GPU against the
+# same training on the machine's CPU cores (bench/sequence_device.py). Arguments: the parts to
+# run (default: both).
 #
 # Made for the GPU test machine (../shared/GPU.md): it has torch, transformers,
 # sentence-transformers, tokenizers, onnx, onnxruntime and pyarrow, and no network, no pydantic
@@ -18,7 +21,13 @@ repo=$PWD
 cd /tmp  # the checkout's own precompute/ would shadow the installed package
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "from precompute.models.hardware import detect_device; print('device auto:', detect_device())"
-for batch in 256 32; do
-    PRECOMPUTE_ENGINE_BATCH_SIZE=$batch python3 -m precompute bench embed --model "$repo/.gpu/model" \
-        --corpus "$repo/data/demo/corpus.parquet" --docs 5000 --repeats 7 | tee "$out/embed-batch$batch.log"
-done
+parts=${*:-embed sequence}
+if [[ " $parts " == *" embed "* ]]; then
+    for batch in 256 32; do
+        PRECOMPUTE_ENGINE_BATCH_SIZE=$batch python3 -m precompute bench embed --model "$repo/.gpu/model" \
+            --corpus "$repo/data/demo/corpus.parquet" --docs 5000 --repeats 7 | tee "$out/embed-batch$batch.log"
+    done
+fi
+if [[ " $parts " == *" sequence "* ]]; then
+    python3 -m precompute.bench.sequence_device 3 | tee "$out/sequence.log"
+fi

@@ -163,12 +163,14 @@ def train_sequence(
     settings: SequenceSpec,
     seed: int = 0,
     warm: WarmStart | None = None,
+    device: str | None = None,
 ) -> tuple[SASRec, TrainReport]:
     """SASRec trained on users' histories (CSR, each in time order), from the weights of `warm`
-    or random ones: the best check's weights by validation NDCG@10 (a warm start's own among them)."""
+    or random ones: the best check's weights by validation NDCG@10 (a warm start's own among them).
+    On `device`; None: the GPU where torch sees one."""
     torch.manual_seed(seed)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rng = np.random.default_rng(seed)
     lengths = np.diff(offsets)
     trainable = np.flatnonzero(lengths >= 3)  # one item to validate on, two to learn a step from
