@@ -49,6 +49,11 @@ class SequenceSpec(GatedTowers):
     EVAL_STEPS steps if sooner) without a better validation NDCG@10."""
     train_budget_s: float = Field(900, gt=0)
     """Training stops here whatever the validation says, keeping its best check's weights."""
+    train_workers: int = Field(1, ge=1, le=1024)
+    """1: training runs in the job's own process (on its GPU where torch sees one). More: Ray
+    Train's TorchTrainer on the job's Ray cluster, this many data-parallel workers, each step's
+    users split among them and their gradients averaged (jobs/sequence_cluster.py): one a node
+    on CPUs, one GPU each where the cluster has GPUs."""
 
 
 class RecsSpec(BaseModel):

@@ -75,7 +75,12 @@ def sequence(
     """SASRec trained on the users' histories (from `warm`'s weights where it has them),
     exported and put through the precision ladder: calibrated on the first users' histories and
     all items, gated on the next users' top items."""
-    model, report = train_sequence(train.items, train.offsets, items, settings, warm=warm)
+    if settings.train_workers > 1:
+        from precompute.jobs.sequence_cluster import train_on_cluster  # imports Ray Train
+
+        model, report = train_on_cluster(train.items, train.offsets, items, settings, warm)
+    else:
+        model, report = train_sequence(train.items, train.offsets, items, settings, warm=warm)
     users = np.arange(len(train.offsets) - 1)
     calibration = users[: settings.calibration_rows]
     gate = users[settings.calibration_rows : settings.calibration_rows + settings.gate_users]

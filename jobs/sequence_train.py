@@ -7,6 +7,8 @@ Validation: each user's latest item is held out of their training history; every
 every EVAL_STEPS steps, whichever comes first, the model ranks it from the rest (seen items masked) for a seeded sample of users, NDCG@10.
 Training stops at `train_budget_s`, after `patience` checks without a better NDCG, or after
 `max_epochs`, and keeps the best check's weights. The returned model scores from whole histories, the held-out item included.
+
+Alone, or as one rank of a data-parallel group (`Group`: Ray Train's workers, jobs/sequence_cluster.py).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from precompute.jobs.recs_spec import SequenceSpec
 from precompute.jobs.sequence_loss import step_loss
@@ -34,6 +37,7 @@ WARM_MIN_SHARED = 0.9
 EVAL_STEPS = 100
 """Training steps between validation checks at most (a night's data may be a few steps an epoch,
 or thousands)."""
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,6 +54,34 @@ class TrainReport:
     """Validation NDCG@10 at each check."""
     start: str = "cold"
     """Where the weights started: random (cold, and why) or the last run's (warm_start)."""
+    workers: int = 1
+    """Data-parallel workers it trained on (jobs/sequence_cluster.py); 1: the job's own process."""
+    nodes: int = 1
+    """Distinct nodes those workers ran on."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """The data-parallel group a process trains in: rank 0 of 1 alone, or one of Ray Train's
+    workers, whose torch.distributed process group is up. Each rank takes its share of every
+    step's users and DDP averages the gradients, so all ranks hold the same weights; rank 0
+    validates, and its decisions (check now, stop) reach every rank, so all take the same steps."""
+
+    rank: int = 0
+    size: int = 1
+
+    def agree(self, value: T) -> T:
+        """Rank 0's `value`, on every rank."""
+        if self.size == 1:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def share(self, users: np.ndarray) -> np.ndarray:
+        """This rank's part of a step's users; a step too small to split is every rank's whole."""
+        part = np.array_split(users, self.size)[self.rank]
+        return part if len(part) else users
 
 
 def latest(items: np.ndarray, offsets: np.ndarray, users: np.ndarray, length: int) -> np.ndarray:
@@ -164,12 +196,14 @@ def train_sequence(
     seed: int = 0,
     warm: WarmStart | None = None,
     device: str | None = None,
+    group: Group = Group(),
 ) -> tuple[SASRec, TrainReport]:
     """SASRec trained on users' histories (CSR, each in time order), from the weights of `warm`
     or random ones: the best check's weights by validation NDCG@10 (a warm start's own among them).
-    On `device`; None: the GPU where torch sees one."""
+    On `device`; None: the GPU where torch sees one. In a `group`, rank 0's model is the result."""
     torch.manual_seed(seed)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    if group.size == 1:  # a Ray Train worker keeps the threads Ray gave it (OMP_NUM_THREADS)
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rng = np.random.default_rng(seed)
     lengths = np.diff(offsets)
@@ -192,27 +226,30 @@ def train_sequence(
     if warm is not None and warm.state is not None:
         model.load_state_dict(warm.state)
     model = model.to(device)
+    step_model = DistributedDataParallel(model) if group.size > 1 else model  # DDP: gradients averaged
     optimiser = torch.optim.Adam(model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.98))
     report = TrainReport(device=device, start=warm.reason if warm else "cold")
     best_state = copy.deepcopy(model.state_dict())
     start = time.perf_counter()
 
     def check() -> None:
-        """Validate; keep the weights if they are the best yet, and say why to stop, if so."""
+        """Validate (rank 0); keep the weights if they are the best yet, and say why to stop, if so."""
         nonlocal best_state
-        ndcg = round(ndcg_at_10(model, items, offsets, validation, device), 4)
-        model.train()
-        report.curve.append(ndcg)
-        if ndcg > report.best_ndcg10 or len(report.curve) == 1:
-            best_state, report.best_step, report.best_ndcg10 = (
-                copy.deepcopy(model.state_dict()),
-                report.steps,
-                ndcg,
-            )
-        elif len(report.curve) - report.curve.index(report.best_ndcg10) > settings.patience:
-            report.stopped = f"{settings.patience} checks without a better validation NDCG@10"
-        if time.perf_counter() - start > settings.train_budget_s:
-            report.stopped = f"train_budget_s {settings.train_budget_s}"
+        if group.rank == 0:
+            ndcg = round(ndcg_at_10(model, items, offsets, validation, device), 4)
+            model.train()
+            report.curve.append(ndcg)
+            if ndcg > report.best_ndcg10 or len(report.curve) == 1:
+                best_state, report.best_step, report.best_ndcg10 = (
+                    copy.deepcopy(model.state_dict()),
+                    report.steps,
+                    ndcg,
+                )
+            elif len(report.curve) - report.curve.index(report.best_ndcg10) > settings.patience:
+                report.stopped = f"{settings.patience} checks without a better validation NDCG@10"
+            if time.perf_counter() - start > settings.train_budget_s:
+                report.stopped = f"train_budget_s {settings.train_budget_s}"
+        report.stopped = group.agree(report.stopped)
 
     every = min(EVAL_STEPS, max(1, round(len(learners) / settings.batch)))  # length_batches' count
     if warm is not None and warm.state is not None:
@@ -221,16 +258,16 @@ def train_sequence(
     while not report.stopped:
         report.epochs += 1
         for batch in length_batches(np.diff(train_offsets), learners, settings.batch, rng):
-            sequence = histories(train_items, train_offsets, batch, settings.history + 1).to(device)
+            sequence = histories(train_items, train_offsets, group.share(batch), settings.history + 1).to(device)
             inputs, targets = sequence[:, :-1], sequence[:, 1:]
             loss = step_loss(
-                model.item_vectors(), model(inputs)[targets > 0], targets[targets > 0] - 1, settings
+                model.item_vectors(), step_model(inputs)[targets > 0], targets[targets > 0] - 1, settings
             )
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
             report.steps += 1
-            if report.steps % every == 0 or time.perf_counter() - start > settings.train_budget_s:
+            if report.steps % every == 0 or group.agree(time.perf_counter() - start > settings.train_budget_s):
                 check()
                 if report.stopped:
                     break

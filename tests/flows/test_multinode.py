@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -102,6 +104,75 @@ def test_nightly_on_a_two_node_cluster_publishes_every_output(
     for pool in POOLS:
         actors = pool_actors(ray_cluster, pool)
         assert actors and {a["Address"]["NodeID"] for a in actors} <= workers, (pool, actors)
+
+
+SEQUENCE_RECS = """
+[outputs.embeddings]
+kind = "embeddings"
+input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
+store = "corpus"
+engine = {{ gate_texts = 16, calibration_texts = 16 }}
+
+[outputs.recs]
+kind = "recs"
+input = {{ path = "{interactions}" }}
+items = "embeddings"
+model = "sequence"
+content_weight = 0
+k = 5
+
+[outputs.recs.sequence]
+dim = 32
+blocks = 1
+history = 8
+learning_rate = 0.01
+batch = 16
+max_epochs = 30
+calibration_rows = 16
+gate_users = 16
+train_workers = 2
+"""
+
+
+def cycle_walks(corpus: Path, path: Path, users: int = 200, steps: int = 10) -> Path:
+    """Users walking the corpus's packages in one fixed cycle, a day a step: what follows a
+    user's latest package is learnable from the order, and most-popular cannot know it."""
+    ids = pq.read_table(corpus, columns=["id"])["id"].to_pylist()[:200]  # the valid rows
+    rng = np.random.default_rng(0)
+    rows = []
+    for user in range(users):
+        first = int(rng.integers(len(ids)))
+        rows += [
+            {"user_id": f"u{user}", "item_id": ids[(first + t) % len(ids)], "timestamp": 1_700_000_000 + 86_400 * t}
+            for t in range(steps)
+        ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_the_sequence_model_trains_on_two_nodes_and_publishes(
+    prefect_api,
+    ray_cluster,
+    environment: Path,
+    small_corpus: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """train_workers = 2: Ray Train's workers spread one a worker node, and the model they trained
+    together passes the quality check and is published."""
+    interactions = cycle_walks(small_corpus, tmp_path / "walks.parquet")
+    use_pipeline(environment, monkeypatch, SEQUENCE_RECS.format(corpus=small_corpus, interactions=interactions))
+
+    report = nightly()
+
+    assert report["failed"] == {}
+    recs = report["outputs"]["recs"]
+    training = recs["sequence"]["training"]
+    assert (training["workers"], training["nodes"]) == (2, 2), training
+    models = recs["validation"]["models"]
+    assert models["published"]["ndcg"] > models["most_popular"]["ndcg"]
+    with KeyValueStore(RedisSettings()) as store:
+        assert store.current("recs") == recs["version"]
 
 
 def kill_the_embedding_node(cluster: Cluster, done: threading.Event, killed: dict[str, Any]) -> None:
