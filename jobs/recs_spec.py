@@ -53,7 +53,8 @@ class SequenceSpec(GatedTowers):
     """1: training runs in the job's own process (on its GPU where torch sees one). More: Ray
     Train's TorchTrainer on the job's Ray cluster, this many data-parallel workers, each step's
     users split among them and their gradients averaged (jobs/sequence_cluster.py): one a node
-    on CPUs, one GPU each where the cluster has GPUs."""
+    on CPUs, one GPU each where the cluster has GPUs; more workers than the cluster has CPUs
+    (GPUs) are refused."""
 
 
 class RecsSpec(BaseModel):

@@ -33,7 +33,14 @@ def train_on_cluster(
     from ray.train.torch import TorchTrainer
     from ray.util.queue import Queue
 
-    gpus = ray.cluster_resources().get("GPU", 0) > 0
+    resources = ray.cluster_resources()
+    gpus = resources.get("GPU", 0) > 0
+    unit = "GPU" if gpus else "CPU"
+    if resources.get(unit, 0) < settings.train_workers:  # Ray Train would wait for them for ever
+        raise ValueError(
+            f"sequence.train_workers = {settings.train_workers} needs a {unit} a worker; "
+            f"the Ray cluster has {resources.get(unit, 0):g}"
+        )
     result = Queue(maxsize=1, actor_options={"num_cpus": 0})
     try:
         trainer = TorchTrainer(

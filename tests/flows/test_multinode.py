@@ -1,6 +1,7 @@
 """The nightly flow on a Ray cluster of separate node processes (a head and two workers, the
-`ray_cluster` fixture), joined through the jobs' address settings; and a worker node killed
-while it embeds: the job finishes on the other, and every row is staged and published once."""
+`ray_cluster` fixture), joined through the jobs' address settings, its sequence model trained
+on both worker nodes; and a worker node killed while it embeds: the job finishes on the other,
+and every row is staged and published once."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from precompute.stores.key_value import KeyValueStore
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
-from tests.flows.conftest import CONTENT_RECS
+from tests.flows.conftest import THREE_OUTPUTS
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
@@ -32,6 +33,24 @@ pytestmark = pytest.mark.slow
 
 POOLS = ("EmbedActor", "LabelActor", "TopKActor")
 """The inference actor pools of the three jobs."""
+
+SEQUENCE_RECS = (
+    THREE_OUTPUTS
+    + """model = "sequence"
+content_weight = 0
+
+[outputs.recs.sequence]
+dim = 32
+blocks = 1
+history = 8
+learning_rate = 0.01
+batch = 16
+max_epochs = 30
+calibration_rows = 16
+gate_users = 16
+train_workers = 2  # Ray Train: a worker on each worker node
+"""
+)
 
 EMBEDDINGS_ONLY = """
 [outputs.docs]
@@ -72,68 +91,6 @@ def pool_actors(cluster: Cluster, pool: str, state: str | None = None) -> list[d
     return [a for a in actors if f"MapBatches({pool})" in a["ActorClassName"]]
 
 
-def test_nightly_on_a_two_node_cluster_publishes_every_output(
-    prefect_api,
-    ray_cluster,
-    environment: Path,
-    small_corpus: Path,
-    interactions: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    use_pipeline(
-        environment, monkeypatch, CONTENT_RECS.format(corpus=small_corpus, interactions=interactions)
-    )
-
-    report = nightly()
-
-    embeddings, labels, recs = (report["outputs"][o] for o in ("embeddings", "labels", "recs"))
-    assert report["failed"] == {}
-    assert (embeddings["rows"], embeddings["rejects"], embeddings["computed"]) == (204, 4, 200)
-    assert embeddings["validation"]["count"] == 200
-    assert (labels["items"], labels["rejects"]) == (200, 4)
-    assert recs["users"] > 10 and recs["k"] == 100
-    models = recs["validation"]["models"]
-    assert models["published"]["ndcg"] > models["most_popular"]["ndcg"]
-    with open_vector_store(VectorStoreSettings(), "corpus") as store:
-        assert store.current() == embeddings["version"] and store.count(store.current()) == 200
-    with KeyValueStore(RedisSettings()) as store:
-        assert store.current("labels") == labels["version"]
-        assert store.current("recs") == recs["version"]
-    # Each job's actor pool ran in the cluster, on worker nodes (the head has no CPUs to offer).
-    workers = {node.node_id for node in ray_cluster.worker_nodes}
-    for pool in POOLS:
-        actors = pool_actors(ray_cluster, pool)
-        assert actors and {a["Address"]["NodeID"] for a in actors} <= workers, (pool, actors)
-
-
-SEQUENCE_RECS = """
-[outputs.embeddings]
-kind = "embeddings"
-input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
-store = "corpus"
-engine = {{ gate_texts = 16, calibration_texts = 16 }}
-
-[outputs.recs]
-kind = "recs"
-input = {{ path = "{interactions}" }}
-items = "embeddings"
-model = "sequence"
-content_weight = 0
-k = 5
-
-[outputs.recs.sequence]
-dim = 32
-blocks = 1
-history = 8
-learning_rate = 0.01
-batch = 16
-max_epochs = 30
-calibration_rows = 16
-gate_users = 16
-train_workers = 2
-"""
-
-
 def cycle_walks(corpus: Path, path: Path, users: int = 200, steps: int = 10) -> Path:
     """Users walking the corpus's packages in one fixed cycle, a day a step: what follows a
     user's latest package is learnable from the order, and most-popular cannot know it."""
@@ -150,7 +107,7 @@ def cycle_walks(corpus: Path, path: Path, users: int = 200, steps: int = 10) -> 
     return path
 
 
-def test_the_sequence_model_trains_on_two_nodes_and_publishes(
+def test_nightly_on_a_two_node_cluster_publishes_every_output(
     prefect_api,
     ray_cluster,
     environment: Path,
@@ -158,21 +115,32 @@ def test_the_sequence_model_trains_on_two_nodes_and_publishes(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """train_workers = 2: Ray Train's workers spread one a worker node, and the model they trained
-    together passes the quality check and is published."""
+    """The recs are the sequence model's, trained by Ray Train's workers one on each worker node."""
     interactions = cycle_walks(small_corpus, tmp_path / "walks.parquet")
     use_pipeline(environment, monkeypatch, SEQUENCE_RECS.format(corpus=small_corpus, interactions=interactions))
 
     report = nightly()
 
+    embeddings, labels, recs = (report["outputs"][o] for o in ("embeddings", "labels", "recs"))
     assert report["failed"] == {}
-    recs = report["outputs"]["recs"]
-    training = recs["sequence"]["training"]
-    assert (training["workers"], training["nodes"]) == (2, 2), training
+    assert (embeddings["rows"], embeddings["rejects"], embeddings["computed"]) == (204, 4, 200)
+    assert embeddings["validation"]["count"] == 200
+    assert (labels["items"], labels["rejects"]) == (200, 4)
+    assert recs["users"] > 10 and recs["k"] == 100
     models = recs["validation"]["models"]
     assert models["published"]["ndcg"] > models["most_popular"]["ndcg"]
+    training = recs["sequence"]["training"]
+    assert (training["workers"], training["nodes"]) == (2, 2), training
+    with open_vector_store(VectorStoreSettings(), "corpus") as store:
+        assert store.current() == embeddings["version"] and store.count(store.current()) == 200
     with KeyValueStore(RedisSettings()) as store:
+        assert store.current("labels") == labels["version"]
         assert store.current("recs") == recs["version"]
+    # Each job's actor pool ran in the cluster, on worker nodes (the head has no CPUs to offer).
+    workers = {node.node_id for node in ray_cluster.worker_nodes}
+    for pool in POOLS:
+        actors = pool_actors(ray_cluster, pool)
+        assert actors and {a["Address"]["NodeID"] for a in actors} <= workers, (pool, actors)
 
 
 def kill_the_embedding_node(cluster: Cluster, done: threading.Event, killed: dict[str, Any]) -> None:

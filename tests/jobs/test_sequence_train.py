@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from precompute.jobs.recs_spec import SequenceSpec
+from precompute.jobs.sequence_cluster import train_on_cluster
 from precompute.jobs.sequence_train import save_weights, train_sequence, warm_start
 
 ITEMS = 40
@@ -69,3 +71,10 @@ def test_a_warm_start_that_cannot_apply_is_cold_and_says_why(tmp_path: Path) -> 
         moved.state["item_embedding.weight"][1:].numpy(),
         model.item_embedding.weight.detach()[1:].numpy()[::-1],
     )
+
+
+def test_more_training_workers_than_the_cluster_has_cpus_are_refused_by_name(ray_local) -> None:
+    """Ray Train would wait for a placement the cluster cannot give: the job says so instead."""
+    spec = SPEC.model_copy(update={"train_workers": 3})  # the local Ray has 2 CPUs
+    with pytest.raises(ValueError, match=r"sequence.train_workers = 3 needs a CPU a worker; the Ray cluster has 2$"):
+        train_on_cluster(*csr(walks(20, seed=0)), ITEMS, spec, None)
