@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,14 +36,14 @@ def walks(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return items, offsets
 
 
-def main(epochs: int = 2) -> dict[str, object]:
+def main(epochs: int = 2) -> dict[str, Any]:
     items, offsets = walks()
     settings = SequenceSpec(max_epochs=epochs, patience=epochs * 100, train_budget_s=3600)
-    result: dict[str, object] = {"bench": "sequence-train", "users": USERS, "items": ITEMS, "interactions": len(items)}
+    result: dict[str, Any] = {"bench": "sequence-train", "users": USERS, "items": ITEMS, "interactions": len(items)}
     for device in ("cuda", "cpu"):
         _, report = train_sequence(items, offsets, ITEMS, settings, device=device)
         result[device] = {
-            "machine": device_fingerprint(device),  # type: ignore[arg-type]
+            "machine": device_fingerprint(device),
             "epochs": report.epochs,
             "steps": report.steps,
             "seconds": report.seconds,
@@ -51,7 +52,7 @@ def main(epochs: int = 2) -> dict[str, object]:
         }
         print(device, result[device], flush=True)
     cuda, cpu = result["cuda"], result["cpu"]
-    result["ratio"] = round(cpu["seconds"] / cuda["seconds"], 2)  # type: ignore[index]
+    result["ratio"] = round(cpu["seconds"] / cuda["seconds"], 2)
     print(json.dumps(result))
     return result
 
