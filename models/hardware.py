@@ -17,11 +17,13 @@ from precompute.models.backends.base import ConcreteDevice
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
+def onnxruntime_cuda() -> bool:
+    """Whether this ONNX Runtime has its CUDA provider (onnxruntime-gpu)."""
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 def cuda_visible() -> bool:
-    gpu_runtime = (
-        "CUDAExecutionProvider" in ort.get_available_providers()
-        or importlib.util.find_spec("tensorrt") is not None
-    )
+    gpu_runtime = onnxruntime_cuda() or importlib.util.find_spec("tensorrt") is not None
     if not gpu_runtime:
         return False
     import torch

@@ -11,12 +11,10 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
-import onnxruntime as ort
-
 from precompute.models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
-from precompute.models.hardware import detect_device, device_fingerprint
+from precompute.models.hardware import detect_device, device_fingerprint, onnxruntime_cuda
 from precompute.models.settings import EngineSettings, Precision
 
 LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
@@ -39,7 +37,7 @@ def resolve_backend(machine: EngineSettings, device: ConcreteDevice) -> type[Run
         return BACKENDS[machine.backend]()
     if device == "cuda" and importlib.util.find_spec("tensorrt") is not None:
         return BACKENDS["tensorrt"]()
-    if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+    if device == "cuda" and not onnxruntime_cuda():
         return BACKENDS["torch"]()
     return BACKENDS["onnxruntime"]()
 

@@ -10,6 +10,7 @@ import onnxruntime as ort
 
 from precompute.models.backends.base import BuildSpec, ConcreteDevice, Feeds, Runner
 from precompute.models.errors import BackendUnavailableError, ModelError
+from precompute.models.hardware import onnxruntime_cuda
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
@@ -22,7 +23,7 @@ class OnnxRuntimeRunner(Runner):
 
     @classmethod
     def check_available(cls, device: ConcreteDevice) -> None:
-        if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        if device == "cuda" and not onnxruntime_cuda():
             raise BackendUnavailableError(
                 "onnxruntime has no CUDAExecutionProvider here: pip install 'precompute[gpu]' "
                 "(onnxruntime-gpu) on a machine with an NVIDIA GPU"
