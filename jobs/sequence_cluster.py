@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from precompute.jobs.recs_spec import SequenceSpec
-from precompute.jobs.sequence_train import Group, TrainReport, WarmStart, train_sequence
+from precompute.jobs.sequence_train import Group, TrainReport, WarmStart, new_model, train_sequence
 from precompute.models.sequence import SASRec
 
 RESULT_TIMEOUT_S = 300
@@ -64,7 +64,7 @@ def train_on_cluster(
         state, report = result.get(timeout=RESULT_TIMEOUT_S)
     finally:
         result.shutdown()
-    model = SASRec(catalogue, settings.dim, settings.blocks, settings.heads, settings.history, settings.dropout)
+    model = new_model(catalogue, settings)
     model.load_state_dict(state)
     return model.eval(), report
 

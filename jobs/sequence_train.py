@@ -152,6 +152,11 @@ def network(settings: SequenceSpec) -> dict[str, int]:
     }
 
 
+def new_model(catalogue: int, settings: SequenceSpec) -> SASRec:
+    """A randomly initialised network of `settings`' shape over `catalogue` items."""
+    return SASRec(catalogue, settings.dim, settings.blocks, settings.heads, settings.history, settings.dropout)
+
+
 def save_weights(model: SASRec, settings: SequenceSpec, item_ids: list[str], path: WorkPath) -> None:
     """What the next night starts from: the weights, the network's shape and the items' ids by row."""
     saved = io.BytesIO()
@@ -180,7 +185,7 @@ def warm_start(path: WorkPath, item_ids: list[str], settings: SequenceSpec) -> W
         return WarmStart(None, f"cold: {(shared < 0).sum():,} of {len(item_ids):,} items are new")
     state = dict(saved["state"])
     old = state["item_embedding.weight"]
-    fresh = SASRec(len(item_ids), settings.dim, settings.blocks, settings.heads, settings.history, 0)
+    fresh = new_model(len(item_ids), settings)
     embedding = fresh.item_embedding.weight.detach().clone()
     rows = np.flatnonzero(shared >= 0)
     embedding[rows + 1] = old[shared[rows] + 1]  # row 0 pads
@@ -220,9 +225,7 @@ def train_sequence(
             "the sequence model learns from users with two or more interactions, and there are none"
         )
 
-    model = SASRec(
-        catalogue, settings.dim, settings.blocks, settings.heads, settings.history, settings.dropout
-    )
+    model = new_model(catalogue, settings)
     if warm is not None and warm.state is not None:
         model.load_state_dict(warm.state)
     model = model.to(device)
