@@ -13,6 +13,8 @@ lost to an index.
 
 Incremental: given the published version's staged state, only users whose inputs moved are
 rescored and the store copies the others (jobs/recs_state.py says which, and what a copy misses).
+Unchanged: when the interactions' files, the items and the settings are the published version's,
+it is copied whole and nothing is read, trained or scored.
 """
 
 from __future__ import annotations
@@ -43,19 +45,24 @@ from precompute.jobs.recs_models import (
     rows_of,
     user_ids,
 )
-from precompute.jobs.recs_quality import RecsQuality, evaluate
+from precompute.jobs.recs_quality import RecsQuality, evaluate, quality_of
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import (
     FINGERPRINT,
+    REJECTS,
     SEQUENCE_WEIGHTS,
     STATE,
     Items,
+    Night,
     Previous,
+    inputs_digest,
     interactions_fingerprint,
     model_fingerprint,
     plan,
+    record_night,
     rescore,
     stage,
+    unchanged_night,
 )
 from precompute.jobs.sequence_towers import SequenceTowers
 from precompute.jobs.sequence_train import save_weights, warm_start
@@ -86,7 +93,8 @@ class RecsJobReport:
     copied: int
     """Users whose record the store copies from the published version instead."""
     mode: str
-    """"full" (every user scored) or "incremental" (only users whose inputs moved)."""
+    """"full" (every user scored), "incremental" (only users whose inputs moved) or "unchanged"
+    (nothing moved: the published version copied whole, its quality as measured then)."""
     mode_reason: str
     k: int
     users_per_s: float
@@ -232,8 +240,32 @@ def run_recs_job(
     index = {item: i for i, item in enumerate(items.ids)}
     if len(index) != len(items.ids):
         raise ValueError(f"item ids must be unique: {len(items.ids) - len(index)} duplicates")
-    rejects_path = work_dir / "rejects.parquet"
-    seconds: dict[str, float] = {}
+    rejects_path = work_dir / REJECTS
+    start = time.perf_counter()
+    inputs = inputs_digest(interactions, settings, items, items_model, RECIPE, own, engine)
+    seconds: dict[str, float] = {"digest": time.perf_counter() - start}
+    if (night := unchanged_night(inputs, previous, work_dir)) is not None:
+        assert previous is not None  # unchanged_night compares with it
+        start = time.perf_counter()
+        if before_write:
+            before_write(night.users, CopyPlan(previous.version, []))
+        seconds["write"] = time.perf_counter() - start
+        return RecsJobReport(
+            rows=night.rows,
+            rejects=night.rejects,
+            rejects_path=str(rejects_path),
+            users=night.users,
+            rescored=0,
+            copied=night.users,
+            mode="unchanged",
+            mode_reason=f"the interactions, items and settings are those of {previous.version}",
+            k=settings.k,
+            users_per_s=0.0,
+            seconds={stage: round(value, 2) for stage, value in seconds.items()},
+            vocabulary=list(items.ids),
+            samples={},
+            quality=quality_of(night.quality),
+        )
     with ray_session(job.ray_address):
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
@@ -295,6 +327,7 @@ def run_recs_job(
                 only_users, batch_format="pyarrow", batch_size=None, fn_kwargs={"ids": keep}
             )
         stage(work_dir, fingerprint, items, users)
+        record_night(work_dir, Night(inputs, rows, rejects, users.num_rows, asdict(quality)))
         sequence_report = None
         parts = [part for part, _ in getattr(towers, "parts", [])]  # a blend's; the content model has none
         if sequence := next((part for part in parts if isinstance(part, SequenceTowers)), None):

@@ -26,6 +26,7 @@ its last (a model that knows nothing of a user scores every item alike).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -85,6 +86,13 @@ class RecsQuality:
     jobs/recs_models.py candidates; else the one named)."""
     note: str = ""
     """Set when few users were evaluated (models/gate.py few_held_out): read the rates with care."""
+
+
+def quality_of(fields: dict[str, Any]) -> RecsQuality:
+    """A RecsQuality from its asdict() form (jobs/recs_state.py keeps it with the version)."""
+    models = {name: ModelQuality(**q) for name, q in fields["models"].items()}
+    candidates = {name: ModelQuality(**q) for name, q in fields["candidates"].items()}
+    return RecsQuality(**{**fields, "models": models, "candidates": candidates})
 
 
 def interactions_table(interactions: InteractionsInput) -> pa.Table:

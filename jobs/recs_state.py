@@ -8,8 +8,13 @@ A run stages, in its run folder, `recs_state/`:
     users.parquet  user_id -> fingerprint of the user's valid interactions (item, weight)
     sequence.pt    the sequence model's weights, when it was published: the next night starts
                    from them (jobs/sequence_train.py warm_start)
+    night.json     a digest of everything the version was made from (the interactions' files,
+                   the items, the settings), with what the run measured of it (rows, rejects,
+                   held-out quality)
 
-The next run compares itself with the published version's state: a user is rescored when
+The next run compares itself with the published version's state. When its inputs' digest is
+the published one's, nothing moved: the version is copied whole, with its state and its measured
+quality, and nothing is validated, trained, grouped or scored (an unchanged night). Else a user is rescored when
 their interactions changed, when they are new, or when they hold an item whose content key
 changed; every other user's record is copied from the published version server-side, and
 users who are gone are deleted from the copy. A value indexes the vocabulary, so a copy is
@@ -25,8 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +42,13 @@ from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.work_dir import WorkPath
+from precompute.models.datasets import input_files
+from precompute.models.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from precompute.jobs.inputs import InteractionsInput
+    from precompute.jobs.recs_models import OwnTowers
+    from precompute.jobs.recs_spec import RecsSpec
 
 STATE = "recs_state"
 MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS = (
@@ -45,6 +57,9 @@ MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS = (
     "users.parquet",
     "sequence.pt",
 )
+NIGHT = "night.json"
+REJECTS = "rejects.parquet"
+"""The run's quarantined interactions, beside its state in the run folder."""
 FINGERPRINT = "fingerprint"
 
 
@@ -114,6 +129,29 @@ def interactions_fingerprint(items: np.ndarray, weights: np.ndarray) -> bytes:
     return hashlib.blake2b(pairs, digest_size=16).digest()
 
 
+def inputs_digest(
+    interactions: InteractionsInput,
+    settings: RecsSpec,
+    items: Items,
+    items_model: str,
+    recipe: str,
+    own: OwnTowers | None,
+    engine: EngineSettings | None,
+) -> str:
+    """Everything a version is made from: the interactions' files and how they are read, the
+    items (ids and content keys), the settings, the towers' vectors and the scoring code (`recipe`)."""
+    digest = hashlib.blake2b(digest_size=16)
+    described = [interactions, settings, engine or EngineSettings()]
+    for part in (input_files(interactions).digest(), items_model, recipe, *(p.model_dump_json() for p in described)):
+        digest.update(part.encode() + b"\x00")
+    digest.update("\n".join(items.ids).encode() + b"".join(items.keys))
+    if own is not None:
+        digest.update(own.items.data)
+        digest.update(np.ascontiguousarray(own.user_vectors).data)
+        digest.update("\n".join(map(str, own.user_ids)).encode())
+    return digest.hexdigest()
+
+
 def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -> Plan:
     """Full, with the reason, unless the published version's state matches this run's model."""
 
@@ -160,3 +198,37 @@ def stage(run_dir: WorkPath, fingerprint: dict[str, Any], items: Items, users: p
     pq.write_table(items_table, (state / ITEMS_FILE).path, filesystem=state.fs)
     pq.write_table(users.select(["id", FINGERPRINT]), (state / USERS_FILE).path, filesystem=state.fs)
     (state / MODEL).write_text(json.dumps(fingerprint, indent=2))
+
+
+@dataclass(frozen=True)
+class Night:
+    """What a run was made from (`inputs`, a digest) and what it measured of it: what a rerun over
+    the same inputs keeps instead of measuring again."""
+
+    inputs: str
+    rows: int
+    rejects: int
+    users: int
+    quality: dict[str, Any]
+    """jobs/recs_quality.py RecsQuality, as a dict."""
+
+
+def record_night(run_dir: WorkPath, night: Night) -> None:
+    """Beside the state stage() wrote, once the run's figures are known."""
+    (run_dir / STATE / NIGHT).write_text(json.dumps(asdict(night), indent=2))
+
+
+def unchanged_night(inputs: str, previous: Previous | None, run_dir: WorkPath) -> Night | None:
+    """The published version's night when it was made from exactly `inputs`, its state then
+    copied into `run_dir` (the next night compares with it, and warm-starts from its sequence
+    weights); None when anything moved, or a copy of it would not hold its users well."""
+    if previous is None or not (previous.run_dir / STATE / NIGHT).is_file():
+        return None
+    night = Night(**json.loads((previous.run_dir / STATE / NIGHT).read_text()))
+    if night.inputs != inputs or night.users not in previous.users:
+        return None
+    (run_dir / STATE).mkdir()
+    for name in (*(f"{STATE}/{n}" for n in (MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, NIGHT)), REJECTS):
+        if (source := previous.run_dir / name).is_file():
+            source.fs.copy_file(source.path, (run_dir / name).path)
+    return night

@@ -128,7 +128,7 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
         200,
     )
     again = second["outputs"]["recs"]
-    assert (again["mode"], again["rescored"], again["copied"]) == ("incremental", 0, recs["users"])
+    assert (again["mode"], again["rescored"], again["copied"]) == ("unchanged", 0, recs["users"])
     assert records("recs", again["version"]) == records("recs", recs["version"])
 
     # Third run: recs see one user gone and one with an item fewer, while labels fail on a corpus

@@ -162,12 +162,12 @@ def test_a_partitioned_export_on_object_storage_publishes_three_outputs_answered
         assert [r["id"] for r in batch["results"]] == [1, 2] and batch["missing"] == [99999]
 
     # The next night reads what the first left in the bucket: every embedding and label from the
-    # caches, every user's list copied from the recs state.
+    # caches, the recs version copied whole (its interactions, items and settings unchanged).
     again = nightly()
     assert again["failed"] == {}
     assert (again["outputs"]["embeddings"]["reused"], again["outputs"]["embeddings"]["computed"]) == (200, 0)
     assert (again["outputs"]["labels"]["reused"], again["outputs"]["labels"]["computed"]) == (200, 0)
-    assert again["outputs"]["recs"]["mode"] == "incremental"
+    assert again["outputs"]["recs"]["mode"] == "unchanged"
     assert again["outputs"]["recs"]["rescored"] == 0
 
 

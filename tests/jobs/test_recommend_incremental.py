@@ -96,18 +96,33 @@ def histories(path: Path) -> dict[str, list[str]]:
     return held
 
 
-def test_a_rerun_with_nothing_changed_copies_every_user(
+def test_a_rerun_with_nothing_changed_copies_the_version_whole_without_reading_or_scoring(
     items: Items, interactions: Path, published: Run, tmp_path: Path
 ) -> None:
-    rerun = recs_run(items, interactions, tmp_path, previous_of(published))
-    assert (rerun.report.mode, rerun.report.rescored, rerun.report.copied) == (
-        "incremental",
-        0,
-        published.report.users,
-    )
-    assert rerun.report.mode_reason == "copied from 20261124T030000Z-aaaaaa"
+    rerun = recs_run(items, interactions, tmp_path / "rerun", previous_of(published))
+    report = rerun.report
+    assert (report.mode, report.rescored, report.copied) == ("unchanged", 0, published.report.users)
+    assert report.mode_reason == "the interactions, items and settings are those of 20261124T030000Z-aaaaaa"
     assert rerun.copy == CopyPlan("20261124T030000Z-aaaaaa", [])
     assert rerun.written == {}
+    assert set(report.seconds) == {"digest", "write"}  # no validation, training, grouping or top-k
+    assert (report.rows, report.rejects, report.quality) == (
+        published.report.rows,
+        published.report.rejects,
+        published.report.quality,
+    )
+    assert report.rejects == len(BAD_ROWS)
+    assert pq.read_table(report.rejects_path).num_rows == len(BAD_ROWS)  # its quarantine, kept
+
+    # The copy carries the state on: the night after compares with it, and is unchanged too.
+    copied = Previous("20261125T030000Z-cccccc", WorkPath.of(tmp_path / "rerun"), range(10**6))
+    again = recs_run(items, interactions, tmp_path / "again", copied)
+    assert (again.report.mode, again.report.quality) == ("unchanged", published.report.quality)
+
+    # The same rows in a file written anew are the same bytes; one row less is a change.
+    pq.write_table(pq.read_table(interactions).slice(1), tmp_path / "moved.parquet")
+    moved = recs_run(items, tmp_path / "moved.parquet", tmp_path / "moved", copied)
+    assert moved.report.mode == "incremental"
 
 
 def moved_interactions(items: Items, interactions: Path, tmp_path: Path) -> tuple[Path, str, str]:
@@ -196,7 +211,7 @@ def test_a_collaborative_model_copies_nobody_once_it_is_retrained(
     assert first.report.users == len(first.written)
     previous = Previous("20261124T030000Z-bbbbbb", WorkPath.of(tmp_path / "first"), range(10**6))
     same = recs_run(items, interactions, tmp_path / "same", previous, model="ease")
-    assert (same.report.mode, same.report.rescored) == ("incremental", 0)
+    assert (same.report.mode, same.report.rescored) == ("unchanged", 0)
     rows = good_rows(interactions)[1:]
     moved = tmp_path / "interactions.parquet"
     pq.write_table(pa.Table.from_pylist(rows), moved)
