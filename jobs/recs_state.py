@@ -13,13 +13,13 @@ A run stages, in its run folder, `recs_state/`:
                    held-out quality)
 
 The next run compares itself with the published version's state. When its inputs' digest is
-the published one's, nothing moved: the version is copied whole, with its state and its measured
-quality, and nothing is validated, trained, grouped or scored (an unchanged night). Else a user is rescored when
-their interactions changed, when they are new, or when they hold an item whose content key
-changed; every other user's record is copied from the published version server-side, and
-users who are gone are deleted from the copy. A value indexes the vocabulary, so a copy is
-valid only under the identical vocabulary in the identical order (sorted by id): an item
-added or removed runs everything.
+the published one's, nothing moved: the version is copied whole, with its state and its
+measured quality, and nothing is validated, trained, grouped or scored (an unchanged night).
+Else a user is rescored when their interactions changed, when they are new, or when they hold
+an item whose content key changed; every other user's record is copied from the published
+version server-side, and users who are gone are deleted from the copy. A value indexes the
+vocabulary, so a copy is valid only under the identical vocabulary in the identical order
+(sorted by id): an item added or removed runs everything.
 
 What a copy does not follow: the popularity prior moves with everyone's interactions, and a
 changed item's new vector can move it into or out of other users' top-k; copied users keep

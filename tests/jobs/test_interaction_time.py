@@ -177,10 +177,10 @@ def test_a_sequence_night_stages_its_weights_and_the_next_night_starts_from_them
     )
     settings = RecsSpec(model="sequence", content_weight=0, k=3, sequence=network)
 
-    def night(work: Path, previous: Previous | None) -> dict:
+    def night(work: Path, previous: Previous | None, interactions: Path = path) -> dict:
         sink, catalogue = ParquetSink(work / "out"), Items(ids, vectors, content_keys("random", ids))
         report = run_recs_job(
-            InteractionsInput(path=str(path)),
+            InteractionsInput(path=str(interactions)),
             settings,
             JobSettings(),
             catalogue,
@@ -194,5 +194,7 @@ def test_a_sequence_night_stages_its_weights_and_the_next_night_starts_from_them
     first = night(tmp_path / "first", None)
     assert first["training"]["start"] == "cold" and first["engines"]["gates"][0]["precision"] == "fp32"
     assert (tmp_path / "first" / STATE / SEQUENCE_WEIGHTS).is_file()
-    second = night(tmp_path / "second", Previous("v1", WorkPath.of(tmp_path / "first"), range(0, 1000)))
+    moved = tmp_path / "next.parquet"  # the next night's interactions: one row fewer, so it trains
+    pq.write_table(pq.read_table(path).slice(1), moved)
+    second = night(tmp_path / "second", Previous("v1", WorkPath.of(tmp_path / "first"), range(0, 1000)), moved)
     assert second["training"]["start"] == f"warm: {CATALOGUE} of {CATALOGUE} items' weights carried over"
