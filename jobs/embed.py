@@ -30,7 +30,7 @@ from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset
-from precompute.jobs.validate import validated_corpus
+from precompute.jobs.validate import REJECTS, validated_corpus
 from precompute.models import Engine, load_encoder
 from precompute.stores.vector_settings import Quantization
 from precompute.stores.vectors import GRAPH_KEY, VectorStore
@@ -139,7 +139,7 @@ def run_embed_job(
         # takes minutes, and it reads no row of the corpus.
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
-        rejects_path = run / "rejects.parquet"
+        rejects_path = run / REJECTS
         with progress.stage(output, "validate"):
             good, rows, rejects = validated_corpus(corpus, rejects_path)
         seconds["validate"] = time.perf_counter() - start

@@ -32,7 +32,7 @@ from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink
-from precompute.jobs.validate import validated_corpus
+from precompute.jobs.validate import REJECTS, validated_corpus
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.label_head import LabelTask
@@ -143,7 +143,7 @@ def run_labels_job(
     cache_dir: the cache whose unchanged rows are reused; None labels every row.
     output: the output's name, for the progress lines (jobs/progress.py).
     """
-    rejects_path = work_dir / "rejects.parquet"
+    rejects_path = work_dir / REJECTS
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"

@@ -49,7 +49,6 @@ from precompute.jobs.recs_quality import RecsQuality, evaluate, quality_of
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import (
     FINGERPRINT,
-    REJECTS,
     SEQUENCE_WEIGHTS,
     STATE,
     Items,
@@ -68,7 +67,7 @@ from precompute.jobs.sequence_towers import SequenceTowers
 from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
-from precompute.jobs.validate import REASON, quarantine
+from precompute.jobs.validate import REASON, REJECTS, quarantine
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings

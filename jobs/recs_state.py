@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
+from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import input_files
 from precompute.models.settings import EngineSettings
@@ -58,8 +59,6 @@ MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS = (
     "sequence.pt",
 )
 NIGHT = "night.json"
-REJECTS = "rejects.parquet"
-"""The run's quarantined interactions, beside its state in the run folder."""
 FINGERPRINT = "fingerprint"
 
 

@@ -19,6 +19,8 @@ from precompute.models.text_columns import as_text, lossless, readable, utf8_err
 from precompute.models.tokenize import check_text
 
 REASON = "reject_reason"
+REJECTS = "rejects.parquet"
+"""A job's quarantined rows, with their reasons, in its run folder."""
 
 
 class RejectRatioExceededError(ModelError):
