@@ -4,7 +4,8 @@
     main pass:     read -> tag_rejects -> good rows -> content keys -> left join the previous
                    run's (id, key, embedding) -> EmbedActor pool (encodes the rows left without
                    one) -> StagingSink (Parquet parts, committed by a manifest)
-    driver:        committed parts -> vector store version (bulk load, index, count) -> promote as cache
+    driver:        committed parts -> vector store version (a copy of the published one with the
+                   rows that moved, else a bulk load: jobs/vector_load.py; index, count) -> promote as cache
 
 The same code runs on a laptop's local Ray and on a cluster given its address; staged
 parts are written in parallel, the version is loaded by one process, which the in-process
@@ -23,20 +24,19 @@ import ray
 from ray.actor import ActorHandle
 
 from precompute.jobs import progress, work_dir
-from precompute.jobs.content_cache import KEY, join_previous, promote, uncached, with_content_keys
+from precompute.jobs.content_cache import join_previous, promote, uncached, with_content_keys
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset
+from precompute.jobs.staging import COMPUTED, StagingSink
 from precompute.jobs.validate import REJECTS, validated_corpus
+from precompute.jobs.vector_load import load_version
 from precompute.models import Engine, load_encoder
 from precompute.stores.vector_settings import Quantization
 from precompute.stores.vectors import GRAPH_KEY, VectorStore
 
-NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
-LOAD_BATCH = 256
 STAGED = "embeddings"
 """The folder of a run's committed (id, content key, embedding, payload) parts."""
 
@@ -50,6 +50,8 @@ class EmbedJobReport:
     reused: int
     computed: int
     loaded: int
+    load: dict[str, Any]
+    """How the version was loaded: mode (whole or copy), reason, points written and deleted."""
     seconds: dict[str, float]
     engine: dict[str, Any]
 
@@ -80,33 +82,6 @@ class EmbedActor:
 def version_meta(engine: Engine) -> dict[str, Any]:
     """What a version records of its model: a reader embeds queries with the same one."""
     return {"model": engine.model.model_dump(mode="json"), "reference": engine.reference.model_dump(mode="json")}
-
-
-def payload_kind(kind: pa.DataType) -> str:
-    """A payload field's type as a search filter sees it: str, int and bool are matched exactly."""
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "str"
-    if pa.types.is_integer(kind):
-        return "int"
-    return "bool" if pa.types.is_boolean(kind) else str(kind)
-
-
-def load_version(
-    store: VectorStore, version: str, run_dir: work_dir.WorkPath, meta: dict[str, Any], quantization: Quantization = "none"
-) -> int:
-    """Bulk-load staged parts into a new, unpublished version; index it; return its count."""
-    parts = committed_dataset(run_dir)
-    payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
-    payload = {c: payload_kind(parts.schema.field(c).type) for c in payload_columns}
-    dim = parts.schema.field(EMBEDDING).type.list_size
-    integer_ids = pa.types.is_integer(parts.schema.field("id").type)  # answered as numbers
-    store.create_version(version, dim, {**meta, "payload": payload, "integer_ids": integer_ids}, quantization)
-    for batch in parts.to_batches(batch_size=LOAD_BATCH):
-        table = pa.Table.from_batches([batch])
-        ids = [str(i) for i in table["id"].to_pylist()]
-        store.upsert(version, ids, embeddings_of(table), table.select(payload_columns).to_pylist())
-    store.finalize(version)
-    return store.count(version)
 
 
 @ray.remote
@@ -166,7 +141,9 @@ def run_embed_job(
     start = time.perf_counter()
     with progress.stage(output, "load"):
         meta = {**version_meta(engine), GRAPH_KEY: asdict(next_graph(cache))}
-        loaded = load_version(store, version, sink.run_dir, meta, quantization)
+        current = store.current()
+        published = None if current is None else (current, work_dir.run_dir(settings.work_dir, output, current) / STAGED)
+        loaded = load_version(store, version, sink.run_dir, meta, quantization, published)
     seconds["load"] = time.perf_counter() - start
     promote(cache, sink.run_dir)
     return EmbedJobReport(
@@ -176,7 +153,8 @@ def run_embed_job(
         rejects_path=str(rejects_path),
         reused=sink.rows - sink.computed,
         computed=sink.computed,
-        loaded=loaded,
+        loaded=loaded.count,
+        load={k: v for k, v in asdict(loaded).items() if k != "count"},
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
         engine=engine_report,
     )

@@ -159,6 +159,23 @@ class QdrantEdgeStore(VectorStore):
         self._fields[version] = {}
         (path / META).write_text(json.dumps({**(meta or {}), "dim": dim}))
 
+    def copy_version(self, source: str, version: str, meta: Mapping[str, Any]) -> None:
+        """The source's files copied as they are: its segments keep their HNSW graphs, and what
+        the writer then upserts goes to a new segment, which `finalize` indexes alone."""
+        if not self._finalized(source):
+            raise VersionNotFoundError(f"cannot copy version {source!r}: it is not a finalized version")
+        path = self._dir(version)
+        if path.exists():
+            raise StoreError(f"version {version!r} already exists at {path}")
+        dim = self.meta(source)["dim"]
+        shutil.copytree(self._dir(source), path, ignore=shutil.ignore_patterns(FINALIZED, META))
+        try:
+            self._writers[version] = qe.EdgeShard.load(str(path))
+        except Exception as e:
+            raise StoreError(f"cannot open the copy of version {source!r} as {version!r}: {e}") from e
+        self._fields[version] = {}
+        (path / META).write_text(json.dumps({**meta, "dim": dim}))
+
     def record_search(self, version: str, params: SearchParams) -> None:
         meta = {**self.meta(version), SEARCH_KEY: asdict(params)}
         fd, tmp = tempfile.mkstemp(prefix=f"{META}.", dir=self._dir(version))
@@ -191,6 +208,15 @@ class QdrantEdgeStore(VectorStore):
                 shard.update(qe.UpdateOperation.upsert_points(points))
             except Exception as e:
                 raise StoreError(f"upsert into version {version!r} failed: {e}") from e
+
+    def delete(self, version: str, ids: Sequence[str]) -> None:
+        shard = self._writer(version)
+        for start in range(0, len(ids), UPSERT_BATCH):
+            batch = [point_id(i) for i in ids[start : start + UPSERT_BATCH]]
+            try:
+                shard.update(qe.UpdateOperation.delete_points(batch))
+            except Exception as e:
+                raise StoreError(f"delete from version {version!r} failed: {e}") from e
 
     def finalize(self, version: str) -> None:
         shard = self._writer(version)

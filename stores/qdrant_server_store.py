@@ -10,7 +10,10 @@ waiting for the collection to turn green, and marked finalized in the collection
 keeps scalar INT8 vectors (quantile 0.99, in RAM); queries always ask to rescore the version's
 oversampled candidates with the original vectors (a server otherwise decides by itself), which
 collections without quantization ignore. A version's search parameters (SearchParams, tuned by
-the nightly check) live in the same metadata.
+the nightly check) live in the same metadata. A copy of a version (`copy_version`) is a new
+collection configured like it, filled by scrolling the source's points through this client: it
+saves the night's embedding, not the server's graph build (a server would clone the segments
+from a snapshot, which local mode cannot run: not built).
 
 Also runs on qdrant-client's local mode (`QdrantClient(":memory:")` or `path=`), which is
 what the tests inject: a pure-Python brute force that accepts and ignores HNSW and
@@ -173,6 +176,29 @@ class QdrantServerStore(VectorStore):
                 metadata={FINALIZED_KEY: False, META_KEY: {**(meta or {}), "dim": dim}},
             )
 
+    def copy_version(self, source: str, version: str, meta: Mapping[str, Any]) -> None:
+        if not self._finalized(source):
+            raise VersionNotFoundError(f"cannot copy version {source!r}: it is not a finalized version")
+        collection = self._require(source)
+        with translated(f"reading version {source!r}"):
+            quantized = self.client.get_collection(collection).config.quantization_config is not None
+        self.create_version(version, self.meta(source)["dim"], meta, "int8" if quantized else "none")
+        fields = self._fields.setdefault(version, {})
+        offset = None
+        with translated(f"copying version {source!r} into {version!r}"):
+            while True:
+                points, offset = self.client.scroll(
+                    collection, limit=UPSERT_BATCH, offset=offset, with_payload=True, with_vectors=True
+                )
+                note_field_types([{k: v for k, v in (p.payload or {}).items() if k != ID_KEY} for p in points], fields)
+                self.client.upsert(
+                    self._collection(version),
+                    [models.PointStruct(id=p.id, vector=p.vector, payload=p.payload) for p in points],
+                    wait=True,
+                )
+                if offset is None:
+                    break
+
     def meta(self, version: str) -> dict[str, Any]:
         collection = self._require(version)
         with translated(f"reading version {version!r}"):
@@ -196,6 +222,15 @@ class QdrantServerStore(VectorStore):
                 batch_size=UPSERT_BATCH,
                 wait=True,
             )
+
+    def delete(self, version: str, ids: Sequence[str]) -> None:
+        collection = self._require(version)
+        if self._finalized(version):
+            raise StoreError(f"version {version!r} is finalized: a finalized version is never written again")
+        with translated(f"delete from version {version!r}"):
+            for start in range(0, len(ids), UPSERT_BATCH):
+                batch = [point_id(i) for i in ids[start : start + UPSERT_BATCH]]
+                self.client.delete(collection, models.PointIdsList(points=batch), wait=True)
 
     def finalize(self, version: str) -> None:
         collection = self._require(version)

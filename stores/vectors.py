@@ -148,6 +148,13 @@ class VectorStore(ABC):
         """
 
     @abstractmethod
+    def copy_version(self, source: str, version: str, meta: Mapping[str, Any]) -> None:
+        """A new version holding `source`'s points, configured as it is (dimension, graph,
+        quantization), with `meta` in place of its meta (`dim` kept); written to with `upsert`
+        and `delete` until `finalize`, like a created one. A night that changed a few rows
+        writes those, not every point (jobs/vector_load.py)."""
+
+    @abstractmethod
     def meta(self, version: str) -> dict[str, Any]:
         """What create_version recorded: `dim`, and the writer's `meta` (e.g. `model`)."""
 
@@ -171,6 +178,10 @@ class VectorStore(ABC):
         self, version: str, ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]
     ) -> None:
         """Write points in batches of UPSERT_BATCH; the payload key `id` is reserved for the item id."""
+
+    @abstractmethod
+    def delete(self, version: str, ids: Sequence[str]) -> None:
+        """Remove points by item id from a version being written; ids it does not hold are ignored."""
 
     @abstractmethod
     def finalize(self, version: str) -> None:

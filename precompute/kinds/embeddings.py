@@ -164,6 +164,7 @@ class Embeddings(OutputKind):
             "rejects_path": embedded.rejects_path,
             "reused": embedded.reused,
             "computed": embedded.computed,
+            "load": embedded.load,
             "seconds": {**embedded.seconds, **seconds},
             "docs_per_s": rates,
             "rates": rates,

@@ -127,6 +127,8 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
         0,
         200,
     )
+    copied = second["outputs"]["embeddings"]["load"]
+    assert (copied["mode"], copied["written"], copied["deleted"]) == ("copy", 0, 0)
     again = second["outputs"]["recs"]
     assert (again["mode"], again["rescored"], again["copied"]) == ("unchanged", 0, recs["users"])
     assert records("recs", again["version"]) == records("recs", recs["version"])

@@ -102,6 +102,39 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     assert twins > 0.98  # the same text; INT8's batch-dependent scale keeps it from exactly 1
 
 
+def test_a_night_that_moved_a_few_rows_copies_the_published_version_and_writes_only_those(
+    ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path
+) -> None:
+    first = run_embed_job("v1", store, corpus, job, settings)
+    assert first.load == {"mode": "whole", "reason": "nothing is published", "written": 200, "deleted": 0}
+    store.publish("v1")
+
+    rows = pq.read_table(small_corpus).to_pylist()[:200]  # the good ones
+    rows[10]["text"] += " Now with a changed description."
+    rows[11]["section"] = "moved"  # the payload alone
+    gone = rows.pop(12)
+    rows.append({**rows[0], "id": "new", "text": "A new row about the rings of Saturn."})
+    moved = tmp_path / "moved.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), moved)
+    moved_corpus = corpus.model_copy(update={"path": str(moved)})
+
+    second = run_embed_job("v2", store, moved_corpus, job, settings)
+    assert second.load == {"mode": "copy", "reason": "a copy of v1", "written": 3, "deleted": 1}
+    assert second.loaded == store.count("v2") == 200
+    vectors = vectors_by_id(job, "v2")
+    for changed in (rows[10]["id"], "new"):
+        assert store.search(vectors[changed], k=1, version="v2")[0].id == changed
+    assert store.search(vectors[rows[11]["id"]], k=1, version="v2", filter={"section": "moved"})[0].id == rows[11]["id"]
+    old = vectors_by_id(job, "v1")
+    assert gone["id"] not in {h.id for h in store.search(old[gone["id"]], k=10, version="v2")}
+    assert store.search(old[rows[10]["id"]], k=1, version="v1")[0].id == rows[10]["id"]  # v1 as it was
+
+    store.publish("v2")
+    third = run_embed_job("v3", store, moved_corpus, job, settings, quantization="int8")
+    assert third.load["mode"] == "whole"
+    assert third.load["reason"] == "the published version v2 differs in quantization"
+
+
 def test_actors_only_encode_and_never_load_a_cache() -> None:
     """The cache is joined to the rows inside the dataset: an actor is handed no cache to load
     (its engine, and the counter of rows done for the progress line)."""

@@ -130,6 +130,32 @@ def test_filters_are_an_exact_match_and(store: VectorStore) -> None:
     assert {h.id for h in tier} == {IDS[i] for i in range(N) if i % 4 == 2}
 
 
+def test_a_copy_holds_the_source_points_and_takes_writes_that_leave_the_source_as_it_was(
+    store: VectorStore,
+) -> None:
+    load(store, V1)
+    store.publish(V1)
+    store.copy_version(V1, V2, {"model": {"hash": "a"}})
+    assert store.meta(V2) == {"model": {"hash": "a"}, "dim": DIM}
+    moved = unit_vectors(1, seed=9)
+    store.upsert(V2, [IDS[0], "item-new"], np.concatenate([moved, moved]), [{"section": "news"}] * 2)
+    store.delete(V2, [IDS[1], "never-stored"])
+    store.finalize(V2)
+
+    assert (store.count(V1), store.count(V2)) == (N, N)  # one deleted, one new
+    assert {h.id for h in store.search(moved[0], k=2, version=V2)} == {IDS[0], "item-new"}
+    assert store.search(moved[0], k=2, version=V2, filter={"section": "news"})[0].payload["section"] == "news"
+    assert IDS[1] not in {h.id for h in store.search(VECTORS[1], k=5, version=V2)}
+    assert store.search(VECTORS[3], k=1, version=V2, filter={"section": "games"})[0].id == IDS[3]
+    assert store.search(VECTORS[1], k=1, version=V1)[0].id == IDS[1]  # the source is untouched
+    assert store.search(VECTORS[0], k=1, version=V1)[0].id == IDS[0]
+    with pytest.raises(StoreError, match="finalized"):
+        store.delete(V2, [IDS[2]])
+    store.create_version(V3, DIM)
+    with pytest.raises(VersionNotFoundError, match="not a finalized version"):
+        store.copy_version(V3, "20261104T031500-dd04", {})
+
+
 def test_the_dimension_travels_with_the_version_and_changes_only_with_the_model(store: VectorStore) -> None:
     store.create_version(V1, DIM, {"model": {"hash": "a"}})
     store.upsert(V1, IDS, VECTORS, payloads(V1))

@@ -1,0 +1,153 @@
+"""A new vector version from a run's staged parts: loaded whole, or a copy of the published
+version with only what moved written into it.
+
+Whole: every staged point is upserted into an empty version, whose graph `finalize` builds over
+all of them (most of a large night's load: README, "Corpus embeddings").
+
+Copy: the published version as it is stored (the store's `copy_version`: on edge its segments
+and their graphs), then the staged rows it does not hold are upserted (a new id, a changed text,
+a changed payload) and the ids this run no longer has are deleted; `finalize` indexes the new
+points' segment alone. A row is the same when its id, content key (the model and the text) and
+payload are: its vector is then the published one, the same model's embedding of the same text.
+A copy is taken when
+- the published version's staged parts are there to compare with (its run folder, kept while
+  the version is: jobs/work_dir.py collect_runs);
+- it was built as this version would be: the same meta (model, reference, dimension, payload
+  fields and types, graph, quantization), the search parameters its check chose aside;
+- at most COPY_SHARE of its points change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from precompute.jobs.content_cache import KEY
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
+from precompute.jobs.staging import COMPUTED, committed_dataset, is_committed
+from precompute.jobs.work_dir import WorkPath
+from precompute.stores.vector_settings import Quantization
+from precompute.stores.vectors import SEARCH_KEY, VectorStore
+
+NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
+LOAD_BATCH = 256
+COPY_SHARE = 0.2
+"""Changed and deleted points, as a share of the published version's, past which a version is
+loaded whole: Qdrant's vacuum rewrites a segment past 20% deleted points anyway (its default
+`deleted_threshold`), and the changed points' own segment would grow toward a full build."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    count: int
+    """Points in the new version."""
+    mode: str
+    """"whole" or "copy"."""
+    reason: str
+    """Why a version was loaded whole, or which version it copies."""
+    written: int
+    """Points upserted."""
+    deleted: int
+    """Points deleted from the copy."""
+
+
+class Copy(NamedTuple):
+    source: str
+    changed: pa.Array
+    """Ids of the staged rows to write."""
+    gone: list[str]
+    """Ids of the source's points this run does not have."""
+
+
+def payload_kind(kind: pa.DataType) -> str:
+    """A payload field's type as a search filter sees it: str, int and bool are matched exactly."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "str"
+    if pa.types.is_integer(kind):
+        return "int"
+    return "bool" if pa.types.is_boolean(kind) else str(kind)
+
+
+def load_version(
+    store: VectorStore,
+    version: str,
+    run_dir: WorkPath,
+    meta: dict[str, Any],
+    quantization: Quantization,
+    published: tuple[str, WorkPath] | None,
+) -> Loaded:
+    """Load the committed parts in `run_dir` into a new, unpublished version, indexed: a copy of
+    `published` (its version and staged parts) where that is possible, else whole."""
+    parts = committed_dataset(run_dir)
+    payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
+    meta = {
+        **meta,
+        "payload": {c: payload_kind(parts.schema.field(c).type) for c in payload_columns},
+        "integer_ids": pa.types.is_integer(parts.schema.field("id").type),  # answered as numbers
+        "quantization": quantization,
+        "dim": parts.schema.field(EMBEDDING).type.list_size,
+    }
+    copy, reason = plan_copy(store, parts, meta, published)
+    if copy is None:
+        store.create_version(version, meta["dim"], meta, quantization)
+        written = write(store, version, parts, payload_columns, None)
+    else:
+        store.copy_version(copy.source, version, meta)
+        store.delete(version, copy.gone)
+        written = write(store, version, parts, payload_columns, copy.changed)
+    store.finalize(version)
+    mode, deleted = ("whole", 0) if copy is None else ("copy", len(copy.gone))
+    return Loaded(store.count(version), mode, reason, written, deleted)
+
+
+def plan_copy(
+    store: VectorStore, parts: pads.Dataset, meta: dict[str, Any], published: tuple[str, WorkPath] | None
+) -> tuple[Copy | None, str]:
+    """What a copy of the published version writes and deletes, or None and why not."""
+    if published is None:
+        return None, "nothing is published"
+    source, source_dir = published
+    if not is_committed(source_dir):
+        return None, f"the published version {source}'s staged parts are gone"
+    old = store.meta(source)
+    differs = sorted(k for k in old.keys() | meta.keys() if k != SEARCH_KEY and old.get(k) != meta.get(k))
+    if differs:
+        return None, f"the published version {source} differs in {', '.join(differs)}"
+    columns = ["id", KEY, *meta["payload"]]
+    new = row_digests(parts.to_table(columns=columns))
+    previous = row_digests(committed_dataset(source_dir).to_table(columns=columns))
+    changed = new.join(previous, on=["id", "row"], how="anti")["id"]
+    gone = previous.join(new, on="id", how="anti")["id"]
+    moved = len(changed) + len(gone)
+    if moved > COPY_SHARE * max(len(previous), 1):
+        return None, f"{moved} of the published version {source}'s {len(previous)} points change"
+    ids = changed.to_arrow().cast(parts.schema.field("id").type)
+    return Copy(source, ids, [str(i) for i in gone.to_list()]), f"a copy of {source}"
+
+
+def row_digests(table: pa.Table) -> pl.DataFrame:
+    """(id, row): a hash of each row's content key and payload, comparable within this process."""
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.select("id", row=frame.drop("id").hash_rows(seed=0))
+
+
+def write(
+    store: VectorStore, version: str, parts: pads.Dataset, payload_columns: list[str], only: pa.Array | None
+) -> int:
+    """Upsert the staged rows (those whose id is in `only`, when given); return how many."""
+    written = 0
+    for batch in parts.to_batches(batch_size=LOAD_BATCH):
+        table = pa.Table.from_batches([batch])
+        if only is not None:
+            table = table.filter(pc.is_in(table["id"], value_set=only))
+        if table.num_rows:
+            ids = [str(i) for i in table["id"].to_pylist()]
+            store.upsert(version, ids, embeddings_of(table), table.select(payload_columns).to_pylist())
+            written += table.num_rows
+    return written
