@@ -48,9 +48,13 @@ CALIBRATION_BATCH = 8
 def int8_dynamic(
     fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource, keep_float: Sequence[str] = ()
 ) -> None:
-    """`keep_float`: MatMul nodes left in float (a mixed graph's)."""
+    """`keep_float`: MatMul nodes left in float (a mixed graph's).
+
+    The graph goes in loaded: given a path, ONNX Runtime writes its shape-inferred copy beside
+    the FP32 model under a fixed name and deletes it, so two builds from one export (a failed
+    run's engine task still building as the next run starts one) removed each other's file."""
     quantize_dynamic(
-        fp32,
+        onnx.load(str(fp32)),
         out,
         weight_type=QuantType.QInt8,
         per_channel=True,
