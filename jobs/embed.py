@@ -28,9 +28,10 @@ from precompute.jobs.content_cache import join_previous, promote, uncached, with
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
+from precompute.jobs.nights import Night, copy_files, inputs_digest, record_night, same_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.staging import COMPUTED, StagingSink
+from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
 from precompute.jobs.validate import REJECTS, validated_corpus
 from precompute.jobs.vector_load import load_version
 from precompute.models import Engine, load_encoder
@@ -52,6 +53,9 @@ class EmbedJobReport:
     loaded: int
     load: dict[str, Any]
     """How the version was loaded: mode (whole or copy), reason, points written and deleted."""
+    unchanged_from: str | None
+    """The published version whose corpus and settings this run's are, byte for byte: its staged
+    rows, quarantine and figures were copied, and nothing was validated or embedded."""
     seconds: dict[str, float]
     engine: dict[str, Any]
 
@@ -107,6 +111,57 @@ def run_embed_job(
     """
     run = work_dir.run_dir(settings.work_dir, output, version)
     cache = work_dir.cache_dir(settings.work_dir, output)
+    current = store.current()
+    published = None if current is None else work_dir.run_dir(settings.work_dir, output, current)
+    start = time.perf_counter()
+    inputs = inputs_digest(corpus, corpus.model_dump_json(), engine.model_dump_json())
+    unchanged = same_night(inputs, published)
+    seconds = {"digest": time.perf_counter() - start}
+    if unchanged is None:
+        night, computed, embedded = embed_corpus(run, cache, corpus, settings, engine, output, inputs)
+        seconds.update(embedded)
+    else:
+        assert published is not None  # same_night read it
+        night, start = unchanged, time.perf_counter()
+        copy_committed(published / STAGED, run / STAGED)
+        copy_files(published, run, [REJECTS])
+        computed, seconds["copy"] = 0, time.perf_counter() - start
+    record_night(run, night)
+    rows, rejects = night.figures["rows"], night.figures["rejects"]
+
+    start = time.perf_counter()
+    with progress.stage(output, "load"):
+        meta = {**version_meta(engine), GRAPH_KEY: asdict(next_graph(cache))}
+        source = None if published is None else (current, published / STAGED)
+        loaded = load_version(store, version, run / STAGED, meta, quantization, source)
+    seconds["load"] = time.perf_counter() - start
+    promote(cache, run / STAGED)
+    return EmbedJobReport(
+        version=version,
+        rows=rows,
+        rejects=rejects,
+        rejects_path=str(run / REJECTS),
+        reused=rows - rejects - computed,
+        computed=computed,
+        loaded=loaded.count,
+        load={k: v for k, v in asdict(loaded).items() if k != "count"},
+        unchanged_from=None if unchanged is None else current,
+        seconds={stage: round(value, 2) for stage, value in seconds.items()},
+        engine=night.figures["engine"],
+    )
+
+
+def embed_corpus(
+    run: work_dir.WorkPath,
+    cache: work_dir.WorkPath,
+    corpus: CorpusInput,
+    settings: JobSettings,
+    engine: Engine,
+    output: str,
+    inputs: str,
+) -> tuple[Night, int, dict[str, float]]:
+    """Validate the corpus, then embed the rows the cache lacks into `run`'s staged parts:
+    (the night, with its rows, rejects and engine report; rows computed; seconds by stage)."""
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
@@ -114,9 +169,8 @@ def run_embed_job(
         # takes minutes, and it reads no row of the corpus.
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
-        rejects_path = run / REJECTS
         with progress.stage(output, "validate"):
-            good, rows, rejects = validated_corpus(corpus, rejects_path)
+            good, rows, rejects = validated_corpus(corpus, run / REJECTS)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -137,24 +191,5 @@ def run_embed_job(
                 **actor_pool(settings.actors, gpus),
             ).write_datasink(sink)
         seconds["embed"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    with progress.stage(output, "load"):
-        meta = {**version_meta(engine), GRAPH_KEY: asdict(next_graph(cache))}
-        current = store.current()
-        published = None if current is None else (current, work_dir.run_dir(settings.work_dir, output, current) / STAGED)
-        loaded = load_version(store, version, sink.run_dir, meta, quantization, published)
-    seconds["load"] = time.perf_counter() - start
-    promote(cache, sink.run_dir)
-    return EmbedJobReport(
-        version=version,
-        rows=rows,
-        rejects=rejects,
-        rejects_path=str(rejects_path),
-        reused=sink.rows - sink.computed,
-        computed=sink.computed,
-        loaded=loaded.count,
-        load={k: v for k, v in asdict(loaded).items() if k != "count"},
-        seconds={stage: round(value, 2) for stage, value in seconds.items()},
-        engine=engine_report,
-    )
+    night = Night(inputs, {"rows": rows, "rejects": rejects, "engine": engine_report})
+    return night, sink.computed, seconds

@@ -8,7 +8,9 @@
 The labeler is trained, built and gated once in a Ray task before the actors fan out, as
 in jobs/embed.py. A value is the item's top labels as `stores.records` pairs; the label
 names are the version's vocabulary. A row's content key hashes (labeler identity, text),
-so a new encoder, head, classifier or vocabulary computes every row again.
+so a new encoder, head, classifier or vocabulary computes every row again. A night whose
+corpus, engine and task are exactly the published run's copies that version whole instead
+(jobs/nights.py).
 """
 
 from __future__ import annotations
@@ -29,15 +31,17 @@ from ray.actor import ActorHandle
 from precompute.jobs import progress
 from precompute.jobs.content_cache import KEY, join_previous, uncached, with_content_keys
 from precompute.jobs.inputs import CorpusInput
+from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_digest, record_night, same_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.staging import COMPUTED, StagingSink
+from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed
 from precompute.jobs.validate import REJECTS, validated_corpus
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.label_head import LabelTask
 from precompute.models.labels import LabelerReport, load_labeler, open_labeler
 from precompute.stores.key_value_sink import KeyValueSink
+from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import encode_ranked
 
 SAMPLES = 5
@@ -62,6 +66,8 @@ class LabelsJobReport:
     """Label names by index: a value's indices point here, so a publish stores it with the version."""
     samples: dict[str, bytes]
     """A few item_id -> value as written, for the read-back checks of a publish."""
+    unchanged_from: str | None = None
+    """The published version copied whole: this run's inputs were its run's (jobs/nights.py)."""
 
 
 def labeler_identity(labels: LabelTask, engine: Engine, report: LabelerReport, vocabulary: list[str]) -> str:
@@ -130,21 +136,30 @@ def run_labels_job(
     engine: Engine,
     sink: KeyValueSink,
     work_dir: WorkPath,
-    before_write: Callable[[int], None] | None = None,
+    before_write: Callable[[int, CopyPlan | None], None] | None = None,
     cache_dir: WorkPath | None = None,
     output: str = "labels",
+    previous: Previous | None = None,
 ) -> LabelsJobReport:
     """Top labels of every valid corpus row, written through `sink`.
 
     work_dir: this run's folder: rejects, and the staged parts (under `labels/`) that the
     caller promotes as the next run's cache once it published the version.
     before_write: called with the number of records once validation counted them, for a
-    store that sizes a version up front (create_version(rows=)).
+    store that sizes a version up front (create_version(rows=)), and the version to copy when
+    the night is unchanged.
     cache_dir: the cache whose unchanged rows are reused; None labels every row.
     output: the output's name, for the progress lines (jobs/progress.py).
+    previous: the published version; when this run's corpus, engine and task are exactly its
+    run's (jobs/nights.py), it is copied whole and nothing is validated, built or labelled.
     """
     rejects_path = work_dir / REJECTS
-    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    inputs = inputs_digest(corpus, corpus.model_dump_json(), engine.model_dump_json(), labels.model_dump_json())
+    night = same_night(inputs, None if previous is None else previous.run_dir)
+    seconds = {"digest": time.perf_counter() - start}
+    if night is not None and previous is not None and night.figures["items"] in previous.records:
+        return unchanged_night(night, previous, work_dir, before_write, seconds)
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
@@ -186,9 +201,11 @@ def run_labels_job(
         with progress.stage(output, "write"):
             values.write_datasink(staging)
             if before_write:
-                before_write(rows - rejects)
+                before_write(rows - rejects, None)
             sink.routed(values.select_columns(["id", VALUE]), rows - rejects).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
+    figures = {"rows": rows, "rejects": rejects, "items": rows - rejects, "labeler": asdict(report), "vocabulary": vocabulary}
+    record_night(work_dir, Night(inputs, figures))
     return LabelsJobReport(
         rows=rows,
         rejects=rejects,
@@ -200,4 +217,35 @@ def run_labels_job(
         labeler=asdict(report),
         vocabulary=vocabulary,
         samples=samples,
+    )
+
+
+def unchanged_night(
+    night: Night,
+    previous: Previous,
+    work_dir: WorkPath,
+    before_write: Callable[[int, CopyPlan | None], None] | None,
+    seconds: dict[str, float],
+) -> LabelsJobReport:
+    """The published version copied whole, with its run's staged values, quarantine and figures."""
+    start = time.perf_counter()
+    copy_committed(previous.run_dir / STAGED, work_dir / STAGED)
+    copy_files(previous.run_dir, work_dir, [REJECTS, NIGHT])
+    items = night.figures["items"]
+    if before_write:
+        before_write(items, CopyPlan(previous.version, []))
+    sampled = committed_dataset(work_dir / STAGED).head(SAMPLES, columns=["id", VALUE]).to_pylist()
+    seconds["copy"] = time.perf_counter() - start
+    return LabelsJobReport(
+        rows=night.figures["rows"],
+        rejects=night.figures["rejects"],
+        rejects_path=str(work_dir / REJECTS),
+        items=items,
+        reused=items,
+        computed=0,
+        seconds={stage: round(value, 2) for stage, value in seconds.items()},
+        labeler=night.figures["labeler"],
+        vocabulary=night.figures["vocabulary"],
+        samples={str(row["id"]): row[VALUE] for row in sampled},
+        unchanged_from=previous.version,
     )

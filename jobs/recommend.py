@@ -36,6 +36,7 @@ from ray.data.expressions import col
 from precompute.jobs import progress
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT, clean, read_interactions, tag_rejects
+from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.recs_models import (
     HISTORY_ORDER,
@@ -52,13 +53,10 @@ from precompute.jobs.recs_state import (
     SEQUENCE_WEIGHTS,
     STATE,
     Items,
-    Night,
-    Previous,
     inputs_digest,
     interactions_fingerprint,
     model_fingerprint,
     plan,
-    record_night,
     rescore,
     stage,
     unchanged_night,
@@ -247,15 +245,15 @@ def run_recs_job(
         assert previous is not None  # unchanged_night compares with it
         start = time.perf_counter()
         if before_write:
-            before_write(night.users, CopyPlan(previous.version, []))
+            before_write(night.figures["users"], CopyPlan(previous.version, []))
         seconds["write"] = time.perf_counter() - start
         return RecsJobReport(
-            rows=night.rows,
-            rejects=night.rejects,
+            rows=night.figures["rows"],
+            rejects=night.figures["rejects"],
             rejects_path=str(rejects_path),
-            users=night.users,
+            users=night.figures["users"],
             rescored=0,
-            copied=night.users,
+            copied=night.figures["users"],
             mode="unchanged",
             mode_reason=f"the interactions, items and settings are those of {previous.version}",
             k=settings.k,
@@ -263,7 +261,7 @@ def run_recs_job(
             seconds={stage: round(value, 2) for stage, value in seconds.items()},
             vocabulary=list(items.ids),
             samples={},
-            quality=quality_of(night.quality),
+            quality=quality_of(night.figures["quality"]),
         )
     with ray_session(job.ray_address):
         resources = ray.cluster_resources()
@@ -310,7 +308,7 @@ def run_recs_job(
         )
         users = users_of(grouped)
         mode, reason, copy, to_score, rescored = "full", planned.reason, None, grouped, users.num_rows
-        if planned.previous is not None and users.num_rows not in planned.previous.users:
+        if planned.previous is not None and users.num_rows not in planned.previous.records:
             reason = (
                 f"{users.num_rows} users are more or fewer than a copy of {planned.previous.version} holds"
             )
@@ -326,7 +324,8 @@ def run_recs_job(
                 only_users, batch_format="pyarrow", batch_size=None, fn_kwargs={"ids": keep}
             )
         stage(work_dir, fingerprint, items, users)
-        record_night(work_dir, Night(inputs, rows, rejects, users.num_rows, asdict(quality)))
+        figures = {"rows": rows, "rejects": rejects, "users": users.num_rows, "quality": asdict(quality)}
+        record_night(work_dir / STATE, Night(inputs, figures))
         sequence_report = None
         parts = [part for part, _ in getattr(towers, "parts", [])]  # a blend's; the content model has none
         if sequence := next((part for part in parts if isinstance(part, SequenceTowers)), None):

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -38,12 +37,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from precompute.jobs import nights
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
+from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, same_night
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath
-from precompute.models.datasets import input_files
 from precompute.models.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS = (
     "users.parquet",
     "sequence.pt",
 )
-NIGHT = "night.json"
 FINGERPRINT = "fingerprint"
 
 
@@ -70,18 +69,6 @@ class Items(NamedTuple):
     """[items, dim] float32, L2-normalised; row i is the embedding of ids[i]."""
     keys: list[bytes]
     """Content key of each item's text: changes exactly when its embedding may change."""
-
-
-@dataclass(frozen=True)
-class Previous:
-    """The published version a run may copy from."""
-
-    version: str
-    run_dir: WorkPath
-    """Its run folder, holding the `recs_state/` it staged."""
-    users: range
-    """User counts a copy of it holds well (the store says: stores/key_value_versions.py);
-    past them a run is full."""
 
 
 class Plan(NamedTuple):
@@ -139,16 +126,16 @@ def inputs_digest(
 ) -> str:
     """Everything a version is made from: the interactions' files and how they are read, the
     items (ids and content keys), the settings, the towers' vectors and the scoring code (`recipe`)."""
-    digest = hashlib.blake2b(digest_size=16)
     described = [interactions, settings, engine or EngineSettings()]
-    for part in (input_files(interactions).digest(), items_model, recipe, *(p.model_dump_json() for p in described)):
-        digest.update(part.encode() + b"\x00")
-    digest.update("\n".join(items.ids).encode() + b"".join(items.keys))
-    if own is not None:
-        digest.update(own.items.data)
-        digest.update(np.ascontiguousarray(own.user_vectors).data)
-        digest.update("\n".join(map(str, own.user_ids)).encode())
-    return digest.hexdigest()
+    towers = [] if own is None else [own.items, own.user_vectors, "\n".join(map(str, own.user_ids))]
+    return nights.inputs_digest(
+        interactions,
+        items_model,
+        recipe,
+        *(part.model_dump_json() for part in described),
+        "\n".join(items.ids).encode() + b"".join(items.keys),
+        *towers,
+    )
 
 
 def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -> Plan:
@@ -199,35 +186,14 @@ def stage(run_dir: WorkPath, fingerprint: dict[str, Any], items: Items, users: p
     (state / MODEL).write_text(json.dumps(fingerprint, indent=2))
 
 
-@dataclass(frozen=True)
-class Night:
-    """What a run was made from (`inputs`, a digest) and what it measured of it: what a rerun over
-    the same inputs keeps instead of measuring again."""
-
-    inputs: str
-    rows: int
-    rejects: int
-    users: int
-    quality: dict[str, Any]
-    """jobs/recs_quality.py RecsQuality, as a dict."""
-
-
-def record_night(run_dir: WorkPath, night: Night) -> None:
-    """Beside the state stage() wrote, once the run's figures are known."""
-    (run_dir / STATE / NIGHT).write_text(json.dumps(asdict(night), indent=2))
-
-
 def unchanged_night(inputs: str, previous: Previous | None, run_dir: WorkPath) -> Night | None:
-    """The published version's night when it was made from exactly `inputs`, its state then
-    copied into `run_dir` (the next night compares with it, and warm-starts from its sequence
-    weights); None when anything moved, or a copy of it would not hold its users well."""
-    if previous is None or not (previous.run_dir / STATE / NIGHT).is_file():
+    """The published version's night (figures: rows, rejects, users, quality) when it was made
+    from exactly `inputs`, its state then copied into `run_dir` (the next night compares with
+    it, and warm-starts from its sequence weights); None when anything moved, or a copy of it
+    would not hold its users well."""
+    night = same_night(inputs, None if previous is None else previous.run_dir / STATE)
+    if night is None or previous is None or night.figures["users"] not in previous.records:
         return None
-    night = Night(**json.loads((previous.run_dir / STATE / NIGHT).read_text()))
-    if night.inputs != inputs or night.users not in previous.users:
-        return None
-    (run_dir / STATE).mkdir()
-    for name in (*(f"{STATE}/{n}" for n in (MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, NIGHT)), REJECTS):
-        if (source := previous.run_dir / name).is_file():
-            source.fs.copy_file(source.path, (run_dir / name).path)
+    copy_files(previous.run_dir / STATE, run_dir / STATE, [MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, NIGHT])
+    copy_files(previous.run_dir, run_dir, [REJECTS])
     return night

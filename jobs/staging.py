@@ -24,6 +24,7 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
+from precompute.jobs.nights import copy_files
 from precompute.jobs.work_dir import WorkPath
 
 MANIFEST = "manifest.json"
@@ -73,6 +74,13 @@ def commit(run_dir: WorkPath, parts: list[dict[str, Any]]) -> None:
     for orphan in run_dir.glob(PARTS):
         if orphan.name not in listed:
             orphan.unlink()
+
+
+def copy_committed(source: WorkPath, target: WorkPath) -> None:
+    """The committed parts of `source` copied into `target`, the manifest last: a run that keeps
+    another run's staged rows (an unchanged night: jobs/nights.py)."""
+    parts = json.loads((source / MANIFEST).read_text())["parts"]
+    copy_files(source, target, [*(p["name"] for p in parts), MANIFEST])
 
 
 def is_committed(run_dir: WorkPath) -> bool:

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from precompute.settings import Machine
 
 ROW_STAGES = ("validate", "embed", "load")
-"""Stages that pass over every row; rows/s of the others (engine build, publish) means nothing."""
+"""Stages that pass over every row; rows/s of the others (engine build, publish) means nothing.
+An unchanged night (jobs/nights.py) runs neither validate nor embed."""
 CHECK_QUERIES = 200
 """Stored vectors searched for themselves (canaries) and for their exact top 10 (recall): at
 0.99, 2,000 answers put the measured recall within about 0.005 of the true one."""
@@ -154,7 +155,11 @@ class Embeddings(OutputKind):
             run.step("publish", publish)
         seconds["publish"] = round(time.perf_counter() - start, 2)
         deleted = run.step("collect_garbage", collect_garbage)
-        rates = {stage: round(embedded.rows / embedded.seconds[stage], 1) for stage in ROW_STAGES}
+        rates = {
+            stage: round(embedded.rows / embedded.seconds[stage], 1)
+            for stage in ROW_STAGES
+            if embedded.seconds.get(stage)
+        }
         return {
             "kind": self.name,
             "version": version,
@@ -165,6 +170,7 @@ class Embeddings(OutputKind):
             "reused": embedded.reused,
             "computed": embedded.computed,
             "load": embedded.load,
+            "unchanged_from": embedded.unchanged_from,
             "seconds": {**embedded.seconds, **seconds},
             "docs_per_s": rates,
             "rates": rates,

@@ -17,6 +17,7 @@ from precompute.stores.key_value_versions import NewVersion, OutputVersions
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
+    from precompute.jobs.nights import Previous
     from precompute.pipeline import Pipeline
     from precompute.settings import Machine
 
@@ -51,6 +52,16 @@ def store_line(pipeline: Pipeline, name: str, machine: Machine) -> str:
     keep = pipeline.outputs[name].keep_versions
     where = f"redis keys {machine.redis.prefix}:{pipeline.store(name)}:<version>"
     return f"  store   {where}: a new version each run, {keep} kept for rollback"
+
+
+def published_run(run: RunContext, name: str, new: NewVersion) -> Previous | None:
+    """The published version a new one may copy from, with its run folder; None before the first."""
+    from precompute.jobs.nights import Previous
+
+    current = new.store.current(new.output)
+    if current is None:
+        return None
+    return Previous(current, work_dir.run_dir(run.work_dir, name, current), new.copyable(current))
 
 
 def publish_new_version(

@@ -16,7 +16,13 @@ from pydantic import Field, model_validator
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import VersionVocabulary, key_value_versions, publish_new_version, store_line
+from precompute.kinds.keyed import (
+    VersionVocabulary,
+    key_value_versions,
+    publish_new_version,
+    published_run,
+    store_line,
+)
 from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.models.datasets import integer_column
 from precompute.models.label_head import LabelPolicy, LabelTask
@@ -128,6 +134,7 @@ class Labels(OutputKind):
                     before_write=new.create,
                     cache_dir=cache,
                     output=name,
+                    previous=published_run(run, name, new),
                 ),
             )
             promote(cache, work_dir.run_dir(run.work_dir, name, version) / STAGED)
@@ -136,7 +143,8 @@ class Labels(OutputKind):
         labelled, version, deleted = run.step("label", label)
         labeler = labelled.labeler
         accuracy = labeler["held_out_accuracy"]
-        rate = round(labelled.items / labelled.seconds["label"], 1)
+        seconds = labelled.seconds.get("label")  # none on an unchanged night
+        rates = {"label": round(labelled.items / seconds, 1)} if seconds else {}
         return {
             "kind": self.name,
             "version": version,
@@ -149,8 +157,9 @@ class Labels(OutputKind):
             "computed": labelled.computed,
             "labels": len(labelled.vocabulary),
             "seconds": labelled.seconds,
-            "docs_per_s": rate,
-            "rates": {"label": rate},
+            "docs_per_s": rates.get("label"),
+            "rates": rates,
+            "unchanged_from": labelled.unchanged_from,
             "rate_unit": "rows/s",
             "engine": {k: labeler["engine"][k] for k in ("backend", "device", "precision")},
             "gate": labeler["gates"],

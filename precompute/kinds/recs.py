@@ -19,7 +19,13 @@ from pydantic import Field, model_validator
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import VersionVocabulary, key_value_versions, publish_new_version, store_line
+from precompute.kinds.keyed import (
+    VersionVocabulary,
+    key_value_versions,
+    publish_new_version,
+    published_run,
+    store_line,
+)
 from precompute.models.datasets import InputError, arrow_dataset, integer_column
 from precompute.models.errors import ModelError
 from precompute.models.towers import Signature, TowersSpec, column_problem, same_dim
@@ -100,7 +106,7 @@ class Recs(OutputKind):
         from precompute.jobs.ray_session import ray_session
         from precompute.jobs.recommend import RecsJobReport, run_recs_job
         from precompute.jobs.recs_quality import beats_most_popular
-        from precompute.jobs.recs_state import Previous, staged_items
+        from precompute.jobs.recs_state import staged_items
         from precompute.stores.key_value_versions import NewVersion
 
         output: RecsOutputSpec = run.pipeline.outputs[name]
@@ -117,10 +123,7 @@ class Recs(OutputKind):
 
             def job(new: NewVersion, folder: work_dir.WorkPath) -> RecsJobReport:
                 """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
-                current = new.store.current(new.output)
-                previous = None
-                if current is not None:
-                    previous = Previous(current, work_dir.run_dir(run.work_dir, name, current), new.copyable(current))
+                previous = published_run(run, name, new)
                 with ray_session(machine.job.ray_address):
                     own = None
                     if output.towers is not None:

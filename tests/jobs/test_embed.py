@@ -135,6 +135,31 @@ def test_a_night_that_moved_a_few_rows_copies_the_published_version_and_writes_o
     assert third.load["reason"] == "the published version v2 differs in quantization"
 
 
+def test_a_night_over_the_same_corpus_and_settings_keeps_the_published_run_without_reading_a_row(
+    ray_local, settings, store, job, corpus
+) -> None:
+    first = run_embed_job("v1", store, corpus, job, settings)
+    store.publish("v1")
+
+    second = run_embed_job("v2", store, corpus, job, settings)
+    assert second.unchanged_from == "v1"
+    assert set(second.seconds) == {"digest", "copy", "load"}  # no validation, engine or inference
+    assert (second.rows, second.rejects, second.computed, second.reused, second.loaded) == (204, 4, 0, 200, 200)
+    assert second.engine == first.engine
+    assert pq.read_table(second.rejects_path).num_rows == 4
+    assert (second.load["mode"], second.load["written"], second.load["deleted"]) == ("copy", 0, 0)
+    before, after = vectors_by_id(job, "v1"), vectors_by_id(job, "v2")
+    assert before.keys() == after.keys() and all(np.array_equal(before[i], after[i]) for i in before)
+
+    store.publish("v2")  # the copy carries the night on
+    assert run_embed_job("v3", store, corpus, job, settings).unchanged_from == "v2"
+    store.publish("v3")
+    stricter = corpus.model_copy(update={"max_reject_ratio": 0.04})  # how the input is read moved
+    fourth = run_embed_job("v4", store, stricter, job, settings)
+    assert fourth.unchanged_from is None and "validate" in fourth.seconds
+    assert (fourth.computed, fourth.reused) == (0, 200)
+
+
 def test_actors_only_encode_and_never_load_a_cache() -> None:
     """The cache is joined to the rows inside the dataset: an actor is handed no cache to load
     (its engine, and the counter of rows done for the progress line)."""

@@ -16,10 +16,11 @@ import pytest
 from precompute.jobs.content_cache import content_keys
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import tag_rejects
+from precompute.jobs.nights import Previous
 from precompute.jobs.recommend import run_recs_job
 from precompute.jobs.recs_quality import hold_out_last, valid_interactions
 from precompute.jobs.recs_spec import RecsSpec, SequenceSpec
-from precompute.jobs.recs_state import SEQUENCE_WEIGHTS, STATE, Items, Previous
+from precompute.jobs.recs_state import SEQUENCE_WEIGHTS, STATE, Items
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import REASON
 from precompute.jobs.work_dir import WorkPath

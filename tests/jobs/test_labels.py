@@ -16,6 +16,7 @@ from precompute.demo_data import DEMO_CORPUS
 from precompute.jobs.content_cache import promote
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.labels import STAGED, LabelsJobReport, labeler_identity, run_labels_job
+from precompute.jobs.nights import Previous
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
@@ -24,6 +25,7 @@ from precompute.models.labels import LabelerReport, load_labeler
 from precompute.models.reference_texts import TextSample
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
+from precompute.stores.key_value_versions import NewVersion
 from precompute.stores.records import decode_ranked
 from precompute.stores.redis_settings import RedisSettings
 
@@ -54,7 +56,7 @@ def test_every_valid_item_gets_the_labelers_top_labels(
             settings,
             store.sink("labels", VERSION),
             WorkPath.of(tmp_path / "run"),
-            before_write=lambda rows: store.create_version("labels", VERSION, rows),
+            before_write=lambda rows, copy: store.create_version("labels", VERSION, rows),
         )
         store.publish("labels", VERSION, 2, report.samples)
 
@@ -106,23 +108,28 @@ def test_too_many_rejects_fail_before_any_labelling(
 
 
 def label_and_publish(
-    store: KeyValueStore, version: str, corpus: CorpusInput, labels: LabelTask, settings, tmp_path: Path
-) -> LabelsJobReport:
-    """What the flow's label task does: label into a version, publish it, promote its staged values."""
+    store: KeyValueStore, corpus: CorpusInput, labels: LabelTask, settings, tmp_path: Path
+) -> tuple[LabelsJobReport, str]:
+    """What the flow's label task does: label into a new version (a copy of the published one on an
+    unchanged night), publish it, promote its staged values. (report, version)"""
     cache_dir = WorkPath.of(tmp_path / "cache")
-    report = run_labels_job(
-        corpus,
-        JobSettings(work_dir=tmp_path),
-        labels,
-        settings,
-        store.sink("labels", version),
-        WorkPath.of(tmp_path / version),
-        before_write=lambda rows: store.create_version("labels", version, rows),
-        cache_dir=cache_dir,
-    )
-    store.publish("labels", version, 2, report.samples)
-    promote(cache_dir, WorkPath.of(tmp_path / version) / STAGED)
-    return report
+    current = store.current("labels")
+    with NewVersion(store, "labels", {}) as new:
+        previous = None if current is None else Previous(current, WorkPath.of(tmp_path / current), new.copyable(current))
+        report = run_labels_job(
+            corpus,
+            JobSettings(work_dir=tmp_path),
+            labels,
+            settings,
+            new.sink(),
+            WorkPath.of(tmp_path / new.version),
+            before_write=new.create,
+            cache_dir=cache_dir,
+            previous=previous,
+        )
+        new.publish(report.samples, 2)
+    promote(cache_dir, WorkPath.of(tmp_path / new.version) / STAGED)
+    return report, new.version
 
 
 def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
@@ -138,25 +145,27 @@ def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
         async with KeyValueReader(redis) as reader:
             return (await reader.get_many("labels", [r["id"] for r in rows[:200]]))[1]
 
+    new_head = LABELS.model_copy(update={"policy": LabelPolicy(train_texts=300, fine_tune_seconds=0)})
     with KeyValueStore(redis) as store:
-        first = label_and_publish(store, "20261123T010000Z-label1", corpus, LABELS, settings, tmp_path)
+        first, _ = label_and_publish(store, corpus, LABELS, settings, tmp_path)
         labelled = asyncio.run(read())
-        second = label_and_publish(
-            store,
-            "20261123T020000Z-label2",
-            corpus.model_copy(update={"path": str(changed)}),
-            LABELS,
-            settings,
-            tmp_path,
-        )
+        second, _ = label_and_publish(store, corpus.model_copy(update={"path": str(changed)}), LABELS, settings, tmp_path)
         reused = asyncio.run(read())
-        new_head = LABELS.model_copy(update={"policy": LabelPolicy(train_texts=300, fine_tune_seconds=0)})
-        third = label_and_publish(store, "20261123T030000Z-label3", corpus, new_head, settings, tmp_path)
+        third, relabelled = label_and_publish(store, corpus, new_head, settings, tmp_path)
+        before = asyncio.run(read())
+        fourth, copied = label_and_publish(store, corpus, new_head, settings, tmp_path)  # nothing moved
+        after = asyncio.run(read())
 
     assert (first.computed, first.reused) == (200, 0)
     assert (second.computed, second.reused) == (1, 199)
     assert None not in reused and reused[:7] + reused[8:] == labelled[:7] + labelled[8:]
-    assert (third.computed, third.reused) == (200, 0)
+    assert (third.computed, third.reused, third.unchanged_from) == (200, 0, None)
+    # The same corpus, engine and task as the published run: its version copied whole, no Ray job.
+    assert fourth.unchanged_from == relabelled and set(fourth.seconds) == {"digest", "copy"}
+    assert (fourth.rows, fourth.rejects, fourth.items, fourth.computed, fourth.reused) == (204, 4, 200, 0, 200)
+    assert (fourth.vocabulary, fourth.labeler) == (third.vocabulary, third.labeler)
+    assert None not in after and after == before and copied != relabelled
+    assert pq.read_table(fourth.rejects_path).num_rows == 4
 
 
 def test_the_labelers_identity_covers_its_head_and_vocabulary_not_the_gated_precision(settings) -> None:

@@ -16,9 +16,10 @@ import redis as redis_client
 
 from precompute.jobs.content_cache import content_keys
 from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.nights import Previous
 from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.recs_state import Items, Previous, model_fingerprint, plan
+from precompute.jobs.recs_state import Items, model_fingerprint, plan
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value import KeyValueStore
@@ -196,7 +197,7 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
     assert reason(model="mpnet") == "items_model changed from 'minilm' to 'mpnet'"
     assert reason(added) == "the items changed: 1 added, 0 removed"
     assert reason(removed) == "the items changed: 0 added, 1 removed"
-    nothing = Previous(previous.version, WorkPath.of(tmp_path), previous.users)
+    nothing = Previous(previous.version, WorkPath.of(tmp_path), previous.records)
     assert plan(model_fingerprint(MODEL, 10, scoring(), items.ids, RECIPE), items, nothing).reason == (
         "the published version 20261124T030000Z-aaaaaa left no recs state"
     )
