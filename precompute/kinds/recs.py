@@ -124,24 +124,24 @@ class Recs(OutputKind):
             def job(new: NewVersion, folder: work_dir.WorkPath) -> RecsJobReport:
                 """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
                 previous = published_run(run, name, new)
-                with ray_session(machine.job.ray_address):
-                    own = None
-                    if output.towers is not None:
+                own = None
+                if output.towers is not None:  # Ray stays up for the job (publish_new_version)
+                    with ray_session(machine.job.ray_address):
                         own = own_towers(output.towers, items.ids, folder, machine.engine)
-                    report = run_recs_job(
-                        output.input,
-                        spec,
-                        machine.job,
-                        items,
-                        new.sink(),
-                        folder,
-                        new.create,
-                        items_model=items_model,
-                        previous=previous,
-                        own=own,
-                        output=name,
-                        engine=machine.engine,
-                    )
+                report = run_recs_job(  # an unchanged night starts no Ray
+                    output.input,
+                    spec,
+                    machine.job,
+                    items,
+                    new.sink(),
+                    folder,
+                    new.create,
+                    items_model=items_model,
+                    previous=previous,
+                    own=own,
+                    output=name,
+                    engine=machine.engine,
+                )
                 if refusal := beats_most_popular(report.quality, output.min_lift):
                     raise QualityError(refusal)
                 return report
