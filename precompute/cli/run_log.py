@@ -37,9 +37,10 @@ def output_to_file(directory: Path) -> Iterator[tuple[Path, TextIO, TextIO]]:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            # What logs at exit (Prefect stopping its temporary server) is no line for the user.
+            # What logs at exit (Prefect stopping its temporary server, its events worker still
+            # flushing: a WARNING) is no line for the user; an error still is.
             for name in ("", "prefect"):
-                logging.getLogger(name).setLevel(logging.WARNING)
+                logging.getLogger(name).setLevel(logging.ERROR)
             for fd, original in saved.items():
                 os.dup2(original, fd)
                 os.close(original)
