@@ -28,7 +28,7 @@ from precompute.jobs.content_cache import join_previous, promote, uncached, with
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
-from precompute.jobs.nights import Night, copy_files, inputs_digest, record_night, same_night
+from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, record_night, same_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
@@ -119,14 +119,14 @@ def run_embed_job(
     seconds = {"digest": time.perf_counter() - start}
     if unchanged is None:
         night, computed, embedded = embed_corpus(run, cache, corpus, settings, engine, output, inputs)
+        record_night(run, night)
         seconds.update(embedded)
     else:
         assert published is not None  # same_night read it
         night, start = unchanged, time.perf_counter()
         copy_committed(published / STAGED, run / STAGED)
-        copy_files(published, run, [REJECTS])
+        copy_files(published, run, [REJECTS, NIGHT])
         computed, seconds["copy"] = 0, time.perf_counter() - start
-    record_night(run, night)
     rows, rejects = night.figures["rows"], night.figures["rejects"]
 
     start = time.perf_counter()
