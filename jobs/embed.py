@@ -133,7 +133,7 @@ def run_embed_job(
     with progress.stage(output, "load"):
         meta = {**version_meta(engine), GRAPH_KEY: asdict(next_graph(cache))}
         source = None if published is None else (current, published / STAGED)
-        loaded = load_version(store, version, run / STAGED, meta, quantization, source)
+        loaded = load_version(store, version, run / STAGED, meta, quantization, source, unchanged is not None)
     seconds["load"] = time.perf_counter() - start
     promote(cache, run / STAGED)
     return EmbedJobReport(

@@ -80,9 +80,11 @@ def load_version(
     meta: dict[str, Any],
     quantization: Quantization,
     published: tuple[str, WorkPath] | None,
+    same_rows: bool = False,
 ) -> Loaded:
     """Load the committed parts in `run_dir` into a new, unpublished version, indexed: a copy of
-    `published` (its version and staged parts) where that is possible, else whole."""
+    `published` (its version and staged parts) where that is possible, else whole. `same_rows`:
+    the parts are a copy of the published run's (an unchanged night), so no row is compared."""
     parts = committed_dataset(run_dir)
     payload_columns = [c for c in parts.schema.names if c not in NOT_PAYLOAD]
     meta = {
@@ -92,7 +94,7 @@ def load_version(
         "quantization": quantization,
         "dim": parts.schema.field(EMBEDDING).type.list_size,
     }
-    copy, reason = plan_copy(store, parts, meta, published)
+    copy, reason = plan_copy(store, parts, meta, published, same_rows)
     if copy is None:
         store.create_version(version, meta["dim"], meta, quantization)
         written = write(store, version, parts, payload_columns, None)
@@ -106,7 +108,11 @@ def load_version(
 
 
 def plan_copy(
-    store: VectorStore, parts: pads.Dataset, meta: dict[str, Any], published: tuple[str, WorkPath] | None
+    store: VectorStore,
+    parts: pads.Dataset,
+    meta: dict[str, Any],
+    published: tuple[str, WorkPath] | None,
+    same_rows: bool,
 ) -> tuple[Copy | None, str]:
     """What a copy of the published version writes and deletes, or None and why not."""
     if published is None:
@@ -118,6 +124,8 @@ def plan_copy(
     differs = sorted(k for k in old.keys() | meta.keys() if k != SEARCH_KEY and old.get(k) != meta.get(k))
     if differs:
         return None, f"the published version {source} differs in {', '.join(differs)}"
+    if same_rows:  # hashing both tables would read every row to find nothing
+        return Copy(source, pa.array([], parts.schema.field("id").type), []), f"a copy of {source}, no row moved"
     columns = ["id", KEY, *meta["payload"]]
     new = row_digests(parts.to_table(columns=columns))
     previous = row_digests(committed_dataset(source_dir).to_table(columns=columns))
@@ -141,11 +149,12 @@ def write(
     store: VectorStore, version: str, parts: pads.Dataset, payload_columns: list[str], only: pa.Array | None
 ) -> int:
     """Upsert the staged rows (those whose id is in `only`, when given); return how many."""
+    if only is not None and not len(only):
+        return 0
+    chosen = None if only is None else pc.field("id").isin(only)
     written = 0
-    for batch in parts.to_batches(batch_size=LOAD_BATCH):
+    for batch in parts.to_batches(batch_size=LOAD_BATCH, filter=chosen):
         table = pa.Table.from_batches([batch])
-        if only is not None:
-            table = table.filter(pc.is_in(table["id"], value_set=only))
         if table.num_rows:
             ids = [str(i) for i in table["id"].to_pylist()]
             store.upsert(version, ids, embeddings_of(table), table.select(payload_columns).to_pylist())
