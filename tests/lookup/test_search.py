@@ -128,7 +128,8 @@ def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
     ready = client.get("/readyz").json()
     assert ready["versions"] == {"embeddings": V1, "labels": None, "recs": None}
     assert set(ready["engines"]) == {"embeddings"}  # one per embeddings output
-    assert ready["engines"]["embeddings"] in ("onnxruntime/cpu/int8", "onnxruntime/cpu/int8-mixed")
+    # MiniLM's INT8 graphs fail the 0.98 overlap gate on CPUs (README, "Search fidelity").
+    assert ready["engines"]["embeddings"] in ("onnxruntime/cpu/int8-mixed", "onnxruntime/cpu/fp32")
     client.post("/v1/search", json={"query": "editor"})
     metrics = client.get("/metrics").text
     assert 'precompute_request_seconds_bucket{le="0.00025",route="/v1/search",status="200"}' in metrics

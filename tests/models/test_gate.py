@@ -87,7 +87,8 @@ def test_degraded_int8_falls_back_to_a_mixed_graph_of_its_most_sensitive_matmuls
         shutil.copytree(entry, tmp_path / entry.name)
     monkeypatch.setitem(QUANTIZERS, "int8-dynamic", degraded_int8)
 
-    with load_encoder(settings.replace(cache_dir=tmp_path)) as mixed:
+    # At the default overlap (0.98) MiniLM's mixed graphs fail too and FP32 serves (the next test).
+    with load_encoder(settings.replace(cache_dir=tmp_path, gate_min_overlap=0.9)) as mixed:
         report = mixed.report
     assert report.precision == "int8-mixed"
     failed, *tried = report.gates
@@ -120,8 +121,11 @@ def test_an_engine_degraded_at_every_int8_graph_falls_back_to_fp32(
     assert passed.min_cosine > 0.9999 and passed.overlap == 1.0
 
 
-def test_the_real_int8_engine_passes(encoder) -> None:
-    """On the demo corpus's held-out texts, MiniLM's all-INT8 graph or a mixed one passes."""
-    assert encoder.report.precision in ("int8", "int8-mixed")
-    gate = encoder.report.gates[-1]
-    assert gate.passed and gate.mean_cosine >= 0.99 and gate.min_cosine >= 0.97 and gate.overlap >= 0.95
+def test_the_real_engine_is_the_first_graph_to_keep_minilms_neighbours(encoder) -> None:
+    """On the demo corpus's held-out texts MiniLM's all-INT8 graph keeps the cosine bar and still
+    moves about one neighbour in ten, under the 0.98 overlap; what serves is the first graph on
+    the ladder that keeps them (FP32 on the CPUs measured: README, "Search fidelity")."""
+    int8, *_, served = encoder.report.gates
+    assert (int8.precision, int8.passed) == ("int8", False) and int8.mean_cosine >= 0.99
+    assert "overlap" in int8.reason and int8.overlap < 0.98
+    assert served.passed and served.overlap >= 0.98 and not any(g.passed for g in encoder.report.gates[:-1])
