@@ -3,9 +3,10 @@ parameters it is read with (the embeddings kind's).
 
 Count: every staged row is in the version. Canaries: a stored vector's nearest neighbour is
 itself (or an exact duplicate of it). Recall@10: held-out queries (the stored vectors of a
-seeded sample of the input's rows, each leaving itself out of both answers, and the vectors of
-the user's own queries where the pipeline file names a file of them) searched in the index
-against exact FP32 search over the same vectors.
+seeded sample of the input's rows, each leaving itself out of both answers; searches made of
+held-out texts' opening words, which land between the stored points as users' searches do; and
+the vectors of the user's own queries where the pipeline file names a file of them) searched in
+the index against exact FP32 search over the same vectors.
 
 The check tunes the version: it walks a ladder of search parameters, cheapest first (hnsw_ef
 doubled up to max_hnsw_ef; INT8 versions then oversample more before the FP32 rescoring), and
@@ -52,6 +53,8 @@ class Validation:
     recall_at_10: float
     user_queries: int = 0
     """Of the queries measured, those from the user's queries file."""
+    opening_queries: int = 0
+    """Of the queries measured, those made of held-out texts' opening words."""
     search: dict[str, Any] = field(default_factory=dict)
     """The SearchParams recorded with the version."""
     curve: list[dict[str, Any]] = field(default_factory=list)
@@ -142,13 +145,15 @@ def check_index(
     queries: int,
     min_recall: float,
     user_queries: np.ndarray | None = None,
+    opening_queries: np.ndarray | None = None,
     max_ef: int = 1024,
     exact: bool = True,
     cache: WorkPath | None = None,
 ) -> Validation:
     """The version's figures at the first rung of the ladder that passes, whose params are then
-    recorded with the version; IndexCheckError if none does. `user_queries`: vectors of the
-    searches users make, measured beside the sampled rows. `max_ef`, `exact`: the ladder's
+    recorded with the version; IndexCheckError if none does. `user_queries`, `opening_queries`:
+    vectors of the searches users make and of held-out texts' opening words, measured beside the
+    sampled rows. `max_ef`, `exact`: the ladder's
     limits (VectorStoreSettings.max_hnsw_ef, exact_scan). `cache`: the output's cache folder,
     where a denser graph is asked of the next build if no graph rung passes."""
     built = GraphParams.of(store.meta(version))
@@ -158,7 +163,8 @@ def check_index(
         raise IndexCheckError(f"version {version} holds {count} points, {len(ids)} were staged")
     sample = np.random.default_rng(0).choice(len(ids), size=min(queries, len(ids)), replace=False)
     unit = unit_rows(vectors)
-    extra = unit_rows(user_queries) if user_queries is not None else np.empty((0, unit.shape[1]), np.float32)
+    searches = [q for q in (opening_queries, user_queries) if q is not None]
+    extra = unit_rows(np.vstack(searches)) if searches else np.empty((0, unit.shape[1]), np.float32)
     asked = np.vstack([unit[sample], extra])
     own = np.concatenate([sample, np.full(len(extra), -1)])
     kth = np.concatenate([kth_scores(unit, unit[sample], sample), kth_scores(unit, extra, None)])
@@ -175,7 +181,8 @@ def check_index(
                 len(sample),
                 found,
                 round(recall, 4),
-                len(extra),
+                0 if user_queries is None else len(user_queries),
+                0 if opening_queries is None else len(opening_queries),
                 asdict(params),
                 curve,
                 asdict(built),

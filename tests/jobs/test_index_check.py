@@ -171,22 +171,27 @@ def test_recall_short_of_its_minimum_even_by_exact_scan_is_refused_with_the_figu
     assert passed.search["hnsw_ef"] == 64 and passed.search["exact"] is False
 
 
-def test_the_users_queries_are_measured_beside_the_stored_rows(tmp_path: Path) -> None:
-    """Queries from a user's file are no stored row: all 10 of their hits count, none is a canary.
-    Vectors stored a little off the staged ones miss some of their neighbours, and the figure
-    says so; the same version with the right vectors finds them all."""
-    queries = embeddings(40, seed=7)
+def test_the_users_queries_and_opening_words_searches_are_measured_beside_the_stored_rows(tmp_path: Path) -> None:
+    """Searches (a user's file, held-out texts' opening words) are no stored row: all 10 of their
+    hits count, none is a canary. Vectors stored a little off the staged ones miss some of their
+    neighbours, and the figure says so, for either kind of search alone; the same version with the
+    right vectors finds them all."""
+    queries, opening = embeddings(40, seed=7), embeddings(30, seed=8)
     with store(tmp_path, IDS, VECTORS, full_scan_threshold_kb=1) as version:
         run_dir = staged(tmp_path)
-        validation = check_index(version, V1, run_dir, queries=50, min_recall=1.0, user_queries=queries)
-    assert (validation.canaries, validation.user_queries, validation.recall_at_10) == (50, 40, 1.0)
+        validation = check_index(
+            version, V1, run_dir, queries=50, min_recall=1.0, user_queries=queries, opening_queries=opening
+        )
+    assert (validation.canaries, validation.user_queries, validation.opening_queries) == (50, 40, 30)
+    assert validation.recall_at_10 == 1.0
     noisy = VECTORS + 0.03 * np.random.default_rng(5).standard_normal(VECTORS.shape).astype(np.float32)
     noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
     (tmp_path / "again").mkdir()
     with store(tmp_path / "again", IDS, noisy, full_scan_threshold_kb=1) as version:
         run_dir = staged(tmp_path / "again")
-        with pytest.raises(IndexCheckError, match="even by exact scan"):
-            check_index(version, V1, run_dir, queries=1, min_recall=1.0, user_queries=queries)
+        for searches in ({"user_queries": queries}, {"opening_queries": opening}):
+            with pytest.raises(IndexCheckError, match="even by exact scan"):
+                check_index(version, V1, run_dir, queries=1, min_recall=1.0, **searches)
 
 
 def test_with_the_exact_scan_off_a_version_short_of_recall_at_max_hnsw_ef_is_refused(tmp_path: Path) -> None:
