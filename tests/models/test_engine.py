@@ -18,11 +18,10 @@ from precompute.models import (
 from precompute.models.errors import BackendUnavailableError
 
 
-def test_auto_picks_onnxruntime_int8_on_a_cpu(encoder) -> None:
-    """All INT8, or a mixed INT8 graph where the all-INT8 one moved neighbours (test_gate.py)."""
+def test_auto_picks_onnxruntime_on_a_cpu_and_starts_its_ladder_at_int8(encoder) -> None:
+    """Which rung serves is the gate's to say (test_gate.py): MiniLM's moves neighbours until FP32."""
     report = encoder.report
-    assert (report.backend, report.device) == ("onnxruntime", "cpu")
-    assert report.precision in ("int8", "int8-mixed")
+    assert (report.backend, report.device, report.gates[0].precision) == ("onnxruntime", "cpu", "int8")
 
 
 @pytest.mark.parametrize(
