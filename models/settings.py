@@ -86,7 +86,7 @@ class EnginePolicy(BaseSettings):
     held-out texts are FP32's on this share, on average (labels are judged by their own agreement
     instead). Served search keeps less than this: among a corpus 40 times the held-out texts,
     neighbours lie closer and the same engine kept 0.012-0.03 fewer of FP32's top 10, so 0.98
-    here keeps 0.95 served (README, "Search fidelity"). MiniLM's INT8 graphs reach 0.92-0.97 and
+    here keeps 0.95 served (README, "Search fidelity"). MiniLM's INT8 graphs reach 0.91-0.97 and
     it runs in FP32 on CPUs; FP16 on GPUs passes at 1.000. Lower it to trade fidelity for speed."""
 
     gate_agreement: float = Field(0.99, gt=0, le=1)
