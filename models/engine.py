@@ -9,7 +9,9 @@ that fails is recorded with its reason in the report.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -76,13 +78,17 @@ def load_encoder(engine: Engine) -> Encoder:
     for precision in precision_ladder(engine.policy.precision, device, runner_cls.name):
         for variant in build.variants(precision):
             engine_dir, hit = build.engine(precision, variant)
-            runner = runner_cls.open(engine_dir, device, threads, source, precision)
+            open_runner = partial(runner_cls.open, engine_dir, device, threads, source, precision)
             mixed = variant in MIXED_SHARES  # its gate names the share, its report "int8-mixed"
+            runner = None
             if (runner_cls.name, precision) != ("torch", "fp32"):  # the reference needs no gate
-                gates.append(build.gate(engine_dir, variant if mixed else precision, runner, tokenizer))
-                if not gates[-1].passed:
-                    runner.close()
+                result, runner = build.gate(engine_dir, variant if mixed else precision, open_runner, tokenizer)
+                gates.append(result)
+                if not result.passed:
+                    if runner is not None:
+                        runner.close()
                     continue
+            runner = runner or open_runner()
             model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
             served = "int8-mixed" if mixed else precision
             report = EngineReport(runner_cls.name, device, served, str(engine_dir), hit, model, gates)
@@ -158,11 +164,17 @@ class _Builder:
         entry = self.cache.get_or_build(f"{self.runner_cls.name}-{precision}", key, build)
         return entry.path, entry.hit
 
-    def gate(self, engine_dir: Path, precision: str, runner: Runner, tokenizer: TextTokenizer) -> GateResult:
-        """Score the engine on held-out texts; its outputs are cached beside the engine."""
+    def gate(
+        self, engine_dir: Path, precision: str, open_runner: Callable[[], Runner], tokenizer: TextTokenizer
+    ) -> tuple[GateResult, Runner | None]:
+        """Score the engine on held-out texts; its outputs are cached beside the engine. The engine
+        is opened only to compute them (and returned, to serve if it passes): on a cache hit a
+        graph that fails costs no session (MiniLM's five INT8 graphs on a CPU)."""
         texts = self.gate_texts()
         scored = engine_dir / f"gate-{texts_digest(texts)}.npy"
+        runner = None
         if not scored.exists():
+            runner = open_runner()
             tmp = scored.with_suffix(".tmp.npy")
             np.save(tmp, encode_texts(runner, tokenizer, texts, self.spec.max_batch))
             os.replace(tmp, scored)
@@ -173,7 +185,7 @@ class _Builder:
         else:
             thresholds = (policy.gate_mean_cosine, policy.gate_min_cosine, policy.gate_min_overlap)
             result = cosine_gate(precision, outputs, reference, thresholds, texts_from)
-        return replace(result, texts=len(texts), note=few_texts(len(texts), policy.gate_texts))
+        return replace(result, texts=len(texts), note=few_texts(len(texts), policy.gate_texts)), runner
 
     def gate_texts(self) -> list[str]:
         if self._gate_texts is None:
