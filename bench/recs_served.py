@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 
 from precompute.bench.served import served_run
 from precompute.jobs.interactions import INDEX, SECONDS, USER
-from precompute.jobs.recs_models import HISTORY_ORDER, train_towers
-from precompute.jobs.recs_quality import EVAL_K, hold_out_last, measure, users_subset
+from precompute.jobs.recs_models import HISTORY_ORDER, train_towers, users_subset
+from precompute.jobs.recs_quality import EVAL_K, hold_out_last, measure
 from precompute.jobs.recs_spec import RecsSpec
 
 PIPELINE = """\

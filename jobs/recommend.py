@@ -3,13 +3,14 @@
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     popularity:   good rows -> a bincount per block -> item counts (the ranker's prior)
     main pass:    good rows -> group by user (+ fingerprint) -> users to rescore -> TopKActor pool
-                  (blocked matmul, mask, topk) -> values -> sink
+                  (exact: blocked matmul, mask, topk; or graph candidates rescored) -> values -> sink
 
 Two towers (jobs/recs_models.py): content (the item tower is the corpus encoder, whose
 embeddings the caller passes), a collaborative model trained here on the night's interactions,
-or the pipeline's own towers (jobs/own_towers.py, computed by the caller). Scoring is exact,
-not approximate: one matrix multiply per block of users against every item, so no recall is
-lost to an index.
+or the pipeline's own towers (jobs/own_towers.py, computed by the caller). Scoring is exact
+(one matrix multiply per block of users against every item) up to 50,000 items on CPUs; past
+that, candidates from an HNSW graph over the items are rescored exactly, at a search depth
+whose top k keeps `min_recall` of the exact top k on a sample of users (jobs/candidate_topk.py).
 
 Incremental: given the published version's staged state, only users whose inputs moved are
 rescored and the store copies the others (jobs/recs_state.py says which, and what a copy misses).
@@ -34,6 +35,7 @@ from ray.actor import ActorHandle
 from ray.data.expressions import col
 
 from precompute.jobs import progress
+from precompute.jobs.candidate_topk import choose_ranking, ranker_of
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT, clean, read_interactions, tag_rejects
 from precompute.jobs.nights import Night, Previous, record_night
@@ -64,7 +66,7 @@ from precompute.jobs.recs_state import (
 from precompute.jobs.sequence_towers import SequenceTowers
 from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
+from precompute.jobs.topk import popularity_prior, recommend_users
 from precompute.jobs.validate import REASON, REJECTS, quarantine
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import arrow_dataset
@@ -110,6 +112,9 @@ class RecsJobReport:
     sequence: dict[str, object] | None = None
     """The sequence model, when published: its training (jobs/sequence_train.py TrainReport:
     warm or cold start, steps, why it stopped, the validation curve) and engines."""
+    ranking: dict[str, object] | None = None
+    """How the top k was found (jobs/candidate_topk.py Ranking: exact, or the graph and the
+    recall curve it walked on the sample); None on an unchanged night."""
 
 
 def count_items(batch: pa.Table, items: int) -> dict[str, np.ndarray]:
@@ -165,7 +170,8 @@ def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
 
 
 class TopKActor:
-    """Holds the model's towers, the prior and the score buffer; scores a block of users per call."""
+    """Holds the model's towers, the prior and the ranker (exact, or the graph); scores a block
+    of users per call."""
 
     def __init__(
         self,
@@ -173,12 +179,13 @@ class TopKActor:
         prior: np.ndarray | None,
         k: int,
         block: int,
+        ranking: ray.ObjectRef,
         counter: ActorHandle | None = None,
     ) -> None:
         # Ray sets OMP_NUM_THREADS=1 in an actor with under one CPU; the matmul wants every core.
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.towers: Towers = ray.get(towers)
-        self.ranker = BlockedTopK(self.towers.items, k, block, prior)
+        self.ranker = ranker_of(self.towers.items, k, block, prior, ray.get(ranking))
         self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -290,15 +297,22 @@ def run_recs_job(
             warm = warm_start(previous.run_dir / STATE / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
         quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm)
         trained = settings.model != "content"
+        seconds["train"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        ranking = choose_ranking(
+            settings.topk, towers, prior, settings.k, job.users_per_block, valid, settings.min_recall, gpus
+        )
+        seconds["index"] = time.perf_counter() - start
         scoring = {
             "model": towers.name,
             "trained": trained_digest(towers, own) if trained else None,
             "content_weight": settings.content_weight if trained else None,
             "popularity_weight": settings.popularity_weight,
+            "topk": ranking.method,
         }
         fingerprint = model_fingerprint(items_model, settings.k, scoring, items.ids, RECIPE)
         planned = plan(fingerprint, items, previous)
-        seconds["train"] = time.perf_counter() - start
 
         start = time.perf_counter()
         grouped = (
@@ -344,6 +358,7 @@ def run_recs_job(
                         "prior": prior,
                         "k": settings.k,
                         "block": job.users_per_block,
+                        "ranking": ray.put(ranking),
                         "counter": counter,
                     },
                     batch_size=job.users_per_block,
@@ -381,4 +396,5 @@ def run_recs_job(
         quality=quality,
         towers=towers_report,
         sequence=sequence_report,
+        ranking=ranking.report(),
     )

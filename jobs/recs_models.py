@@ -83,6 +83,15 @@ def seen_by_user(good: pa.Table) -> Seen:
     )
 
 
+def users_subset(seen: Seen, users: np.ndarray) -> Seen:
+    """The rows of `users` (positions, ascending), in that order."""
+    lengths = np.diff(seen.offsets)[users]
+    offsets = np.zeros(len(users) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    rows = np.repeat(seen.offsets[users] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return Seen(offsets, seen.items[rows], seen.weights[rows], None if seen.ids is None else seen.ids[users])
+
+
 def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """User ids as the numpy strings OwnTowers searches."""
     return np.asarray(ids.to_pylist(), dtype=str)

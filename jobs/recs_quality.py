@@ -44,6 +44,7 @@ from precompute.jobs.recs_models import (
     candidates,
     seen_by_user,
     train_towers,
+    users_subset,
 )
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.sequence_train import WarmStart
@@ -127,15 +128,6 @@ def hold_out_last(good: pa.Table, seed: int) -> tuple[Seen, np.ndarray, str]:
     offsets = np.zeros_like(seen.offsets)
     np.cumsum(lengths - eligible, out=offsets[1:])
     return Seen(offsets, seen.items[keep], seen.weights[keep], seen.ids), targets, split
-
-
-def users_subset(seen: Seen, users: np.ndarray) -> Seen:
-    """The rows of `users` (positions, ascending), in that order."""
-    lengths = np.diff(seen.offsets)[users]
-    offsets = np.zeros(len(users) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    rows = np.repeat(seen.offsets[users] - offsets[:-1], lengths) + np.arange(offsets[-1])
-    return Seen(offsets, seen.items[rows], seen.weights[rows], None if seen.ids is None else seen.ids[users])
 
 
 def measure(

@@ -73,6 +73,16 @@ class RecsSpec(BaseModel):
     history in the input's time order. towers: the pipeline's own two-tower model (its `towers`
     table)."""
 
+    topk: Literal["auto", "exact", "hnsw"] = "auto"
+    """How each user's top k is found (jobs/candidate_topk.py). exact: every user against every
+    item, users x items (N² when both grow with the input). hnsw: candidates from an HNSW graph
+    over the item vectors, rescored exactly, at the first efSearch whose top k keeps
+    `min_recall` of the exact top k on 1,000 sampled users (exact where none does). auto: hnsw
+    past 50,000 items on CPUs, exact otherwise."""
+
+    min_recall: float = Field(0.99, gt=0, le=1)
+    """hnsw: the share of the exact top k the graph's must keep on the sample."""
+
     content_weight: float = Field(0.1, ge=0)
     """The hybrid: a collaborative model's score (in units of its spread: jobs/recs_blend.py) plus
     this times the content cosine, which ranks the items nobody interacted with yet. 0: none."""

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from precompute.jobs.candidate_topk import CHECK_USERS
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recommend import Seen, run_recs_job
 from precompute.jobs.recs_spec import RecsSpec
@@ -54,11 +55,13 @@ def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int) -> None:
     assert all(not set(row) & set(s) for row, s in zip(indices.tolist(), seen, strict=True))
 
 
+@pytest.mark.parametrize("topk", ["exact", "hnsw"])
 def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
-    ray_local, items, interactions: Path, tmp_path: Path
+    ray_local, items, interactions: Path, tmp_path: Path, topk: str
 ) -> None:
+    """With the graph too (60 items: every candidate is found, so the top k is the exact one)."""
     ids, vectors, _ = items
-    settings = RecsSpec(k=10, popularity_weight=0.4, model="content")
+    settings = RecsSpec(k=10, popularity_weight=0.4, model="content", topk=topk)
     sized: list[tuple[int, object, bool]] = []
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
@@ -117,6 +120,9 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
         np.testing.assert_allclose(reference[row, indices], best, atol=1e-5)
         np.testing.assert_allclose(scores, best, atol=2e-3)
     assert sized == [(len(users), None, False)]
+    assert report.ranking is not None and report.ranking["method"] == topk
+    if topk == "hnsw":
+        assert report.ranking["recall"] == 1.0 and report.ranking["sample_users"] == min(CHECK_USERS, len(users))
     assert report.vocabulary == ids
     stored = dict(zip(written["id"].to_pylist(), written["value"].to_pylist(), strict=True))
     assert len(report.samples) == 5 and report.samples.items() <= stored.items()
@@ -129,3 +135,4 @@ def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: 
     ):
         run_recs_job(strict, RecsSpec(), JobSettings(), items, ParquetSink(tmp_path / "out"), WorkPath.of(tmp_path / "work"))
     assert not (tmp_path / "out").exists()
+

@@ -1,0 +1,214 @@
+"""Top-k for large catalogues: candidates from an HNSW graph over the item vectors (faiss,
+inner product), rescored exactly, at the smallest search depth that keeps `min_recall` of the
+exact top k on a sample of users.
+
+Exact top-k (jobs/topk.py) scores every user against every item: users x items, which grows as
+N² when both grow with the input. Here a user costs one graph search (a few thousand dot
+products, about log N hops) and the exact score of its candidates; building the graph costs
+each item once. The score u . v + prior is an inner product with one coordinate more (item:
+its prior, user: 1), so the graph serves every model whose score is two towers' dot product,
+blends included. faiss's inner-product graph, not the L2 graph of the usual MIPS-to-NN
+transform (Bachrach et al., 2014): on 100,000 items of 449 dims the transform's graph found
+0.60-0.87 of the exact top 10 at efSearch 64-512, inner product 0.991-0.9997 (README,
+"Recommendations at scale").
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from precompute.jobs.interactions import USER
+from precompute.jobs.recs_models import Seen, Towers, seen_by_user, users_subset
+from precompute.jobs.topk import BlockedTopK
+
+HNSW_MIN_ITEMS = 50_000
+"""auto ranks by the graph past this many items on CPUs. Exact scoring costs users x items x dim;
+the graph costs about 80 µs an item to build and 0.1-0.4 ms a user to search (100,000 items of
+449 dims, 2 vCPUs, where exact scoring took 0.84 ms a user)."""
+GRAPH_NEIGHBOURS = 32
+"""HNSW's M: links per item in the graph."""
+EF_LADDER = (64, 128, 256, 512, 1024)
+"""efSearch values tried in turn on the sample; the first that keeps min_recall serves."""
+CHECK_USERS = 1000
+"""Users (seeded sample) whose graph top k is compared with their exact top k."""
+DEPTH_MARGIN = 32
+"""Candidates asked for beyond k: a user's own seen items come back among them and are dropped."""
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How the top-k actors rank, and what the sample measured."""
+
+    method: Literal["exact", "hnsw"]
+    reason: str
+    ef: int = 0
+    recall: float | None = None
+    """Mean share of the sample users' exact top k that the served ranking keeps."""
+    curve: list[dict[str, float]] = field(default_factory=list)
+    """Each efSearch tried: its recall and its search time per sample user (ms)."""
+    sample_users: int = 0
+    build_s: float = 0.0
+    index: np.ndarray | None = field(default=None, repr=False)
+    """The graph, serialized (faiss.serialize_index): what the actors search."""
+
+    def report(self) -> dict[str, object]:
+        return {
+            "method": self.method,
+            "reason": self.reason,
+            "ef": self.ef,
+            "recall": self.recall,
+            "curve": self.curve,
+            "sample_users": self.sample_users,
+            "build_s": self.build_s,
+        }
+
+
+class CandidateTopK:
+    """Top-k of user . item + prior, the user's seen items excluded, from the graph's candidates
+    rescored exactly. A user whose candidates run short of k unseen items (a long history) is
+    searched again 4x deeper, and past the whole catalogue scored exactly."""
+
+    def __init__(
+        self, index: faiss.Index, item_vectors: np.ndarray, k: int, block: int, prior: np.ndarray | None, ef: int
+    ) -> None:
+        faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))  # Ray sets OMP_NUM_THREADS=1
+        self.index, self.ef, self.block = index, ef, block
+        self.items = np.asarray(item_vectors, np.float32)
+        self.prior = prior
+        self.k = min(k, len(self.items))
+
+    def __call__(self, user_vectors: torch.Tensor, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
+        """(indices, scores) as BlockedTopK gives them."""
+        users = user_vectors.numpy()
+        indices = np.full((len(users), self.k), -1, np.int64)
+        scores = np.full((len(users), self.k), -np.inf, np.float32)
+        todo, depth = np.arange(len(users)), min(len(self.items), self.k + DEPTH_MARGIN)
+        while len(todo):
+            found, found_scores, short = self._search(users[todo], users_subset(seen, todo), depth)
+            done = todo[~short]
+            indices[done], scores[done] = found[~short], found_scores[~short]
+            todo = todo[short]
+            if depth == len(self.items):
+                break
+            depth = min(len(self.items), 4 * depth)
+        if len(todo):  # the graph did not yield k unseen items even at the catalogue's size
+            exact = BlockedTopK(self.items, self.k, self.block, self.prior)  # rare: built when needed
+            indices[todo], scores[todo] = exact(torch.from_numpy(users[todo]), users_subset(seen, todo))
+        return indices, scores
+
+    def _search(self, users: np.ndarray, seen: Seen, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The graph's `depth` candidates rescored, seen ones dropped: (indices, scores, short),
+        short where fewer than k unseen candidates came back."""
+        query = users if self.prior is None else np.hstack([users, np.ones((len(users), 1), np.float32)])
+        params = faiss.SearchParametersHNSW(efSearch=max(self.ef, depth))
+        _, candidates = self.index.search(query, depth, params=params)
+        rows = np.repeat(np.arange(len(users)), np.diff(seen.offsets))
+        seen_keys = rows * len(self.items) + seen.items
+        keys = np.arange(len(users))[:, None] * len(self.items) + candidates
+        drop = (candidates < 0) | np.isin(keys, seen_keys)
+        safe = np.maximum(candidates, 0)
+        exact = np.matmul(self.items[safe], users[:, :, None])[:, :, 0]
+        if self.prior is not None:
+            exact += self.prior[safe]
+        exact[drop] = -np.inf
+        order = np.argsort(-exact, axis=1, kind="stable")[:, : self.k]
+        top, top_scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(exact, order, 1)
+        top[np.isneginf(top_scores)] = -1
+        return top, top_scores, np.isneginf(top_scores).any(axis=1)
+
+
+def build_graph(item_vectors: np.ndarray, prior: np.ndarray | None) -> faiss.Index:
+    """An inner-product HNSW graph over the items, the prior as one more coordinate."""
+    data = np.asarray(item_vectors, np.float32)
+    if prior is not None:
+        data = np.hstack([data, prior[:, None].astype(np.float32)])
+    faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))
+    index = faiss.IndexHNSWFlat(data.shape[1], GRAPH_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
+    index.add(np.ascontiguousarray(data))
+    return index
+
+
+def sample_users(good: pa.Table, users: int, seed: int = 0) -> Seen:
+    """A seeded sample of `users` users' whole histories (time order), as the job ranks them."""
+    ids = pc.unique(good[USER])
+    rng = np.random.default_rng(seed)
+    chosen = ids.take(pa.array(np.sort(rng.choice(len(ids), min(users, len(ids)), replace=False))))
+    return seen_by_user(good.filter(pc.is_in(good[USER], value_set=chosen)))
+
+
+def recall(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean over users of the share of their exact top k (its real items) that `found` holds."""
+    shares = [
+        len(set(row[row >= 0]) & set(truth[truth >= 0])) / (truth >= 0).sum()
+        for row, truth in zip(found, exact, strict=True)
+        if (truth >= 0).any()
+    ]
+    return float(np.mean(shares)) if shares else 1.0
+
+
+def choose_ranking(
+    method: Literal["auto", "exact", "hnsw"],
+    towers: Towers,
+    prior: np.ndarray | None,
+    k: int,
+    block: int,
+    good: pa.Table,
+    min_recall: float,
+    gpus: bool,
+) -> Ranking:
+    """The ranking the actors use: exact, or the graph at the first efSearch of EF_LADDER whose top
+    k keeps min_recall of the exact top k on CHECK_USERS sampled users (exact if none does)."""
+    items = len(towers.items)
+    if method == "exact" or (method == "auto" and (gpus or items <= HNSW_MIN_ITEMS)):
+        why = "asked for" if method == "exact" else ("a GPU scores" if gpus else f"{items:,} items")
+        return Ranking("exact", f"exact: {why}")
+    start = time.perf_counter()
+    index = build_graph(towers.items, prior)
+    build_s = round(time.perf_counter() - start, 2)
+    sample = sample_users(good, CHECK_USERS)
+    vectors = torch.from_numpy(towers.users(sample))
+    truth, _ = BlockedTopK(towers.items, k, block, prior)(vectors, sample)
+    curve = []
+    for ef in EF_LADDER:
+        start = time.perf_counter()
+        found, _ = CandidateTopK(index, towers.items, k, block, prior, ef)(vectors, sample)
+        per_user_ms = 1e3 * (time.perf_counter() - start) / max(len(truth), 1)
+        curve.append({"ef": ef, "recall": round(recall(found, truth), 4), "ms_per_user": round(per_user_ms, 3)})
+        if curve[-1]["recall"] >= min_recall:
+            return Ranking(
+                "hnsw",
+                f"hnsw: {items:,} items; efSearch {ef} keeps {curve[-1]['recall']:.4f} of the exact top {k}",
+                ef,
+                curve[-1]["recall"],
+                curve,
+                len(truth),
+                build_s,
+                faiss.serialize_index(index),
+            )
+    return Ranking(
+        "exact",
+        f"exact: the graph kept {curve[-1]['recall']:.4f} of the exact top {k} at most, under {min_recall}",
+        recall=1.0,
+        curve=curve,
+        sample_users=len(truth),
+        build_s=build_s,
+    )
+
+
+def ranker_of(
+    item_vectors: np.ndarray, k: int, block: int, prior: np.ndarray | None, ranking: Ranking
+) -> BlockedTopK | CandidateTopK:
+    """The ranker an actor holds for `ranking`."""
+    if ranking.method == "exact":
+        return BlockedTopK(item_vectors, k, block, prior)
+    assert ranking.index is not None  # choose_ranking serializes the graph it chose
+    return CandidateTopK(faiss.deserialize_index(ranking.index), item_vectors, k, block, prior, ranking.ef)

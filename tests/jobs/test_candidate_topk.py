@@ -1,0 +1,103 @@
+"""Graph candidates rescored exactly (jobs/candidate_topk.py) against exact top-k, and the
+recall gate that decides which of the two the actors use."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from precompute.jobs.candidate_topk import (
+    CandidateTopK,
+    build_graph,
+    choose_ranking,
+    ranker_of,
+    recall,
+    sample_users,
+)
+from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs_models import ContentTowers, Seen
+from precompute.jobs.topk import BlockedTopK
+
+ITEMS, DIM, USERS, K = 3000, 32, 300, 10
+
+
+def clustered(rng: np.random.Generator, rows: int, centres: np.ndarray) -> np.ndarray:
+    """Vectors near one of a few centres, as trained item and user towers lie."""
+    near = centres[rng.integers(0, len(centres), rows)] + 0.5 * rng.normal(size=(rows, centres.shape[1]))
+    return near.astype(np.float32)
+
+
+def interactions(rng: np.random.Generator) -> pa.Table:
+    """USERS users, the first of whom has seen all but three items, the rest 0-150 each."""
+    counts = rng.integers(0, 150, USERS)
+    counts[0] = ITEMS - 3
+    users = np.repeat([f"u{u:04d}" for u in range(USERS)], counts)
+    items = np.concatenate([rng.choice(ITEMS, count, replace=False) for count in counts])
+    return pa.table(
+        {
+            USER: pa.array(users, pa.string()),
+            INDEX: pa.array(items, pa.int64()),
+            WEIGHT: pa.array(np.ones(len(items)), pa.float32()),
+            SECONDS: pa.array(np.arange(len(items)), pa.int64()),
+        }
+    )
+
+
+def test_the_graphs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> None:
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(20, DIM))
+    items, prior = clustered(rng, ITEMS, centres), rng.uniform(0, 2, ITEMS).astype(np.float32)
+    good = interactions(rng)
+    towers = ContentTowers(items)
+
+    ranking = choose_ranking("hnsw", towers, prior, K, 128, good, 0.99, gpus=False)
+
+    assert ranking.method == "hnsw" and ranking.recall >= 0.99 and ranking.sample_users == USERS
+    assert ranking.curve[-1]["ef"] == ranking.ef and all(step["recall"] < 0.99 for step in ranking.curve[:-1])
+    seen = sample_users(good, USERS)
+    vectors = torch.from_numpy(towers.users(seen))
+    found, scores = ranker_of(towers.items, K, 128, prior, ranking)(vectors, seen)
+    truth, _ = BlockedTopK(items, K, 128, prior)(vectors, seen)
+    assert recall(found, truth) >= 0.99
+    for user in range(USERS):
+        history = set(seen.items[seen.offsets[user] : seen.offsets[user + 1]].tolist())
+        assert not set(found[user][found[user] >= 0].tolist()) & history
+        real = found[user] >= 0
+        # Each returned item carries its exact score, best first.
+        expected = vectors[user].numpy() @ items[found[user][real]].T + prior[found[user][real]]
+        np.testing.assert_allclose(scores[user][real], expected, rtol=1e-4, atol=1e-4)
+        assert (np.diff(scores[user][real]) <= 0).all()
+    long_history = int(np.flatnonzero(np.diff(seen.offsets) == ITEMS - 3)[0])
+    # Three unseen items: the graph's search deepens to the catalogue, then exact scoring.
+    assert found[long_history].tolist() == truth[long_history].tolist()
+    assert (found[long_history] >= 0).sum() == 3
+
+
+def test_a_graph_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_catalogues() -> None:
+    rng = np.random.default_rng(4)
+    good = interactions(rng)
+    same = ContentTowers(np.ones((ITEMS, DIM), np.float32))  # every item ties: which 10 is arbitrary
+
+    missed = choose_ranking("hnsw", same, None, K, 128, good, 0.99, gpus=False)
+    assert missed.method == "exact" and missed.index is None
+    assert [step["ef"] for step in missed.curve] == [64, 128, 256, 512, 1024]
+    assert "under 0.99" in missed.reason
+
+    towers = ContentTowers(clustered(rng, ITEMS, rng.normal(size=(20, DIM))))
+    assert choose_ranking("auto", towers, None, K, 128, good, 0.99, gpus=False).method == "exact"
+    assert choose_ranking("exact", towers, None, K, 128, good, 0.99, gpus=False).reason == "exact: asked for"
+
+
+def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out() -> None:
+    """A user whose best items are all seen: the first search returns only seen items."""
+    rng = np.random.default_rng(5)
+    items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
+    user = items[:1] * 3
+    best = np.argsort(-(items @ user[0]))
+    history = np.sort(best[:200])
+    seen = Seen(np.array([0, 200]), history.astype(np.int64), np.ones(200, np.float32))
+
+    found, _ = CandidateTopK(build_graph(items, None), items, K, 128, None, 64)(torch.from_numpy(user), seen)
+
+    assert found[0].tolist() == best[200:210].tolist()
