@@ -175,6 +175,10 @@ class ALSTowers:
         self.items = np.ascontiguousarray(model.item_factors, np.float32)
 
     def users(self, seen: Seen) -> np.ndarray:
+        if not self.model.item_factors.flags.writeable:
+            # implicit's solve takes writable buffers only, and a top-k actor's come read-only
+            # from Ray's object store: its own copy, once.
+            self.model.item_factors = self.model.item_factors.copy()
         matrix = interaction_matrix(seen, len(self.items))
         rows = np.arange(matrix.shape[0])
         return np.asarray(self.model.recalculate_user(rows, matrix), np.float32).reshape(len(rows), -1)

@@ -136,3 +136,23 @@ def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: 
         run_recs_job(strict, RecsSpec(), JobSettings(), items, ParquetSink(tmp_path / "out"), WorkPath.of(tmp_path / "work"))
     assert not (tmp_path / "out").exists()
 
+
+def test_als_scores_its_users_in_the_actors_from_read_only_factors(
+    ray_local, items, interactions: Path, tmp_path: Path
+) -> None:
+    """ALS (auto's model past 20,000 items) solves each user against its item factors in the
+    top-k actors, which Ray's object store hands out read-only; the graph ranks them."""
+    report = run_recs_job(
+        InteractionsInput(path=str(interactions)),
+        RecsSpec(k=10, model="als", topk="hnsw"),
+        JobSettings(users_per_block=256),
+        items,
+        ParquetSink(tmp_path / "out"),
+        WorkPath.of(tmp_path / "work"),
+    )
+
+    assert report.quality.published == "als+content" and report.rescored == report.users
+    assert report.ranking is not None and report.ranking["method"] == "hnsw"
+    written = pq.read_table(tmp_path / "out")
+    assert written.num_rows == report.users
+    assert all(len(decode_ranked(value)[0]) == 10 for value in written["value"].to_pylist())
