@@ -77,14 +77,13 @@ def test_the_graphs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> Non
 def test_a_graph_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_catalogues() -> None:
     rng = np.random.default_rng(4)
     good = interactions(rng)
-    same = ContentTowers(np.ones((ITEMS, DIM), np.float32))  # every item ties: which 10 is arbitrary
+    towers = ContentTowers(clustered(rng, ITEMS, rng.normal(size=(20, DIM))))
 
-    missed = choose_ranking("hnsw", same, None, K, 128, good, 0.99, gpus=False)
+    missed = choose_ranking("hnsw", towers, None, K, 128, good, 1.01, gpus=False)  # above any recall
     assert missed.method == "exact" and missed.index is None
     assert [step["ef"] for step in missed.curve] == [64, 128, 256, 512, 1024]
-    assert "under 0.99" in missed.reason
+    assert "under 1.01" in missed.reason
 
-    towers = ContentTowers(clustered(rng, ITEMS, rng.normal(size=(20, DIM))))
     assert choose_ranking("auto", towers, None, K, 128, good, 0.99, gpus=False).method == "exact"
     assert choose_ranking("exact", towers, None, K, 128, good, 0.99, gpus=False).reason == "exact: asked for"
 
@@ -101,3 +100,20 @@ def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out
     found, _ = CandidateTopK(build_graph(items, None), items, K, 128, None, 64)(torch.from_numpy(user), seen)
 
     assert found[0].tolist() == best[200:210].tolist()
+
+
+def test_the_largest_items_are_scored_for_every_user_whatever_the_graph_returns() -> None:
+    """An inner-product graph under-links the items of largest norm (the most popular, with the
+    prior); here the graph cannot return item 7 at all (built over its opposite), and it is
+    still the user's first."""
+    rng = np.random.default_rng(6)
+    items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
+    user = rng.normal(size=(1, DIM)).astype(np.float32)
+    items[7] = 10 * user[0] / np.linalg.norm(user)
+    misleading = items.copy()
+    misleading[7] = -items[7]
+    seen = Seen(np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0, np.float32))
+
+    found, _ = CandidateTopK(build_graph(misleading, None), items, K, 128, None, 64)(torch.from_numpy(user), seen)
+
+    assert found[0, 0] == 7
