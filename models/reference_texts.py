@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 
 from precompute.models.datasets import DatasetInput, arrow_dataset
 from precompute.models.errors import ModelError
@@ -49,9 +50,15 @@ def texts_digest(texts: list[str]) -> str:
 def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, object]]:
     """The input's decodable rows in file order, as dicts of `columns`, read a batch at a time:
     a caller that needs the first few thousand stops early, so memory and time do not grow with
-    the input (every engine's actors read their gate texts here)."""
+    the input (every engine's actors read their gate texts here). Without read-ahead: Arrow's
+    scanner otherwise reads ahead 16 batches and pre-buffers a Parquet file's row groups, and a
+    process keeps the memory (the reader of 256 gate texts of a 1M-row corpus grew by 649 MB
+    of USS, now 203 MB; at 100,000 rows by 125 MB and 139 MB)."""
     try:
-        for batch in arrow_dataset(sample).to_batches(columns=columns):
+        dataset = arrow_dataset(sample)
+        parquet = isinstance(dataset.format, pads.ParquetFileFormat)
+        options = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)} if parquet else {}
+        for batch in dataset.to_batches(columns=columns, batch_readahead=0, fragment_readahead=0, **options):
             # A row of invalid UTF-8 is left out: the job's to quarantine.
             yield from decodable_rows(pa.Table.from_batches([batch]))
     except (OSError, pa.ArrowException) as e:
