@@ -28,6 +28,10 @@ SCALE_USERS = 2000
 """Training users whose scores set a part's scale (a median: stable at this size)."""
 SCALE_RANK = 100
 """The scale is the gap between a user's best score and this rank's (or the catalogue's last)."""
+SCALE_SCORES_BYTES = 256 * 2**20
+"""The scale's users are scored a block at a time, each block's [users, items] scores at most
+this: all 2,000 at once were 2.4 GB at 300,000 items (and a partitioned copy beside them), and
+would be 16 GB at 1M."""
 
 
 def spread_scale(towers: Towers, train: Seen) -> float:
@@ -41,12 +45,17 @@ def spread_scale(towers: Towers, train: Seen) -> float:
         weights=train.weights[:end],
         ids=None if train.ids is None else train.ids[:users],
     )
-    scores = towers.users(head) @ towers.items.T
-    if not scores.size:
+    vectors, items = towers.users(head), len(towers.items)
+    if not len(vectors) or not items:
         return 1.0
-    rank = min(SCALE_RANK, scores.shape[1]) - 1
-    ordered = np.partition(scores, [scores.shape[1] - 1 - rank, scores.shape[1] - 1], axis=1)
-    spread = ordered[:, -1] - ordered[:, -1 - rank]
+    rank = min(SCALE_RANK, items) - 1
+    rows = max(1, SCALE_SCORES_BYTES // (4 * items))
+    spreads = []
+    for start in range(0, len(vectors), rows):
+        scores = vectors[start : start + rows] @ towers.items.T
+        ordered = np.partition(scores, [items - 1 - rank, items - 1], axis=1)
+        spreads.append(ordered[:, -1] - ordered[:, -1 - rank])
+    spread = np.concatenate(spreads)
     spread = spread[spread > 0]
     return float(np.median(spread)) if len(spread) else 1.0
 

@@ -45,6 +45,15 @@ def test_the_scale_is_the_spread_of_scores_whatever_their_level() -> None:
     assert spread_scale(Fixed("a", np.zeros((ITEMS, 2)), np.ones((30, 2))), seen(30)) == 1.0  # flat
 
 
+def test_the_scale_is_the_same_when_its_users_are_scored_a_few_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large catalogue's scale scores its users in blocks of bounded memory: same figure."""
+    rng = np.random.default_rng(1)
+    towers = Fixed("a", rng.normal(size=(ITEMS, 4)), rng.normal(size=(30, 4)))
+    whole = spread_scale(towers, seen(30))
+    monkeypatch.setattr("precompute.jobs.recs_blend.SCALE_SCORES_BYTES", 7 * 4 * ITEMS)  # 7 users a block
+    assert spread_scale(towers, seen(30)) == whole
+
+
 def test_an_ensemble_scores_the_sum_of_its_parts_each_in_its_unit() -> None:
     rng = np.random.default_rng(1)
     first = Fixed("first", rng.normal(size=(ITEMS, 3)), rng.normal(size=(8, 3)))
