@@ -95,6 +95,7 @@ class CandidateTopK:
         self.k = min(k, len(self.items))
         norms = (self.items**2).sum(axis=1) + (0 if prior is None else prior**2)
         self.head = np.argsort(-norms, kind="stable")[:HEAD_ITEMS]
+        self.head_items = self.items[self.head].T  # gathered once, not per block of users
 
     def __call__(self, user_vectors: torch.Tensor, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
         """(indices, scores) as BlockedTopK gives them."""
@@ -125,7 +126,7 @@ class CandidateTopK:
         in_head = np.isin(found, self.head)  # scored once, in the head's columns
         safe = np.maximum(found, 0)
         graph_scores = np.matmul(self.items[safe], users[:, :, None])[:, :, 0]
-        head_scores = users @ self.items[self.head].T
+        head_scores = users @ self.head_items
         candidates = np.hstack([found, np.broadcast_to(self.head, (len(users), len(self.head)))])
         exact = np.hstack([graph_scores, head_scores])
         if self.prior is not None:
