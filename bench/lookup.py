@@ -68,7 +68,7 @@ def publish(settings: RedisSettings, output: str, ids: list[str], values: list[b
     with KeyValueStore(settings) as store:
         store.create_version(output, version, len(ids), {"vocabulary": vocabulary})
         store.write(output, version, ids, values)
-        store.publish(output, version, 2, {ids[0]: values[0]})
+        store.publish(output, version, {ids[0]: values[0]})
     return version
 
 

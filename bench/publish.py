@@ -176,7 +176,7 @@ def reads_during_gc(
             store.create_version(OUTPUT, version, len(ids))
             for start in range(0, len(ids), block):
                 store.write(OUTPUT, version, ids[start : start + block], values[start : start + block])
-            store.publish(OUTPUT, version, 1, {ids[0]: values[0]})
+            store.publish(OUTPUT, version, {ids[0]: values[0]})
     memory_two_versions = used_memory(client)
     picks = np.random.default_rng(1).integers(0, len(ids), size=min(READ_IDS, len(ids)))
     ready, stop = tmp / "reader-ready", tmp / "reader-stop"
@@ -243,7 +243,8 @@ def main(
                 for start in range(0, records_n, block):
                     part = order[start : start + block].tolist()
                     store.write(OUTPUT, version, [ids[i] for i in part], [values[i] for i in part])
-                store.publish(OUTPUT, version, KEEP, samples)
+                store.publish(OUTPUT, version, samples)
+                store.collect_garbage(OUTPUT, KEEP)
                 return f"{settings.prefix}:{OUTPUT}:{version}:*"
 
             def baseline() -> str:
@@ -279,7 +280,7 @@ def main(
         "buckets": buckets,
         "buckets_sampled": len(encodings),
         "buckets_sampled_not_listpack": not_listpack,
-        "ours": "KeyValueStore.write of bucket-routed blocks (hash buckets) + publish",
+        "ours": "KeyValueStore.write of bucket-routed blocks (hash buckets) + publish + collect_garbage",
         "baseline": f"redis-py MSET, {MSET_BATCH} plain keys per call",
     }
     for name in times:

@@ -225,21 +225,17 @@ class KeyValueStore:
 
     # -- publishing -------------------------------------------------------------------------
 
-    def publish(
-        self, output: str, version: str, keep: int, samples: Mapping[str, bytes] | None = None
-    ) -> list[str]:
-        """Check the version, make it the one readers see in one atomic step, then collect garbage
-        (keeping `keep` versions for rollback besides the published one).
+    def publish(self, output: str, version: str, samples: Mapping[str, bytes] | None = None) -> None:
+        """Check the version and make it the one readers see in one atomic step. Old versions stay
+        until collect_garbage: an outage after the flip must not make the publish look failed.
 
         Checks: Redis holds exactly the `rows` given to create_version (a lost or duplicated
         write shows here), and every sample (id -> value the job computed) reads back
         identical. A failed check raises PublishValidationError and switches nothing.
-        Returns the versions the garbage collection deleted, oldest first.
         """
         keys = output_keys(self.settings, output)
         self._validate(keys, check_version(version), samples or {})
         self._flip(keys, version)
-        return self.collect_garbage(output, keep)
 
     def rollback(self, output: str, to: str | None = None) -> str:
         """Publish `to`, by default the newest version older than the published one; return it.

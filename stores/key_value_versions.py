@@ -61,12 +61,10 @@ class NewVersion:
         """A Ray Datasink writing (id, value) rows into the version, once it is created."""
         return self.store.sink(self.output, self.version)
 
-    def publish(self, samples: Mapping[str, bytes], keep: int) -> list[str]:
-        """Check the version (record count, these sample values read back) and switch readers to it;
-        then delete all but `keep` older versions. Returns the versions deleted."""
-        deleted = self.store.publish(self.output, self.version, keep, samples)
+    def publish(self, samples: Mapping[str, bytes]) -> None:
+        """Check the version (record count, these sample values read back) and switch readers to it."""
+        self.store.publish(self.output, self.version, samples)
         self.published = True
-        return deleted
 
     def __enter__(self) -> Self:
         return self

@@ -66,13 +66,12 @@ def published_run(run: RunContext, name: str, new: NewVersion) -> Previous | Non
 
 def publish_new_version(
     run: RunContext, name: str, vocabulary: VersionVocabulary, job: Callable[[NewVersion, work_dir.WorkPath], Report]
-) -> tuple[Report, str, list[str]]:
+) -> tuple[Report, str]:
     """Run `job(new_version, run_folder)` into a new version of the output and publish it with its
-    samples checked; then delete the run folders of versions the store no longer holds. A version
-    that failed before its publish is dropped whole. Returns (job report, version, versions deleted)."""
+    samples checked. A version that failed before its publish is dropped whole. Returns (job
+    report, version)."""
     from precompute.jobs.ray_session import ray_stopped_last  # Ray: for the jobs, not the service
 
-    runs = work_dir.runs(run.work_dir, name)
     meta = {
         "vocabulary": vocabulary.entries,
         "integer_ids": vocabulary.integer_ids,
@@ -83,7 +82,18 @@ def publish_new_version(
         KeyValueStore(run.machine.redis) as store,
         NewVersion(store, run.pipeline.store(name), meta) as new,
     ):
-        report = job(new, runs / new.version)
-        deleted = new.publish(report.samples, run.keep(name))
-        work_dir.collect_runs(runs, new.version, {v.name for v in store.versions(new.output)})
-    return report, new.version, deleted
+        report = job(new, work_dir.run_dir(run.work_dir, name, new.version))
+        new.publish(report.samples)
+    return report, new.version
+
+
+def collect_garbage(run: RunContext, name: str) -> list[str]:
+    """Delete all but the output's published version and `keep` older ones, with their run
+    folders; the versions deleted, oldest first. A step of its own after the publish, so that an
+    outage here retries the collection, never the job of a version already published."""
+    output = run.pipeline.store(name)
+    with KeyValueStore(run.machine.redis) as store:
+        deleted = store.collect_garbage(output, run.keep(name))
+        kept = {v.name for v in store.versions(output)}
+        work_dir.collect_runs(work_dir.runs(run.work_dir, name), store.current(output), kept)
+    return deleted

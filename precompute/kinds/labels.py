@@ -18,6 +18,7 @@ from precompute.jobs.inputs import CorpusInput
 from precompute.kinds import OutputKind, OutputSpec, QualityError
 from precompute.kinds.keyed import (
     VersionVocabulary,
+    collect_garbage,
     key_value_versions,
     publish_new_version,
     published_run,
@@ -104,7 +105,7 @@ class Labels(OutputKind):
         machine, task = run.machine, output.task()
         engine = engine_of(run.pipeline, name, machine.engine)
 
-        def label() -> tuple[Any, str, list[str]]:
+        def label() -> tuple[Any, str]:
             """Label the corpus into a new version and publish it, unless its head loses to the
             TF-IDF baseline; its staged values then become the cache of the next run (never
             before: a failed run must not replace it)."""
@@ -120,7 +121,7 @@ class Labels(OutputKind):
             source = output.input
             trained = output.classifier is None and source.label is not None  # else a classifier's names
             integer_labels = trained and integer_column(source, source.label)
-            labelled, version, deleted = publish_new_version(
+            labelled, version = publish_new_version(
                 run,
                 name,
                 VersionVocabulary(vocabulary, integer_column(source, source.id), integer_labels),
@@ -138,9 +139,10 @@ class Labels(OutputKind):
                 ),
             )
             promote(cache, work_dir.run_dir(run.work_dir, name, version) / STAGED)
-            return labelled, version, deleted
+            return labelled, version
 
-        labelled, version, deleted = run.step("label", label)
+        labelled, version = run.step("label", label)
+        deleted = run.step("collect_garbage", lambda: collect_garbage(run, name))
         labeler = labelled.labeler
         accuracy = labeler["held_out_accuracy"]
         seconds = labelled.seconds.get("label")  # none on an unchanged night

@@ -21,6 +21,7 @@ from precompute.jobs.recs_spec import RecsSpec
 from precompute.kinds import OutputKind, OutputSpec, QualityError
 from precompute.kinds.keyed import (
     VersionVocabulary,
+    collect_garbage,
     key_value_versions,
     publish_new_version,
     published_run,
@@ -115,7 +116,7 @@ class Recs(OutputKind):
         embeddings = work_dir.run_dir(run.work_dir, output.items, items_version) / STAGED
         items_model = run.pipeline.sources[output.items].hash
 
-        def recommend() -> tuple[RecsJobReport, str, list[str]]:
+        def recommend() -> tuple[RecsJobReport, str]:
             """Recommend from the published embeddings into a new version, rescoring only the users
             whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
             model's held-out NDCG@10 beats most-popular's by `min_lift`."""
@@ -152,7 +153,8 @@ class Recs(OutputKind):
             )
             return publish_new_version(run, name, vocabulary, job)
 
-        recs, version, deleted = run.step("recommend", recommend)
+        recs, version = run.step("recommend", recommend)
+        deleted = run.step("collect_garbage", lambda: collect_garbage(run, name))
         return {
             "kind": self.name,
             "version": version,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -38,6 +39,10 @@ train_texts = 400
 fine_tune_seconds = 0
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
 """
+
+PAUSE_MS = 500
+"""How long Redis holds writes while the killer looks (released at once when it does not kill);
+a killer that died mid-look frees the run after this."""
 
 EMBEDDINGS = """
 [outputs.docs]
@@ -75,6 +80,55 @@ def orphan_keys(client: redis.Redis, settings: RedisSettings, output: str) -> li
     return orphans
 
 
+@contextlib.contextmanager
+def redis_killed_when(
+    url: str, ready: Callable[[redis.Redis], bool], restart: Callable[[], object]
+) -> Iterator[tuple[list[str | None], threading.Event]]:
+    """SIGKILL the redis-server at `url` the moment `ready(client)` holds, and `restart` it a second
+    later, while a watcher records every value of the labels pointer. `ready` is checked while the
+    server holds every write (CLIENT PAUSE WRITE): the run cannot move past the state checked
+    before the kill, however slow or fast this machine is. Yields (pointers seen, killed)."""
+    client, reader = redis.Redis.from_url(url), redis.Redis.from_url(url, socket_timeout=1)
+    pointer = output_keys(RedisSettings(), "labels").pointer
+    seen: list[str | None] = []
+    killed, stop = threading.Event(), threading.Event()
+
+    def kill() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(redis.RedisError):
+                client.client_pause(PAUSE_MS, all=False)  # all=False: writes wait, reads go on
+                if ready(client):
+                    os.kill(client.info()["process_id"], signal.SIGKILL)
+                    killed.set()
+                    time.sleep(1)
+                    restart()
+                    return
+                client.client_unpause()
+            time.sleep(0.001)
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(redis.RedisError):
+                value = reader.get(pointer)
+                seen.append(value.decode() if value else None)
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=kill), threading.Thread(target=watch)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield seen, killed
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert killed.is_set(), "the run finished before Redis could be killed"
+
+
+def new_versions(client: redis.Redis, old: str) -> list[str]:
+    return [v.decode() for v in client.hkeys(output_keys(RedisSettings(), "labels").registry) if v.decode() != old]
+
+
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "not-persistent"])
 def test_redis_killed_mid_publish_then_back(
     prefect_api,
@@ -94,52 +148,24 @@ def test_redis_killed_mid_publish_then_back(
             LABELS.format(corpus=small_corpus),
             PRECOMPUTE_REDIS_URL=url,
             PRECOMPUTE_REDIS_PREFIX="fault",
-            PRECOMPUTE_REDIS_WRITE_BATCH="8",  # 25 write tasks: a window wide enough to kill Redis in
+            PRECOMPUTE_REDIS_WRITE_BATCH="8",  # 25 write tasks: the kill lands between two
         )
         store_settings = RedisSettings()
         keys = output_keys(store_settings, "labels")
         old = nightly()["outputs"]["labels"]["version"]
-        client = redis.Redis.from_url(url)
-        seen: list[str | None] = []
-        killed = threading.Event()
-        stop = threading.Event()
 
-        def kill_mid_write_and_restart() -> None:
-            """SIGKILL redis-server once the new version has records, bring it back a second later."""
-            while not stop.is_set():
-                with contextlib.suppress(redis.RedisError):
-                    new = [v.decode() for v in client.hkeys(keys.registry) if v.decode() != old]
-                    if new and next(client.scan_iter(match=f"fault:labels:{new[0]}:*", count=1000), None):
-                        os.kill(client.info()["process_id"], signal.SIGKILL)
-                        killed.set()
-                        time.sleep(1)
-                        servers.enter_context(
-                            redis_server(tmp_path / "redis", port=urlparse(url).port, persistent=persistent)
-                        )
-                        return
-                time.sleep(0.005)
+        def mid_write(client: redis.Redis) -> bool:
+            """The new version has records and is not published yet."""
+            new = new_versions(client, old)
+            return bool(new) and client.get(keys.pointer) != new[0].encode() and bool(
+                next(client.scan_iter(match=f"fault:labels:{new[0]}:*", count=1000), None)
+            )
 
-        def watch_pointer() -> None:
-            reader = redis.Redis.from_url(url, socket_timeout=1)
-            while not stop.is_set():
-                with contextlib.suppress(redis.RedisError):
-                    pointer = reader.get(keys.pointer)
-                    seen.append(pointer.decode() if pointer else None)
-                time.sleep(0.01)
+        def restart() -> None:
+            servers.enter_context(redis_server(tmp_path / "redis", port=urlparse(url).port, persistent=persistent))
 
-        threads = [
-            threading.Thread(target=kill_mid_write_and_restart),
-            threading.Thread(target=watch_pointer),
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            report = nightly()  # the publish task retries once Redis is back
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=30)
-        assert killed.is_set(), "the run finished before Redis could be killed mid-write"
+        with redis_killed_when(url, mid_write, restart) as (seen, _):
+            report = nightly()  # the step retries once Redis is back
         labels = report["outputs"]["labels"]
         assert labels["published"] and labels["items"] == 200
         new = labels["version"]
@@ -159,6 +185,37 @@ def test_redis_killed_mid_publish_then_back(
         assert sorted(p.name for p in runs.iterdir()) == sorted(
             v for v in {old, new} if persistent or v == new
         )
+
+
+def test_redis_killed_after_the_flip_publishes_once_and_collects_later(
+    prefect_api, ray_local, settings, small_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version is published once its pointer flipped: an outage during the garbage collection
+    that follows retries the collection, not the labelling into yet another version."""
+    with contextlib.ExitStack() as servers:
+        url = servers.enter_context(redis_server(tmp_path / "redis", persistent=True))
+        pipeline = LABELS.format(corpus=small_corpus) + "keep_versions = 0\n"  # the flip dooms the old one
+        environment(monkeypatch, tmp_path, settings, pipeline, PRECOMPUTE_REDIS_URL=url, PRECOMPUTE_REDIS_PREFIX="fault")
+        store_settings = RedisSettings()
+        keys = output_keys(store_settings, "labels")
+        old = nightly()["outputs"]["labels"]["version"]
+
+        def flipped(client: redis.Redis) -> bool:
+            return client.get(keys.pointer) not in (None, old.encode())
+
+        def restart() -> None:
+            servers.enter_context(redis_server(tmp_path / "redis", port=urlparse(url).port, persistent=True))
+
+        with redis_killed_when(url, flipped, restart) as (seen, _):
+            report = nightly()
+        labels = report["outputs"]["labels"]
+        new = labels["version"]
+        assert labels["published"] and labels["deleted_versions"] == [old]
+        assert set(seen) == {old, new}, "the labelling ran again into another version"
+        with KeyValueStore(store_settings) as store:
+            assert [(v.name, v.is_current) for v in store.versions("labels")] == [(new, True)]
+        assert orphan_keys(redis.Redis.from_url(url), store_settings, "labels") == []
+        assert [p.name for p in (tmp_path / "work" / "runs" / "labels").iterdir()] == [new]
 
 
 def precompute_run(env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -58,7 +58,7 @@ def test_every_valid_item_gets_the_labelers_top_labels(
             WorkPath.of(tmp_path / "run"),
             before_write=lambda rows, copy: store.create_version("labels", VERSION, rows),
         )
-        store.publish("labels", VERSION, 2, report.samples)
+        store.publish("labels", VERSION, report.samples)
 
     rejects = pq.read_table(report.rejects_path).to_pylist()
     assert sorted(r["reject_reason"] for r in rejects) == [
@@ -127,7 +127,7 @@ def label_and_publish(
             cache_dir=cache_dir,
             previous=previous,
         )
-        new.publish(report.samples, 2)
+        new.publish(report.samples)
     promote(cache_dir, WorkPath.of(tmp_path / new.version) / STAGED)
     return report, new.version
 

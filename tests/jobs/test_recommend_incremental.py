@@ -241,7 +241,7 @@ def redis_run(
             items_model=MODEL,
             previous=previous,
         )
-        new.publish(report.samples, keep=5)
+        new.publish(report.samples)
         keys = output_keys(redis, OUTPUT)
         with redis_client.from_url(redis.url) as client:
             held = {

@@ -15,7 +15,13 @@ import ray
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import ray_session
 from precompute.kinds import OutputKind, OutputSpec
-from precompute.kinds.keyed import VersionVocabulary, key_value_versions, publish_new_version, store_line
+from precompute.kinds.keyed import (
+    VersionVocabulary,
+    collect_garbage,
+    key_value_versions,
+    publish_new_version,
+    store_line,
+)
 from precompute.lookup.keys import LabelsBatchGet, Output
 from precompute.models.datasets import arrow_dataset, integer_column
 from precompute.stores.records import encode_ranked
@@ -93,9 +99,10 @@ class Lengths(OutputKind):
                     ).materialize()
             return Counted(len(ids), dict(list(zip(ids, values, strict=True))[:SAMPLES]))
 
-        counted, version, deleted = run.step(
+        counted, version = run.step(
             "count", lambda: publish_new_version(run, name, VersionVocabulary(["characters"], integer_column(spec, spec.id)), count)
         )
+        deleted = run.step("collect_garbage", lambda: collect_garbage(run, name))
         seconds = round(time.perf_counter() - start, 2)
         return {
             "kind": self.name,

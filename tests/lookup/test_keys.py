@@ -54,7 +54,8 @@ def publish(redis: RedisSettings, output: str, version: str, ids: list[str], row
     with KeyValueStore(redis) as store:
         store.create_version(output, version, len(ids), {"vocabulary": vocabulary})
         store.write(output, version, ids, values)
-        store.publish(output, version, keep=1)
+        store.publish(output, version)
+        store.collect_garbage(output, keep=1)
 
 
 def publish_both(redis: RedisSettings, version: str, ordinal: int) -> None:
@@ -120,7 +121,7 @@ def test_a_top_100_is_served_whole(
     with KeyValueStore(redis) as store:
         store.create_version("recs", V1, len(USERS), {"vocabulary": vocabulary})
         store.write("recs", V1, USERS, encode_ranked(ranked, np.array([scores] * len(USERS))))
-        store.publish("recs", V1, keep=1)
+        store.publish("recs", V1)
     with TestClient(app(settings, tmp_path, redis)) as client:
         answer = client.get("/v1/recs/user-3?k=100").json()["items"]
         assert [item["id"] for item in answer] == [vocabulary[i] for i in ranked[3]]

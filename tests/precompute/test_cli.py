@@ -46,7 +46,7 @@ def stores(
                 store.write(
                     output, version, ids, encode_ranked(np.zeros((records, 1)), np.ones((records, 1)))
                 )
-                store.publish(output, version, keep=2)
+                store.publish(output, version)
     return vectors, redis
 
 

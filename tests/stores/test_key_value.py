@@ -66,7 +66,8 @@ def load(store: KeyValueStore, version: str, rows: int = N) -> list[bytes]:
 
 def publish(store: KeyValueStore, version: str, keep: int = KEEP) -> None:
     values = load(store, version)
-    store.publish(OUTPUT, version, keep, {IDS[0]: values[0], IDS[-1]: values[-1]})
+    store.publish(OUTPUT, version, {IDS[0]: values[0], IDS[-1]: values[-1]})
+    store.collect_garbage(OUTPUT, keep)
 
 
 def keys_of(settings: RedisSettings) -> set[bytes]:
@@ -97,7 +98,7 @@ async def read(settings: RedisSettings, ids: list[str]) -> tuple[str, list[bytes
 
 def test_write_publish_get(store: KeyValueStore, settings: RedisSettings) -> None:
     values = load(store, V1)
-    store.publish(OUTPUT, V1, KEEP, {IDS[7]: values[7]})
+    store.publish(OUTPUT, V1, {IDS[7]: values[7]})
 
     async def reads() -> tuple:
         async with KeyValueReader(settings) as reader:
@@ -127,16 +128,16 @@ def test_nothing_published(store: KeyValueStore, settings: RedisSettings) -> Non
 def test_failed_validation_switches_nothing(store: KeyValueStore, settings: RedisSettings) -> None:
     load(store, V1, rows=N - 1)
     with pytest.raises(PublishValidationError, match=f"holds {N - 1} records, but was created for {N}"):
-        store.publish(OUTPUT, V1, KEEP)
+        store.publish(OUTPUT, V1)
     assert store.current(OUTPUT) is None
 
     publish(store, V2)
     values = load(store, V3)
     wrong = {IDS[1]: values[2], "unknown": values[0], IDS[4]: values[4]}
     with pytest.raises(PublishValidationError, match=r"2 of 3 samples .* \['pkg-1', 'unknown'\]"):
-        store.publish(OUTPUT, V3, KEEP, wrong)
+        store.publish(OUTPUT, V3, wrong)
     with pytest.raises(VersionNotFoundError, match="does not exist"):
-        store.publish(OUTPUT, V4, KEEP)
+        store.publish(OUTPUT, V4)
     assert store.current(OUTPUT) == V2
     assert asyncio.run(read(settings, [IDS[1]]))[:2] == (V2, [values_of(2)[1]])
 
@@ -209,7 +210,7 @@ def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, sett
     sink = store.sink(OUTPUT, V1)
     ray.data.from_arrow(table).repartition(3).write_datasink(sink)
     assert sink.rows == N
-    store.publish(OUTPUT, V1, KEEP, {IDS[100]: values[100]})
+    store.publish(OUTPUT, V1, {IDS[100]: values[100]})
     assert asyncio.run(read(settings, IDS))[:2] == (V1, values)
 
     store.create_version(OUTPUT, V2, N)
@@ -236,7 +237,7 @@ def test_rows_routed_by_bucket_reach_each_write_task_as_whole_buckets(ray_local:
         buckets = [set(b[BUCKET].to_pylist()) for b in blocks]
         assert sum(map(len, buckets)) == len(set().union(*buckets)) > 0.9 * store.buckets(OUTPUT, V1)
         routed.write_datasink(sink)
-        store.publish(OUTPUT, V1, KEEP, {IDS[100]: values[100]})
+        store.publish(OUTPUT, V1, {IDS[100]: values[100]})
     assert asyncio.run(read(settings, IDS))[:2] == (V1, values)
 
 
@@ -252,7 +253,7 @@ def copy_rescore_delete(store: KeyValueStore, settings: RedisSettings) -> None:
     store.copy_version(OUTPUT, V1, V2)
     assert store.delete(OUTPUT, V2, [*gone, "never-there"]) == len(gone)
     store.write(OUTPUT, V2, rescored, fresh)
-    store.publish(OUTPUT, V2, KEEP, {rescored[0]: fresh[0], rescored[-1]: fresh[-1]})
+    store.publish(OUTPUT, V2, {rescored[0]: fresh[0], rescored[-1]: fresh[-1]})
 
     expected = {i: values_of(1)[IDS.index(i)] for i in kept} | dict(zip(rescored, fresh, strict=True))
     asked = IDS + rescored[10:]
@@ -399,7 +400,7 @@ def test_bad_parameters_are_named(store: KeyValueStore, settings: RedisSettings)
     with pytest.raises(ValueError, match="version 'v 2'"):
         store.sink(OUTPUT, "v 2")
     store.write(OUTPUT, V1, IDS[:2], [b"x", b"y"])
-    store.publish(OUTPUT, V1, KEEP)
+    store.publish(OUTPUT, V1)
     with pytest.raises(StoreError, match="is published; it is never written again"):
         store.write(OUTPUT, V1, IDS[:1], [b"z"])
     with pytest.raises(ValueError, match=r"ids\[1\] must be str, got bytes"):
@@ -415,7 +416,7 @@ def test_one_node_cluster(tmp_path: Path) -> None:
         settings = store.settings
         store.create_version(OUTPUT, V1, N)
         store.write(OUTPUT, V1, IDS, values_of(1))
-        store.publish(OUTPUT, V1, 2, {IDS[0]: values_of(1)[0]})
+        store.publish(OUTPUT, V1, {IDS[0]: values_of(1)[0]})
         for version in (V2, V3, V4):
             publish(store, version, keep=2)
         assert store.rollback(OUTPUT) == V3
@@ -504,11 +505,11 @@ def test_a_new_version_from_a_copy_plan_holds_the_copy_less_the_users_gone(
     """An incremental run's version: V1 copied server-side in V1's buckets, the users gone since
     deleted, published with its own meta; the copied users read V1's values."""
     published = load(store, V1)
-    store.publish(OUTPUT, V1, KEEP)
+    store.publish(OUTPUT, V1)
     with NewVersion(store, OUTPUT, {"ordinal": 2}) as new:
         new.create(N - 2, CopyPlan(V1, IDS[:2]))
         assert store.buckets(OUTPUT, new.version) == store.buckets(OUTPUT, V1)
-        assert new.publish({IDS[5]: published[5]}, keep=KEEP) == []
+        new.publish({IDS[5]: published[5]})
     version, values, meta = asyncio.run(read(settings, [IDS[0], IDS[1], IDS[5], IDS[-1]]))
     assert (version, values, meta) == (new.version, [None, None, published[5], published[-1]], {"ordinal": 2})
 
@@ -519,15 +520,15 @@ def test_a_publish_refuses_a_version_that_does_not_hold_what_it_was_created_for(
     store.create_version(OUTPUT, V1, N - 1)
     store.write(OUTPUT, V1, IDS, values_of(1))
     with pytest.raises(PublishValidationError, match=f"holds {N} records, but was created for {N - 1}"):
-        store.publish(OUTPUT, V1, KEEP)
+        store.publish(OUTPUT, V1)
     values = load(store, V2)
     with pytest.raises(ValueError, match="samples must map str ids to bytes values, got 7: bytes"):
-        store.publish(OUTPUT, V2, KEEP, {7: values[0]})
+        store.publish(OUTPUT, V2, {7: values[0]})
     with pytest.raises(ValueError, match="samples must map str ids to bytes values, got 'pkg-0': str"):
-        store.publish(OUTPUT, V2, KEEP, {IDS[0]: "x"})
+        store.publish(OUTPUT, V2, {IDS[0]: "x"})
     wrong = {item: values[0] for item in IDS[1:8]}
     with pytest.raises(PublishValidationError) as refused:
-        store.publish(OUTPUT, V2, KEEP, wrong)
+        store.publish(OUTPUT, V2, wrong)
     assert str(refused.value).endswith(f"7 of 7 samples read back missing or different, e.g. {IDS[1:6]}")
     with pytest.raises(ValueError, match="ids and values differ in length: 1 and 2"):
         store.write(OUTPUT, V2, IDS[:1], values[:2])
@@ -553,10 +554,10 @@ def test_versions_of_thousands_of_buckets_are_counted_and_copied_whole(
     values = [i.to_bytes(4, "little") for i in range(len(ids))]
     store.create_version(OUTPUT, V1, len(ids), buckets=buckets)
     store.write(OUTPUT, V1, ids, values)
-    store.publish(OUTPUT, V1, KEEP, {ids[0]: values[0]})  # the record count checked over every bucket
+    store.publish(OUTPUT, V1, {ids[0]: values[0]})  # the record count checked over every bucket
     store.create_version(OUTPUT, V2, len(ids), buckets=buckets)
     store.copy_version(OUTPUT, V1, V2)
-    store.publish(OUTPUT, V2, KEEP, {ids[-1]: values[-1]})
+    store.publish(OUTPUT, V2, {ids[-1]: values[-1]})
     assert asyncio.run(read(settings, ids))[:2] == (V2, values)
     assert store.collect_garbage(OUTPUT, keep=0) == [V1]  # its buckets unlinked a chunk a round trip
     assert not [key for key in keys_of(settings) if V1.encode() in key]
