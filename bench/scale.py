@@ -37,19 +37,17 @@ RESOLUTION_S = 0.01
 """The run report rounds seconds to 0.01: a shorter stage counts as this long in an exponent."""
 DEFAULT_DIR = Path.home() / ".local" / "share" / "precompute" / "bench-scale"
 MB = 1e6
-MIN_RECALL = 0.95
-"""HNSW finds a random model's neighbours less well than a trained one's (recall@10 0.987 at
-10,000 rows, against 0.996 for MiniLM on the demo), and the flow's default (0.99) refuses
-the version: this bench measures time, so it lowers the bar and reports the recall."""
 POPULARITY_WEIGHT = 10.0
 """A random model's content scores, and ALS on these sparse generated lists, rank items worse
 than popularity (leave-one-out hit-rate at 100,000 rows with the default 0.4: ALS + content
 0.063 against most-popular's 0.119), which the flow refuses to publish; ranked by popularity
 first and the model within it, they come close (0.1188). The weight changes no cost: it is one
 coordinate of the score's dot product."""
-MIN_LIFT = 0.9
-"""... but only close: at 100,000 rows the 1% rerun scored 0.1181 against most-popular's 0.1198,
-and the flow's default (1.0) refused it. This bench measures time, so it lowers the bar."""
+MIN_LIFT = 0.5
+"""... but only close, and less so as the catalogue grows: NDCG@10 0.1181 against most-popular's
+0.1198 at 100,000 rows (a 1% rerun), 0.0511 against 0.0604 at 1M, which the flow's default (1.0)
+refuses, and with it every recs stage's time. This bench measures time, so it lowers the bar
+far enough for the recs to publish at every size; the report's held-out figures say how far."""
 MIN_ROWS = 400
 """The gate needs 16 texts of the corpus's held-out tenth, with room to spare."""
 
@@ -65,7 +63,7 @@ def _seconds(run: Run, output: str, *keys: str) -> float | None:
 
 
 def _recs_check(run: Run) -> float | None:
-    """The recommend task's time less its job's: leave-one-out hit-rate, Redis publish and GC."""
+    """The recommend task's time less its job's: leave-one-out hit-rate and the Redis publish."""
     task, job = run["tasks"].get("recommend"), run["report"]["outputs"].get("recs", {}).get("seconds")
     return None if task is None or job is None else round(max(task - sum(job.values()), 0.0), 2)
 
@@ -81,6 +79,15 @@ def _field(run: Run, output: str, key: str) -> int:
 
 def _recs(run: Run) -> dict[str, Any]:
     return run["report"]["outputs"].get("recs", {})
+
+
+def _search(run: Run) -> dict[str, Any]:
+    """The search parameters the index check recorded with the version, and its chosen rung's figures."""
+    validation = run["report"]["outputs"].get("embeddings", {}).get("validation") or {}
+    curve = validation.get("curve") or [{}]
+    chosen = {key: curve[-1].get(key) for key in ("recall_at_10", "median_ms", "p99_ms")}
+    steps = [(step.get("hnsw_ef"), step.get("exact"), step.get("recall_at_10")) for step in curve]
+    return {"params": validation.get("search"), **chosen, "curve": steps}
 
 
 def _corpus_rows(run: Run) -> int:
@@ -130,10 +137,10 @@ STAGES = {
         lambda r: _seconds(r, "recs", "index", "recommend"),
         _users,
     ),
-    "recs_check": Stage("recs leave-one-out check, publish, GC", _recs_check, _users),
+    "recs_check": Stage("recs leave-one-out check and publish", _recs_check, _users),
     "redis_publish": Stage("Redis writes of labels and recs", _redis_write, _records),
     "gc": Stage(
-        "embeddings GC task (old versions, run folders)",
+        "the outputs' GC tasks (old versions, run folders)",
         lambda r: r["tasks"].get("collect_garbage"),
         _corpus_rows,
     ),
@@ -158,7 +165,6 @@ model = {{ path = "{model}" }}
 {gate}
 store = "scale"
 keep_versions = 0
-min_recall = {MIN_RECALL}
 
 [outputs.labels]
 kind = "labels"
@@ -309,6 +315,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
             n: runs[n]["report"]["outputs"].get("embeddings", {}).get("validation", {}).get("recall_at_10")
             for n in sizes
         },
+        "search": {n: _search(runs[n]) for n in sizes},
         "failed": {n: runs[n]["report"].get("failed", {}) for n in sizes if runs[n]["report"].get("failed")},
         "rerun": rerun,
     }
@@ -331,6 +338,13 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
         print(
             f"recs at {n:,} rows: {_users(runs[n]):,} users, model {result['recs_published'][n]}, "
             f"{ranking.get('reason')}; graph build {ranking.get('build_s')} s, curve {ranking.get('curve')}"
+        )
+    for n in sizes:
+        chosen = result["search"][n]
+        print(
+            f"search at {n:,} rows: the index check chose {chosen.get('params')} (recall@10 "
+            f"{chosen.get('recall_at_10')}, check queries p50 {chosen.get('median_ms')} ms, p99 {chosen.get('p99_ms')} ms "
+            f"in process); curve {chosen.get('curve')}"
         )
     if rerun:
         print(

@@ -67,8 +67,8 @@ svg text { font: 11px system-ui, sans-serif; fill: #1f2328; }
 {% if g.cosine_histogram %}<div>cosine to FP32 of {{ g.cosine_histogram|sum }} held-out texts</div>{{ histogram(g.cosine_histogram) }}{% endif %}{% if g.reason %}<div>{{ g.reason }}</div>{% endif %}{% if g.note %}<div>{{ g.note }}</div>{% endif %}</div>{% endfor %}
 </div>
 {% if o.recall is not none %}<h3>Index check</h3><div>recall@10 {{ "%.3f"|format(o.recall) }} of the HNSW index against exact search</div>
-{% if o.curve %}<table><tr><th>hnsw_ef</th><th>oversampling</th><th>exact</th><th>recall@10</th><th>median ms</th><th></th></tr>
-{% for r in o.curve %}<tr><td class="n">{{ r.hnsw_ef }}</td><td class="n">{{ r.oversampling }}</td><td>{{ r.exact }}</td><td class="n">{{ r.recall_at_10 }}</td><td class="n">{{ r.median_ms }}</td><td>{% if loop.last %}chosen{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
+{% if o.curve %}<table><tr><th>hnsw_ef</th><th>oversampling</th><th>exact</th><th>recall@10</th><th>median ms</th><th>p99 ms</th><th></th></tr>
+{% for r in o.curve %}<tr><td class="n">{{ r.hnsw_ef }}</td><td class="n">{{ r.oversampling }}</td><td>{{ r.exact }}</td><td class="n">{{ r.recall_at_10 }}</td><td class="n">{{ r.median_ms }}</td><td class="n">{{ r.get('p99_ms', '') }}</td><td>{% if loop.last %}chosen{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
 {% if o.models %}<h3>Held-out quality ({{ o.quality.split }} split, {{ o.quality.users }} users, {{ o.quality.cold_users }} cold)</h3>{% if o.quality.get('note') %}<div>{{ o.quality.note }}</div>{% endif %}
 <table><tr><th>model</th><th>HR@{{ o.quality.k }}</th><th>NDCG@{{ o.quality.k }}</th><th>coverage</th><th></th></tr>
 {% for name, m in o.models %}<tr><td>{{ name }}</td><td class="n">{{ m.hit_rate }}</td><td class="n">{{ m.ndcg }}</td><td class="n">{{ m.coverage }}</td>

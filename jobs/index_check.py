@@ -58,7 +58,7 @@ class Validation:
     search: dict[str, Any] = field(default_factory=dict)
     """The SearchParams recorded with the version."""
     curve: list[dict[str, Any]] = field(default_factory=list)
-    """Each rung walked: its params, recall@10 and median search ms in this process."""
+    """Each rung walked: its params, recall@10, median and 99th-percentile search ms in this process."""
     graph: dict[str, Any] = field(default_factory=dict)
     """The GraphParams the version was built with."""
     next_graph: dict[str, Any] | None = None
@@ -118,8 +118,8 @@ def kth_scores(unit: np.ndarray, queries: np.ndarray, own: np.ndarray | None) ->
 def measure(
     store: VectorStore, version: str, ids: list[str], rows: dict[str, int], unit: np.ndarray,
     queries: np.ndarray, own: np.ndarray, kth: np.ndarray, params: SearchParams,
-) -> tuple[float, int, float]:
-    """(recall@10, canaries found, median ms). A hit is right when its staged vector's exact
+) -> tuple[float, int, float, float]:
+    """(recall@10, canaries found, median ms, 99th percentile ms). A hit is right when its staged vector's exact
     cosine to the query reaches the K-th best one: ties among duplicates are not misses, and a
     point stored under a wrong vector is. A stored row's query is also its canary. `rows`: each
     id's row."""
@@ -135,7 +135,8 @@ def measure(
         others = [rows[h.id] for h in hits if h.id != mine and h.id in rows][:k]
         good += int(np.sum(unit[others] @ query >= floor - TIE)) if others else 0
         asked += k
-    return (good / asked if asked else 1.0), found, statistics.median(times) * 1000
+    p99 = float(np.percentile(times, 99)) if times else 0.0
+    return (good / asked if asked else 1.0), found, statistics.median(times) * 1000, p99 * 1000
 
 
 def check_index(
@@ -171,8 +172,8 @@ def check_index(
     rows = {point: row for row, point in enumerate(ids)}
     curve: list[dict[str, Any]] = []
     for params in ladder(store.default_search, max_ef, exact):
-        recall, found, ms = measure(store, version, ids, rows, unit, asked, own, kth, params)
-        curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3)})
+        recall, found, ms, p99 = measure(store, version, ids, rows, unit, asked, own, kth, params)
+        curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3), "p99_ms": round(p99, 3)})
         if found == len(sample) and recall >= min_recall:
             store.record_search(version, params)
             denser = ask_denser(cache, built) if params.exact and cache is not None else None

@@ -143,6 +143,7 @@ def test_the_check_raises_hnsw_ef_until_recall_reaches_its_minimum_and_records_i
     assert [rung["hnsw_ef"] for rung in curve] == [2**i for i in range(len(curve))]
     assert all(rung["recall_at_10"] < 1.0 for rung in curve[:-1]) and curve[-1]["recall_at_10"] == 1.0
     assert validation.recall_at_10 == curve[-1]["recall_at_10"]
+    assert all(rung["p99_ms"] >= rung["median_ms"] > 0 for rung in curve)  # every query timed
     assert validation.search == {"hnsw_ef": curve[-1]["hnsw_ef"], "oversampling": 2.0, "exact": False}
     reader = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant", hnsw_ef=1), "docs", pointer_check_s=0)
     with reader:

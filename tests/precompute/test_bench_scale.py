@@ -61,6 +61,8 @@ def test_every_stage_is_timed_with_memory_and_exponents(
     assert 0 < memory["ray_peak_uss_mb"]["ray::EmbedActor"] <= memory["ray_peak_rss_mb"]["ray::EmbedActor"]
     assert memory["redis_bytes_per_record"] > 0
     assert memory["qdrant_disk_mb"] > 0
+    chosen = result["search"][ROWS]  # at the flow's default min_recall
+    assert chosen["params"] and chosen["recall_at_10"] >= 0.99 and chosen["p99_ms"] >= chosen["median_ms"] > 0
 
     (run,) = json.loads((tmp_path / "bench" / f"rows-{ROWS}" / "result.json").read_text())
     doubled = {**run, "report": json.loads(json.dumps(run["report"]))}
