@@ -4,6 +4,9 @@ the engine's gate then says how few texts it rests on."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -72,3 +75,29 @@ def test_the_gate_on_a_300_row_input_passes_at_the_default_sizes_and_says_it_res
         gate = encoder.report.gates[-1]
     assert gate.passed and gate.texts == len(reference_texts(sample, "gate", 256)) < 256
     assert gate.note == f"rests on {gate.texts} held-out texts, 256 asked: the input has few rows"
+
+
+READ_BYTES = """
+import gc, os, sys
+from precompute.models.reference_texts import TextSample, reference_texts
+def read() -> int:
+    return int(open("/proc/self/io").read().split("rchar: ")[1].split()[0])
+before = read()
+texts = reference_texts(TextSample(path=sys.argv[1]), "gate", 64)
+gc.collect()
+print(len(texts), (read() - before) / os.path.getsize(sys.argv[1]))
+"""
+
+
+def test_the_gate_texts_of_a_large_file_are_read_from_its_first_row_group_alone(tmp_path: Path) -> None:
+    """Every engine process takes its gate texts here: reading must stop where they are found,
+    not in a scanner that reads on when dropped (it read 5 of these 8 row groups, and most of a
+    1M-row corpus, whose memory the process kept). Bytes read by a process of its own (rchar)."""
+    rows = 64_000  # 8 row groups of 8,000; the 64 texts of one slot in ten are in the first
+    table = pa.table({"id": [f"row-{i}" for i in range(rows)], "text": [os.urandom(150).hex() for _ in range(rows)]})
+    pq.write_table(table, tmp_path / "large.parquet", row_group_size=8_000)
+    result = subprocess.run(
+        [sys.executable, "-c", READ_BYTES, str(tmp_path / "large.parquet")], capture_output=True, text=True, check=True
+    )
+    texts, share = result.stdout.split()
+    assert int(texts) == 64 and float(share) < 0.25  # one row group is 1/8 of the file
