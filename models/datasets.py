@@ -241,11 +241,16 @@ def _one_format(source: DatasetInput, files: list[str]) -> Format:
 
 def arrow_dataset(source: DatasetInput) -> pads.Dataset:
     """The input as a pyarrow dataset: InputError, naming the path, if it cannot be opened."""
-    files = input_files(source)
+    return files_dataset(input_files(source), source.path)
+
+
+def files_dataset(files: InputFiles, path: str) -> pads.Dataset:
+    """Files already listed (input_files) as a pyarrow dataset: InputError, naming `path`, if
+    they cannot be opened. For a reader that needs both, without listing the input twice."""
     try:
         return files.arrow()
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"cannot read {files.format} at {source.path} ({e})") from None
+        raise InputError(f"cannot read {files.format} at {path} ({e})") from None
 
 
 def integer_column(source: DatasetInput, column: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from precompute.models.datasets import DatasetInput, arrow_dataset, input_files
+from precompute.models.datasets import DatasetInput, files_dataset, input_files
 from precompute.models.errors import ModelError
 from precompute.models.text_columns import decodable_rows
 
@@ -60,7 +60,8 @@ def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, ob
     bench scale's corpus grew a process by 141 MB of USS at 100,000 rows and 190 MB at 1M
     (437 MB two seconds after the scan's first batch); read file by file, 40 and 38 MB. CSV and
     JSON Lines, which have no row groups, are scanned."""
-    dataset, files = arrow_dataset(sample), input_files(sample)
+    files = input_files(sample)
+    dataset = files_dataset(files, sample.path)
     try:
         schema = pa.schema([dataset.schema.field(column) for column in columns])
         if files.format == "parquet":
