@@ -125,10 +125,6 @@ def redis_killed_when(
     assert killed.is_set(), "the run finished before Redis could be killed"
 
 
-def new_versions(client: redis.Redis, old: str) -> list[str]:
-    return [v.decode() for v in client.hkeys(output_keys(RedisSettings(), "labels").registry) if v.decode() != old]
-
-
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "not-persistent"])
 def test_redis_killed_mid_publish_then_back(
     prefect_api,
@@ -156,7 +152,7 @@ def test_redis_killed_mid_publish_then_back(
 
         def mid_write(client: redis.Redis) -> bool:
             """The new version has records and is not published yet."""
-            new = new_versions(client, old)
+            new = [v.decode() for v in client.hkeys(keys.registry) if v.decode() != old]
             return bool(new) and client.get(keys.pointer) != new[0].encode() and bool(
                 next(client.scan_iter(match=f"fault:labels:{new[0]}:*", count=1000), None)
             )
