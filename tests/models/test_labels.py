@@ -27,7 +27,7 @@ from precompute.models.reference_texts import TextSample, split_slot
 
 EMBEDDING_DIM = 384
 
-TRAIN_TEXTS = 1000
+TRAIN_TEXTS = 900
 """A head whose INT8 labels flip on a near tie of the gate's texts, which FP32 rechecks mend."""
 SECTIONS = LabelTask(
     corpus=TextSample(path=str(DEMO_CORPUS)), column="section", policy=LabelPolicy(train_texts=TRAIN_TEXTS, fine_tune_seconds=0)
