@@ -3,12 +3,15 @@ recall gate that decides which of the two the actors use."""
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
+import psutil
 import pyarrow as pa
 import torch
 
 from precompute.jobs.candidate_topk import (
     CandidateTopK,
+    Ranking,
     build_graph,
     choose_ranking,
     ranker_of,
@@ -117,3 +120,21 @@ def test_the_largest_items_are_scored_for_every_user_whatever_the_graph_returns(
     found, _ = CandidateTopK(build_graph(misleading, None), items, K, 128, None, 64)(torch.from_numpy(user), seen)
 
     assert found[0, 0] == 7
+
+
+def test_a_ranker_searches_the_graph_where_its_serialized_bytes_lie() -> None:
+    """In a top-k actor those bytes lie in Ray's object store, shared by the node's actors; a
+    deserialized graph was a private copy per actor (README, "Scale": TopKActor's memory)."""
+    rng = np.random.default_rng(5)
+    items = clustered(rng, 60_000, rng.normal(size=(20, DIM)))
+    graph = build_graph(items, None)
+    ranking = Ranking("hnsw", "", ef=64, index=faiss.serialize_index(graph))
+    ranking.index.setflags(write=False)  # as Ray's object store hands it out
+    process = psutil.Process()
+    before = process.memory_full_info().uss
+    ranker = ranker_of(items, K, 128, None, ranking)
+    grown = process.memory_full_info().uss - before
+    assert grown < 0.1 * ranking.index.nbytes, f"{grown / 1e6:.1f} MB private for a {ranking.index.nbytes / 1e6:.1f} MB graph"
+    del ranking  # the ranker keeps the bytes it points into
+    queries = clustered(rng, 50, rng.normal(size=(20, DIM)))
+    np.testing.assert_array_equal(ranker.index.search(queries, K)[1], graph.search(queries, K)[1])
