@@ -8,6 +8,7 @@ Scoring is exact, not approximate: no recall is lost to an index.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -24,8 +25,8 @@ generous (README, "Figures behind the defaults")."""
 class BlockedTopK:
     """Exact top-k of user . item + prior over every item, the user's seen items excluded.
 
-    Owns the item matrix and a [block, tile] score buffer of at most SCORE_BUFFER_BYTES,
-    allocated once: a block of users against a tile of items is one matrix multiply into the
+    Holds the item matrix (on the CPU, the caller's array itself) and a [block, tile] score
+    buffer of at most SCORE_BUFFER_BYTES, allocated once: a block of users against a tile of items is one matrix multiply into the
     buffer, the prior added and seen items set to -inf in place, then topk; each tile's top k
     are merged with the best so far. CUDA where torch sees it, else CPU BLAS.
     """
@@ -42,7 +43,7 @@ class BlockedTopK:
             raise ValueError(f"k must be at least 1 and there must be items: k={k}, {len(item_vectors)} items")
         k = min(k, len(item_vectors))  # a catalogue smaller than k: every item, ranked
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.items = torch.tensor(item_vectors, dtype=torch.float32, device=self.device)
+        self.items = shared_tensor(item_vectors, self.device)
         self.prior = None if prior is None else torch.tensor(prior, dtype=torch.float32, device=self.device)
         tile = tile or max(1, SCORE_BUFFER_BYTES // (4 * block))
         self.k, self.block, self.tile = k, block, min(tile, len(item_vectors))
@@ -90,6 +91,17 @@ class BlockedTopK:
             best = tile_scores, tile_indices
         assert best is not None  # at least one item: checked at construction
         return best
+
+
+def shared_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` as a contiguous float32 tensor on `device`, on the CPU sharing its memory where it
+    is one already: in a top-k actor the item matrix lies read-only in Ray's object store, shared
+    by the node's actors, where a copy would be private to each (the scoring only reads it, so
+    torch's warning about a read-only array does not apply). A blend part's column view is copied:
+    the matrix multiply wants rows contiguous."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(np.ascontiguousarray(array, np.float32), device=device)
 
 
 def top_k(

@@ -3,6 +3,8 @@ recall gate that decides which of the two the actors use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import faiss
 import numpy as np
 import psutil
@@ -122,6 +124,14 @@ def test_the_largest_items_are_scored_for_every_user_whatever_the_graph_returns(
     assert found[0, 0] == 7
 
 
+def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
+    """What `make(*args)` returns, and the bytes of this process's own memory (USS) it added."""
+    process = psutil.Process()
+    before = process.memory_full_info().uss
+    made = make(*args)
+    return made, process.memory_full_info().uss - before
+
+
 def test_a_ranker_searches_the_graph_where_its_serialized_bytes_lie() -> None:
     """In a top-k actor those bytes lie in Ray's object store, shared by the node's actors; a
     deserialized graph was a private copy per actor (README, "Scale": TopKActor's memory)."""
@@ -130,11 +140,23 @@ def test_a_ranker_searches_the_graph_where_its_serialized_bytes_lie() -> None:
     graph = build_graph(items, None)
     ranking = Ranking("hnsw", "", ef=64, index=faiss.serialize_index(graph))
     ranking.index.setflags(write=False)  # as Ray's object store hands it out
-    process = psutil.Process()
-    before = process.memory_full_info().uss
-    ranker = ranker_of(items, K, 128, None, ranking)
-    grown = process.memory_full_info().uss - before
+    ranker, grown = private_growth(ranker_of, items, K, 128, None, ranking)
     assert grown < 0.1 * ranking.index.nbytes, f"{grown / 1e6:.1f} MB private for a {ranking.index.nbytes / 1e6:.1f} MB graph"
     del ranking  # the ranker keeps the bytes it points into
     queries = clustered(rng, 50, rng.normal(size=(20, DIM)))
     np.testing.assert_array_equal(ranker.index.search(queries, K)[1], graph.search(queries, K)[1])
+
+
+def test_the_exact_ranker_scores_the_item_matrix_where_it_lies() -> None:
+    """Read-only, as Ray's object store hands it to a top-k actor: a copy would be private to each."""
+    rng = np.random.default_rng(6)
+    items = clustered(rng, 200_000, rng.normal(size=(20, DIM)))
+    items.setflags(write=False)
+    ranker, grown = private_growth(ranker_of, items, K, 128, None, Ranking("exact", ""))
+    assert grown < 0.1 * items.nbytes, f"{grown / 1e6:.1f} MB private for {items.nbytes / 1e6:.1f} MB of items"
+    good = interactions(rng)
+    seen = sample_users(good, USERS)
+    vectors = torch.from_numpy(clustered(rng, len(seen.ids), rng.normal(size=(20, DIM))))
+    found, _ = ranker(vectors, seen)
+    copied, _ = BlockedTopK(items.copy(), K, 128)(vectors, seen)
+    np.testing.assert_array_equal(found, copied)
