@@ -25,10 +25,11 @@ generous (README, "Figures behind the defaults")."""
 class BlockedTopK:
     """Exact top-k of user . item + prior over every item, the user's seen items excluded.
 
-    Holds the item matrix (on the CPU, the caller's array itself) and a [block, tile] score
-    buffer of at most SCORE_BUFFER_BYTES, allocated once: a block of users against a tile of items is one matrix multiply into the
-    buffer, the prior added and seen items set to -inf in place, then topk; each tile's top k
-    are merged with the best so far. CUDA where torch sees it, else CPU BLAS.
+    Holds the item matrix and the prior (on the CPU, the caller's arrays themselves) and a
+    [block, tile] score buffer of at most SCORE_BUFFER_BYTES, allocated once: a block of users
+    against a tile of items is one matrix multiply into the buffer, the prior added and seen
+    items set to -inf in place, then topk; each tile's top k are merged with the best so far.
+    CUDA where torch sees it, else CPU BLAS.
     """
 
     def __init__(
@@ -44,7 +45,7 @@ class BlockedTopK:
         k = min(k, len(item_vectors))  # a catalogue smaller than k: every item, ranked
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.items = shared_tensor(item_vectors, self.device)
-        self.prior = None if prior is None else torch.tensor(prior, dtype=torch.float32, device=self.device)
+        self.prior = None if prior is None else shared_tensor(prior, self.device)
         tile = tile or max(1, SCORE_BUFFER_BYTES // (4 * block))
         self.k, self.block, self.tile = k, block, min(tile, len(item_vectors))
         self.buffer = torch.empty(block * self.tile, dtype=torch.float32, device=self.device)
@@ -95,10 +96,10 @@ class BlockedTopK:
 
 def shared_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """`array` as a contiguous float32 tensor on `device`, on the CPU sharing its memory where it
-    is one already: in a top-k actor the item matrix lies read-only in Ray's object store, shared
-    by the node's actors, where a copy would be private to each (the scoring only reads it, so
-    torch's warning about a read-only array does not apply). A blend part's column view is copied:
-    the matrix multiply wants rows contiguous."""
+    is one already: in a top-k actor the item matrix and the prior lie read-only in Ray's object
+    store, shared by the node's actors, where a copy would be private to each (the scoring only
+    reads them, so torch's warning about a read-only array does not apply). A blend part's column
+    view is copied: the matrix multiply wants rows contiguous."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.as_tensor(np.ascontiguousarray(array, np.float32), device=device)
