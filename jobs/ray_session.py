@@ -134,8 +134,9 @@ def ray_stopped_last() -> Iterator[None]:
             stop()
 
 
-BATCH_RETRIES = 3
-"""Times a batch whose actor died is run again on a restarted actor before the job fails."""
+ACTOR_RESTARTS = 3
+"""Times an inference actor is restarted after its process died before the job fails: the bound
+on a batch that kills its actor every time."""
 
 
 def actor_pool(size: int, gpus: bool) -> dict[str, Any]:
@@ -146,14 +147,19 @@ def actor_pool(size: int, gpus: bool) -> dict[str, Any]:
 
     A lost node or a killed actor process: the actor is started again on a node with room and
     the batches it had in flight are retried (tests/flows/test_multinode.py kills a node
-    mid-embedding), BATCH_RETRIES times. Ray Data's defaults are -1 for both, so a batch that
-    kills its actor every time (out of memory, a crash in the engine) would restart it for
-    ever; bounded, the job fails naming the actor's death (tests/jobs/test_ray_session.py).
-    Ray 2.60 takes the bounds only as `ray_remote_args`, which it deprecates for 2.64."""
+    mid-embedding). Ray Data's defaults restart the actor for ever, so a batch that kills its
+    actor every time (out of memory, a crash in the engine) would never fail the job; bounded
+    at ACTOR_RESTARTS restarts, the job fails naming the actor's death
+    (tests/jobs/test_ray_session.py). The bound is on restarts, not on task retries: Ray counts
+    each submit to an actor not yet known dead ("temporarily unavailable") as a retry, and a
+    lost node's in-flight batches spent three of them in 0.3 s, before its actor was
+    restarting; every retry that finds the actor dead spends a restart, so the restarts bound
+    the retries too (Ray's actor fault-tolerance guide). Ray 2.60 takes both only as
+    `ray_remote_args`, which it deprecates for 2.64."""
     return {
         "compute": ActorPoolStrategy(size=size),
         "num_gpus": 1 if gpus else 0,
         "num_cpus": 1 if gpus else 0.5,
-        "max_restarts": BATCH_RETRIES,
-        "max_task_retries": BATCH_RETRIES,
+        "max_restarts": ACTOR_RESTARTS,
+        "max_task_retries": -1,
     }

@@ -47,7 +47,7 @@ class Poisoned:
 
 def test_a_batch_that_kills_its_actor_every_time_fails_the_job_after_bounded_retries(ray_local) -> None:
     """With Ray Data's defaults the pool restarts the actor and retries the batch for ever; the
-    pool's bounds fail the dataset naming the actor's death, after BATCH_RETRIES restarts."""
+    pool's bounds fail the dataset naming the actor's death, after ACTOR_RESTARTS restarts."""
     rows = ray.data.range(64, override_num_blocks=8)
     with pytest.raises(ray.exceptions.ActorDiedError):
         rows.map_batches(Poisoned, batch_size=8, **actor_pool(1, gpus=False)).materialize()
