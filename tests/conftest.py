@@ -142,8 +142,8 @@ def ray_cluster() -> Iterator[Cluster]:
             # Generous: nodes start slowly on a loaded machine. A lost node is declared dead
             # after Ray's default 5 failed health checks 3 s apart, written out because the
             # 15 s a lost node's actors stay "temporarily unavailable" are what a job must
-            # outlast (jobs/ray_session.py actor_pool): at 3 checks a second apart that
-            # window hid a retry budget spent on it in all but one of three full runs.
+            # outlast (jobs/ray_session.py actor_pool): a retry budget spent in that window
+            # failed one full run in three at 3 checks a second apart, and every run at 15 s.
             cluster.add_node(
                 wait=False,
                 num_cpus=0,
