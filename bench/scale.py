@@ -212,11 +212,16 @@ def memory(run: Run) -> dict[str, Any]:
     records = _records(run)
     redis_bytes = run["redis_used_memory_after"] - run["redis_used_memory_before"]
     ray = {name: rss for name, rss in run["rss_by_title"].items() if name.startswith("ray::")}
-    ray_uss = {name: uss for name, uss in run["uss_by_title"].items() if name.startswith("ray::")}
+
+    def ray_mb(peaks: dict[str, int]) -> dict[str, float]:
+        return {name: round(value / MB, 1) for name, value in sorted(peaks.items()) if name.startswith("ray::")}
+
     return {
         "driver_peak_rss_mb": round(run["driver_rss"] / MB, 1),
-        "ray_peak_rss_mb": {name: round(rss / MB, 1) for name, rss in sorted(ray.items())},
-        "ray_peak_uss_mb": {name: round(uss / MB, 1) for name, uss in sorted(ray_uss.items())},
+        "ray_peak_rss_mb": ray_mb(ray),
+        "ray_peak_uss_mb": ray_mb(run["uss_by_title"]),
+        "ray_peak_own_mb": ray_mb(run["own_by_title"]),
+        "ray_peak_store_mb": ray_mb(run["store_by_title"]),
         "redis_server_peak_rss_mb": round(run["rss_by_title"].get("redis-server", 0) / MB, 1),
         "redis_used_memory_mb": round(redis_bytes / MB, 1),
         "redis_bytes_per_record": round(redis_bytes / records, 1) if records else None,
@@ -225,6 +230,13 @@ def memory(run: Run) -> dict[str, Any]:
         if _corpus_rows(run)
         else None,
     }
+
+
+def own_ratios(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Each Ray process kind's peak USS outside the object store, larger size over smaller: the
+    issue's "per-actor memory at 1M over 100k"."""
+    own, grown = before["ray_peak_own_mb"], after["ray_peak_own_mb"]
+    return {name: round(grown[name] / own[name], 2) for name in sorted(own.keys() & grown.keys()) if own[name]}
 
 
 def engines(run: Run) -> dict[str, str]:
@@ -309,6 +321,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
         "seconds": {name: {n: stage.seconds(runs[n]) for n in sizes} for name, stage in STAGES.items()},
         **{f"{name}_exponent": e for name, e in exponents.items()},
         "memory": {n: memory(runs[n]) for n in sizes},
+        "own_memory_ratio": own_ratios(memory(runs[n1]), memory(runs[n2])),
         "recs_published": {n: _recs(runs[n]).get("validation", {}).get("published") for n in sizes},
         "recs_ranking": {n: _recs(runs[n]).get("ranking") for n in sizes},
         "recall_at_10": {
@@ -332,6 +345,18 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
             f"redis-server {m['redis_server_peak_rss_mb']:,.0f} MB; Redis used_memory +{m['redis_used_memory_mb']:,.1f} MB = "
             f"{m['redis_bytes_per_record']} B/record ({_records(runs[n]):,} labels + recs records); "
             f"Qdrant disk {m['qdrant_disk_mb']:,.1f} MB = {m['qdrant_disk_bytes_per_row']} B/row"
+        )
+    if n1 != n2:
+        before, after = result["memory"][n1], result["memory"][n2]
+        print(
+            f"per process kind, {n1:,} -> {n2:,} rows, peak USS outside Ray's object store (MB; the store's "
+            "pages only it maps in brackets): "
+            + ", ".join(
+                f"{name.removeprefix('ray::')} {before['ray_peak_own_mb'][name]:,.0f} -> "
+                f"{after['ray_peak_own_mb'][name]:,.0f} ({ratio}x; {before['ray_peak_store_mb'][name]:,.0f} -> "
+                f"{after['ray_peak_store_mb'][name]:,.0f})"
+                for name, ratio in result["own_memory_ratio"].items()
+            )
         )
     for n in sizes:
         ranking = result["recs_ranking"][n] or {}

@@ -72,6 +72,8 @@ def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
         "driver_rss": rss.driver,
         "rss_by_title": rss.by_title,
         "uss_by_title": rss.uss_by_title,
+        "own_by_title": rss.own_by_title,
+        "store_by_title": rss.store_by_title,
         "redis_used_memory_before": before,
         "redis_used_memory_after": redis_used_memory(redis_url),
         "qdrant_disk_bytes": disk_bytes(VectorStoreSettings().path),
