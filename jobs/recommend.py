@@ -20,7 +20,6 @@ it is copied whole and nothing is read, trained or scored.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -40,8 +39,10 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT, clean, read_interactions, tag_rejects
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.recs_kept import NOTHING_KEPT, interactions_sketch, kept_als, save_als
 from precompute.jobs.recs_models import (
     HISTORY_ORDER,
+    ALSTowers,
     OwnTowers,
     Seen,
     Towers,
@@ -51,6 +52,7 @@ from precompute.jobs.recs_models import (
 from precompute.jobs.recs_quality import RecsQuality, evaluate, quality_of
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import (
+    ALS_FILE,
     FINGERPRINT,
     SEQUENCE_WEIGHTS,
     STATE,
@@ -61,6 +63,7 @@ from precompute.jobs.recs_state import (
     plan,
     rescore,
     stage,
+    trained_digest,
     unchanged_night,
 )
 from precompute.jobs.sequence_towers import SequenceTowers
@@ -115,6 +118,8 @@ class RecsJobReport:
     ranking: dict[str, object] | None = None
     """How the top k was found (jobs/candidate_topk.py Ranking: exact, or the graph and the
     recall curve it walked on the sample); None on an unchanged night."""
+    als: str | None = None
+    """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
 
 
 def count_items(batch: pa.Table, items: int) -> dict[str, np.ndarray]:
@@ -192,15 +197,6 @@ class TopKActor:
         indices, scores = recommend_users(self.towers, self.ranker, seen_of(batch))
         progress.add(self.counter, batch.num_rows)
         return pa.table({"id": batch["id"], "value": pa.array(ranked_values(indices, scores), pa.binary())})
-
-
-def trained_digest(towers: Towers, own: OwnTowers | None) -> str:
-    """What a trained model's scores depend on beyond its settings: its item matrix, and the
-    towers model's user vectors (a user whose features moved must be rescored, so all are)."""
-    digest = hashlib.blake2b(towers.items.data, digest_size=16)
-    if own is not None:
-        digest.update(np.ascontiguousarray(own.user_vectors).data)
-    return digest.hexdigest()
 
 
 def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
@@ -292,10 +288,11 @@ def run_recs_job(
 
         start = time.perf_counter()
         valid = pa.concat_tables(ray.get(good.to_arrow_refs()))
-        warm = None
+        warm, kept, sketch = None, NOTHING_KEPT, interactions_sketch(valid)
         if previous is not None:
             warm = warm_start(previous.run_dir / STATE / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
-        quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm)
+            kept = kept_als(previous.run_dir / STATE / ALS_FILE, settings, items.ids, sketch)
+        quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm, kept=kept)
         trained = settings.model != "content"
         seconds["train"] = time.perf_counter() - start
 
@@ -341,10 +338,12 @@ def run_recs_job(
         figures = {"rows": rows, "rejects": rejects, "users": users.num_rows, "quality": asdict(quality)}
         record_night(work_dir / STATE, Night(inputs, figures))
         sequence_report = None
-        parts = [part for part, _ in getattr(towers, "parts", [])]  # a blend's; the content model has none
-        if sequence := next((part for part in parts if isinstance(part, SequenceTowers)), None):
+        parts = getattr(towers, "parts", [])  # a blend's; the content model has none
+        if sequence := next((part for part, _ in parts if isinstance(part, SequenceTowers)), None):
             save_weights(sequence.model, settings.sequence, items.ids, work_dir / STATE / SEQUENCE_WEIGHTS)
             sequence_report = {"training": asdict(sequence.report), "engines": sequence.engines}
+        if als := next(((part, scale) for part, scale in parts if isinstance(part, ALSTowers)), None):
+            save_als(work_dir / STATE / ALS_FILE, *als, settings, items.ids, sketch)
         seconds["group"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -397,4 +396,5 @@ def run_recs_job(
         towers=towers_report,
         sequence=sequence_report,
         ranking=ranking.report(),
+        als=kept.reason if als else None,
     )

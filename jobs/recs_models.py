@@ -36,7 +36,7 @@ with the interactions.
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,9 @@ from precompute.jobs.recs_spec import Model, RecsSpec
 from precompute.jobs.sequence_towers import sequence
 from precompute.jobs.sequence_train import WarmStart
 from precompute.models.settings import EngineSettings
+
+if TYPE_CHECKING:  # recs_kept imports this module
+    from precompute.jobs.recs_kept import KeptALS
 
 
 class Seen(NamedTuple):
@@ -263,22 +266,28 @@ def transitions(train: Seen, items: int, settings: RecsSpec) -> TransitionTowers
     return TransitionTowers(counts.toarray() / np.maximum(outgoing, 1), settings.history, settings.decay)
 
 
+def als_model(settings: RecsSpec, gpu: bool = False) -> object:
+    """implicit's untrained ALS of these settings (the CPU one unless `gpu`)."""
+    from implicit.als import AlternatingLeastSquares
+
+    return AlternatingLeastSquares(
+        factors=settings.factors,
+        regularization=settings.regularization_als,
+        alpha=settings.alpha,
+        iterations=settings.iterations,
+        random_state=0,
+        num_threads=0,
+        use_gpu=gpu,
+    )
+
+
 def als(matrix: sp.csr_matrix, settings: RecsSpec) -> ALSTowers:
     """implicit's ALS: on the GPU where its CUDA build sees one (then copied to the CPU: the
     top-k actors solve users against it), else on every core."""
     import implicit.gpu
-    from implicit.als import AlternatingLeastSquares
 
     with threadpool_limits(1, "blas"):  # implicit parallelises over users; BLAS threads under it thrash
-        model = AlternatingLeastSquares(
-            factors=settings.factors,
-            regularization=settings.regularization_als,
-            alpha=settings.alpha,
-            iterations=settings.iterations,
-            random_state=0,
-            num_threads=0,
-            use_gpu=implicit.gpu.HAS_CUDA,
-        )
+        model = als_model(settings, implicit.gpu.HAS_CUDA)
         model.fit(matrix, show_progress=False)
     if implicit.gpu.HAS_CUDA:
         model = model.to_cpu()
@@ -322,12 +331,14 @@ def train_towers(
     own: OwnTowers | None = None,
     engine: EngineSettings | None = None,
     warm: WarmStart | None = None,
+    kept: KeptALS | None = None,
 ) -> Towers:
     """The towers of `model` trained on `train` (the towers model: `own`, already
     computed); with content_weight > 0 a collaborative model or own towers are the hybrid
     with the content towers of `item_vectors`. engine: how this machine runs engines (the
     sequence model's; None: from the environment, PRECOMPUTE_ENGINE_*). warm: the sequence
-    model's start (jobs/sequence_train.py warm_start; None: cold)."""
+    model's start (jobs/sequence_train.py warm_start; None: cold). kept: the published ALS
+    and its scale, used instead of training one (jobs/recs_kept.py)."""
     if model == "auto":
         raise ValueError("auto is a choice among trained models (candidates), not one to train")
     content = ContentTowers(item_vectors)
@@ -335,10 +346,12 @@ def train_towers(
         return content
     if model == "towers" and own is None:
         raise ValueError("model 'towers' needs the pipeline's own towers (jobs/own_towers.py)")
+    hybrid = content if settings.content_weight > 0 else None
+    if model == "als" and kept is not None and kept.towers is not None:
+        return BlendTowers([(kept.towers, kept.scale)], hybrid, settings.content_weight)
     towers = (
         own
         if model == "towers"
         else collaborative(model, train, len(item_vectors), settings, engine or EngineSettings(), warm)
     )
-    hybrid = content if settings.content_weight > 0 else None
     return BlendTowers([(towers, spread_scale(towers, train))], hybrid, settings.content_weight)

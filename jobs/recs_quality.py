@@ -36,6 +36,7 @@ import torch
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import SECONDS, clean, column_renames, tag_rejects
 from precompute.jobs.recs_blend import BlendTowers, ensemble
+from precompute.jobs.recs_kept import KeptALS
 from precompute.jobs.recs_models import (
     ITEM_ITEM_MAX_ITEMS,
     OwnTowers,
@@ -162,6 +163,7 @@ def evaluate(
     own: OwnTowers | None = None,
     engine: EngineSettings | None = None,
     warm: WarmStart | None = None,
+    kept: KeptALS | None = None,
 ) -> tuple[RecsQuality, Towers]:
     """Every model trained on the split's training part and measured on its held-out items
     (the towers model, `own`, is the user's, trained elsewhere: it is measured as it is); and
@@ -179,7 +181,7 @@ def evaluate(
     prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
     ordered = split == "temporal"
     trained = [
-        train_towers(name, train, item_vectors, settings, own, engine, warm)
+        train_towers(name, train, item_vectors, settings, own, engine, warm, kept)
         for name in candidates(settings.model, items, ordered)
     ]
     if len(trained) > 1:

@@ -109,6 +109,11 @@ class RecsSpec(BaseModel):
     iterations: int = Field(15, ge=1)
     """ALS: alternating least-squares sweeps."""
 
+    retrain_share: float = Field(0.05, ge=0, le=1)
+    """ALS: the published model is kept (not trained again) while at most this share of the
+    interactions changed since it was trained, so a night rescores only the users who moved
+    (jobs/recs_kept.py); 0 trains every night."""
+
     history: int = Field(3, ge=1)
     """transitions: each user's latest items it scores from."""
 

@@ -8,6 +8,9 @@ A run stages, in its run folder, `recs_state/`:
     users.parquet  user_id -> fingerprint of the user's valid interactions (item, weight)
     sequence.pt    the sequence model's weights, when it was published: the next night starts
                    from them (jobs/sequence_train.py warm_start)
+    als.npz        ALS's item factors and scale, when it was published, with a sketch of the
+                   interactions it was trained on: the next night keeps them through small
+                   changes (jobs/recs_kept.py)
     night.json     a digest of everything the version was made from (the interactions' files,
                    the items, the settings), with what the run measured of it (rows, rejects,
                    held-out quality)
@@ -48,15 +51,17 @@ from precompute.models.settings import EngineSettings
 
 if TYPE_CHECKING:
     from precompute.jobs.inputs import InteractionsInput
+    from precompute.jobs.recs_blend import BlendTowers
     from precompute.jobs.recs_models import OwnTowers
     from precompute.jobs.recs_spec import RecsSpec
 
 STATE = "recs_state"
-MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS = (
+MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE = (
     "model.json",
     "items.parquet",
     "users.parquet",
     "sequence.pt",
+    "als.npz",
 )
 FINGERPRINT = "fingerprint"
 
@@ -95,7 +100,8 @@ def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], ids: li
     """Everything that, changed, changes every user's values or what their indices mean.
 
     scoring: the recommendations model, its weights, and for a trained (collaborative) one a hash
-    of its item tower, which moves with any night's interactions: such runs are always full."""
+    of its item tower, which moves with any night's training: only a kept ALS
+    (jobs/recs_kept.py) lets such a run be incremental."""
     vocabulary = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
     return {
         "items_model": items_model,
@@ -105,6 +111,20 @@ def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], ids: li
         "items": len(ids),
         "vocabulary": vocabulary,
     }
+
+
+def trained_digest(towers: BlendTowers, own: OwnTowers | None) -> str:
+    """What a trained model's scores depend on beyond its settings: its trained parts' item
+    matrices and scales (not the content part's vectors: a changed item's holders are rescored,
+    as under the content model), and the towers model's user vectors (a user whose features
+    moved must be rescored, so all are)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part, scale in towers.parts:
+        digest.update(np.ascontiguousarray(part.items).data)
+        digest.update(np.float64(scale).tobytes())
+    if own is not None:
+        digest.update(np.ascontiguousarray(own.user_vectors).data)
+    return digest.hexdigest()
 
 
 def interactions_fingerprint(items: np.ndarray, weights: np.ndarray) -> bytes:
@@ -194,6 +214,8 @@ def unchanged_night(inputs: str, previous: Previous | None, run_dir: WorkPath) -
     night = same_night(inputs, None if previous is None else previous.run_dir / STATE)
     if night is None or previous is None or night.figures["users"] not in previous.records:
         return None
-    copy_files(previous.run_dir / STATE, run_dir / STATE, [MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, NIGHT])
+    copy_files(
+        previous.run_dir / STATE, run_dir / STATE, [MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, NIGHT]
+    )
     copy_files(previous.run_dir, run_dir, [REJECTS])
     return night

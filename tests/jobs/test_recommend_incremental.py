@@ -45,11 +45,12 @@ def recs_run(
     run_dir: Path,
     previous: Previous | None = None,
     model: str = "content",
+    **spec: float,
 ) -> Run:
     plans: list[CopyPlan | None] = []
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
-        RecsSpec(model=model),
+        RecsSpec(model=model, **spec),
         JobSettings(users_per_block=256),
         items,
         ParquetSink(run_dir / "out"),
@@ -219,6 +220,33 @@ def test_a_collaborative_model_copies_nobody_once_it_is_retrained(
     retrained = recs_run(items, moved, tmp_path / "retrained", previous, model="ease")
     assert retrained.report.mode == "full"
     assert retrained.report.mode_reason.startswith("trained changed from")
+
+
+def test_als_kept_through_a_small_change_rescores_only_the_users_who_moved(
+    items: Items, interactions: Path, tmp_path: Path
+) -> None:
+    """One user's interactions change: ALS is kept (its item factors and scale), so the run is
+    incremental and rescores that user alone, as a full run with the kept model scores them.
+    With retrain_share 0 it is trained again, and every user is rescored."""
+    first = recs_run(items, interactions, tmp_path / "first", model="als")
+    assert first.report.als == "trained: nothing published"
+    previous = Previous("20261124T030000Z-cccccc", WorkPath.of(tmp_path / "first"), range(10**6))
+    rows = good_rows(interactions)
+    moved_user = rows[0]["user_id"]
+    moved = tmp_path / "interactions.parquet"
+    pq.write_table(pa.Table.from_pylist(rows[1:]), moved)
+
+    kept = recs_run(items, moved, tmp_path / "kept", previous, model="als")
+    assert kept.report.als.startswith("kept: ") and kept.report.mode == "incremental"
+    assert kept.report.rescored == 1 and list(kept.written) == [moved_user]
+    no_copy = Previous(previous.version, previous.run_dir, range(0))  # a copy would not hold them: full
+    full = recs_run(items, moved, tmp_path / "full", no_copy, model="als")
+    assert full.report.als.startswith("kept: ") and full.report.mode == "full"
+    assert_same_values(kept.written, {moved_user: full.written[moved_user]})
+
+    retrained = recs_run(items, moved, tmp_path / "retrained", previous, model="als", retrain_share=0)
+    assert retrained.report.als.startswith("trained: ") and "interactions changed" in retrained.report.als
+    assert retrained.report.mode == "full" and retrained.report.mode_reason.startswith("trained changed from")
 
 
 def redis_run(

@@ -1,0 +1,95 @@
+"""ALS kept through nights that change few interactions: what lets a collaborative night cost
+what changed.
+
+Trained again on a night with 1% new interactions, ALS has new item factors, which move every
+user's scores: every user is rescored and the version written whole. Kept, the item factors and
+the part's scale are the published version's, the model fingerprint does not move
+(jobs/recommend.py trained_digest), and the run is incremental: only the users whose
+interactions changed are rescored, their vectors solved again from their own histories against
+the kept factors, as every night solves them.
+
+The model is kept while the interactions found in one night but not in the other are at most
+`retrain_share` of either's (RecsSpec), and while the ALS settings and the catalogue are those it
+was trained with. The share is estimated from each night's bottom-k sketch of row hashes (SKETCH
+rows: 8 MB however many interactions there are), as Broder's MinHash estimates a Jaccard index.
+A kept model learns nothing from the rows that changed until a night past the share retrains it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from precompute.jobs.interactions import INDEX, USER, WEIGHT
+from precompute.jobs.recs_models import ALSTowers, als_model
+from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.work_dir import WorkPath
+
+SKETCH = 2**20
+"""Hashes a night keeps of its interactions: the smallest, so two nights keep the same rows'."""
+
+
+class KeptALS(NamedTuple):
+    towers: ALSTowers | None
+    """The published version's ALS; None: train tonight."""
+    scale: float
+    reason: str
+
+
+NOTHING_KEPT = KeptALS(None, 1.0, "trained: nothing published")
+
+
+def interactions_sketch(valid: pa.Table) -> np.ndarray:
+    """The SKETCH smallest distinct hashes of the rows (user, item position, weight), sorted."""
+    rows = valid.select([USER, INDEX, WEIGHT]).to_pandas()
+    return np.unique(pd.util.hash_pandas_object(rows, index=False).to_numpy())[:SKETCH]
+
+
+def changed_share(before: np.ndarray, now: np.ndarray) -> float:
+    """1 - the Jaccard index of two nights' rows, from their sketches: of the k smallest hashes of
+    both nights together, the share that is not in both."""
+    k = min(len(before), len(now))
+    if not k:
+        return 1.0
+    smallest = np.union1d(before, now)[:k]
+    return float(1 - np.isin(smallest, np.intersect1d(before, now, assume_unique=True)).mean())
+
+
+def trained_with(settings: RecsSpec, item_ids: list[str]) -> str:
+    """What an ALS's item factors mean: its settings and the catalogue, in order."""
+    fields = {name: getattr(settings, name) for name in ("factors", "regularization_als", "alpha", "iterations")}
+    vocabulary = hashlib.sha256("\n".join(item_ids).encode()).hexdigest()[:16]
+    return json.dumps({**fields, "vocabulary": vocabulary}, sort_keys=True)
+
+
+def save_als(path: WorkPath, towers: ALSTowers, scale: float, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        item_factors=np.asarray(towers.model.item_factors, np.float32),
+        scale=np.float64(scale),
+        sketch=sketch,
+        trained_with=np.array(trained_with(settings, item_ids)),
+    )
+    path.write_bytes(buffer.getvalue())
+
+
+def kept_als(path: WorkPath, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> KeptALS:
+    """The published version's ALS and its scale when tonight may keep them, else why not."""
+    if not path.is_file():
+        return KeptALS(None, 1.0, "trained: the published version left no ALS")
+    saved = np.load(io.BytesIO(path.read_bytes()), allow_pickle=False)
+    if str(saved["trained_with"]) != trained_with(settings, item_ids):
+        return KeptALS(None, 1.0, "trained: the ALS settings or the items changed")
+    share = changed_share(saved["sketch"], sketch)
+    if share > settings.retrain_share:
+        return KeptALS(None, 1.0, f"trained: {share:.1%} of the interactions changed (retrain_share {settings.retrain_share:.0%})")
+    model = als_model(settings)
+    model.item_factors = saved["item_factors"]
+    return KeptALS(ALSTowers(model), float(saved["scale"]), f"kept: {share:.1%} of the interactions changed")
