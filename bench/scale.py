@@ -257,7 +257,7 @@ def rerun_figures(first: Run, rerun: Run) -> dict[str, Any]:
     pick = {
         "embeddings": ("reused", "computed"),
         "labels": ("reused", "computed"),
-        "recs": ("rescored", "copied", "mode", "mode_reason"),
+        "recs": ("rescored", "copied", "mode", "mode_reason", "als"),
     }
     return {
         "rows": _corpus_rows(rerun),
@@ -376,7 +376,8 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
             f"rerun of {rerun['rows']:,} rows with {rerun.get('texts_changed')} texts and {rerun.get('users_changed')} users' "
             f"interactions changed: embeddings reused {rerun['embeddings']['reused']}, computed {rerun['embeddings']['computed']}; "
             f"labels reused {rerun['labels']['reused']}, computed {rerun['labels']['computed']}; "
-            f"recs rescored {rerun['recs']['rescored']}, copied {rerun['recs']['copied']} (mode {rerun['recs']['mode']})"
+            f"recs rescored {rerun['recs']['rescored']}, copied {rerun['recs']['copied']} (mode {rerun['recs']['mode']}; "
+            f"ALS {rerun['recs'].get('als')})"
         )
         print("rerun seconds: " + ", ".join(f"{k} {v}" for k, v in rerun["seconds"].items()))
     for name, engine in result["engines"].items():

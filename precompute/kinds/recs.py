@@ -177,6 +177,7 @@ class Recs(OutputKind):
             **({"towers": recs.towers} if recs.towers is not None else {}),
             **({"sequence": recs.sequence} if recs.sequence is not None else {}),
             **({"ranking": recs.ranking} if recs.ranking is not None else {}),
+            **({"als": recs.als} if recs.als is not None else {}),
             "validation": asdict(recs.quality),
             "deleted_versions": deleted,
         }
