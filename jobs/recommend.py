@@ -36,7 +36,17 @@ from ray.data.expressions import col
 from precompute.jobs import progress
 from precompute.jobs.candidate_topk import choose_ranking, ranker_of
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT, clean, read_interactions, tag_rejects
+from precompute.jobs.interactions import (
+    INDEX,
+    SECONDS,
+    USER,
+    WEIGHT,
+    clean,
+    item_counts,
+    read_interactions,
+    tag_rejects,
+    user_partitions,
+)
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.recs_kept import NOTHING_KEPT, interactions_sketch, kept_als, save_als
@@ -122,10 +132,6 @@ class RecsJobReport:
     """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
 
 
-def count_items(batch: pa.Table, items: int) -> dict[str, np.ndarray]:
-    return {"counts": np.bincount(batch[INDEX].to_numpy(), minlength=items)[None]}
-
-
 def gather_user(rows: pa.Table, changed: np.ndarray) -> pa.Table:
     """One user's rows -> one row with the user's item positions and weights as lists in
     HISTORY_ORDER, their fingerprint, and whether they hold one of the `changed` item positions."""
@@ -197,14 +203,6 @@ class TopKActor:
         indices, scores = recommend_users(self.towers, self.ranker, seen_of(batch))
         progress.add(self.counter, batch.num_rows)
         return pa.table({"id": batch["id"], "value": pa.array(ranked_values(indices, scores), pa.binary())})
-
-
-def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
-    """Interactions per item, summed from one bincount per block: no shuffle."""
-    per_block = good.map_batches(
-        count_items, batch_format="pyarrow", batch_size=None, fn_kwargs={"items": items}
-    )
-    return sum((row["counts"] for row in per_block.take_all()), np.zeros(items, np.int64))
 
 
 def run_recs_job(
@@ -313,7 +311,7 @@ def run_recs_job(
 
         start = time.perf_counter()
         grouped = (
-            good.groupby(USER, num_partitions=max(1, int(resources.get("CPU", 1))))
+            good.groupby(USER, num_partitions=user_partitions(rows, resources.get("CPU", 1)))
             .map_groups(gather_user, batch_format="pyarrow", fn_kwargs={"changed": planned.changed_items})
             .materialize()
         )

@@ -33,3 +33,4 @@ def test_a_sketch_is_bounded_however_many_interactions_there_are() -> None:
     n = SKETCH + 1000
     sketch = interactions_sketch(interactions(rng.integers(0, 10**6, n), rng.integers(0, 10**6, n)))
     assert len(sketch) == SKETCH and (np.diff(sketch.astype(np.float64)) >= 0).all()
+
