@@ -4,31 +4,32 @@ what changed.
 Trained again on a night with 1% new interactions, ALS has new item factors, which move every
 user's scores: every user is rescored and the version written whole. Kept, the item factors and
 the part's scale are the published version's, the model fingerprint does not move
-(jobs/recommend.py trained_digest), and the run is incremental: only the users whose
+(jobs/recs_state.py trained_digest), and the run is incremental: only the users whose
 interactions changed are rescored, their vectors solved again from their own histories against
 the kept factors, as every night solves them.
 
-The model is kept while the interactions found in one night but not in the other are at most
-`retrain_share` of either's (RecsSpec), and while the ALS settings and the catalogue are those it
-was trained with. The share is estimated from each night's bottom-k sketch of row hashes (SKETCH
-rows: 8 MB however many interactions there are), as Broder's MinHash estimates a Jaccard index.
-A kept model learns nothing from the rows that changed until a night past the share retrains it.
+The model is kept while at most `retrain_share` (RecsSpec) of the interactions the two nights
+hold between them are not in both, and while the ALS settings and the catalogue are those it
+was trained with. The share (1 - their Jaccard index) is estimated from each night's bottom-k
+sketch of row hashes (SKETCH rows: 8 MB however many interactions there are), as Broder's MinHash
+does. polars' row hash may change with its version: the night after an upgrade retrains. A kept
+model learns nothing from the rows that changed until a night past the share retrains it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
+import polars as pl
 import pyarrow as pa
 
 from precompute.jobs.interactions import INDEX, USER, WEIGHT
 from precompute.jobs.recs_models import ALSTowers, als_model
 from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.recs_state import vocabulary_digest
 from precompute.jobs.work_dir import WorkPath
 
 SKETCH = 2**20
@@ -47,8 +48,8 @@ NOTHING_KEPT = KeptALS(None, 1.0, "trained: nothing published")
 
 def interactions_sketch(valid: pa.Table) -> np.ndarray:
     """The SKETCH smallest distinct hashes of the rows (user, item position, weight), sorted."""
-    rows = valid.select([USER, INDEX, WEIGHT]).to_pandas()
-    return np.unique(pd.util.hash_pandas_object(rows, index=False).to_numpy())[:SKETCH]
+    rows = pl.from_arrow(valid.select([USER, INDEX, WEIGHT]))
+    return np.unique(rows.hash_rows(seed=0).to_numpy())[:SKETCH]
 
 
 def changed_share(before: np.ndarray, now: np.ndarray) -> float:
@@ -64,8 +65,7 @@ def changed_share(before: np.ndarray, now: np.ndarray) -> float:
 def trained_with(settings: RecsSpec, item_ids: list[str]) -> str:
     """What an ALS's item factors mean: its settings and the catalogue, in order."""
     fields = {name: getattr(settings, name) for name in ("factors", "regularization_als", "alpha", "iterations")}
-    vocabulary = hashlib.sha256("\n".join(item_ids).encode()).hexdigest()[:16]
-    return json.dumps({**fields, "vocabulary": vocabulary}, sort_keys=True)
+    return json.dumps({**fields, "vocabulary": vocabulary_digest(item_ids)}, sort_keys=True)
 
 
 def save_als(path: WorkPath, towers: ALSTowers, scale: float, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> None:

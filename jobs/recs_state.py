@@ -102,15 +102,19 @@ def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], ids: li
     scoring: the recommendations model, its weights, and for a trained (collaborative) one a hash
     of its item tower, which moves with any night's training: only a kept ALS
     (jobs/recs_kept.py) lets such a run be incremental."""
-    vocabulary = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
     return {
         "items_model": items_model,
         "recipe": recipe,
         "k": k,
         **scoring,
         "items": len(ids),
-        "vocabulary": vocabulary,
+        "vocabulary": vocabulary_digest(ids),
     }
+
+
+def vocabulary_digest(ids: list[str]) -> str:
+    """The item ids in order: what a value's indices and a model's item rows mean."""
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
 def trained_digest(towers: BlendTowers, own: OwnTowers | None) -> str:
