@@ -134,7 +134,7 @@ class RecsJobReport:
 
 def gather_user(rows: pa.Table, changed: np.ndarray) -> pa.Table:
     """One user's rows -> one row with the user's item positions and weights as lists in
-    HISTORY_ORDER, their fingerprint, and whether they hold one of the `changed` item positions."""
+    HISTORY_ORDER, their fingerprint, and whether they hold an item `changed` (a mask over items) marks."""
     rows = rows.sort_by(HISTORY_ORDER)
     items, weights = rows[INDEX].combine_chunks(), rows[WEIGHT].combine_chunks()
     positions = items.to_numpy()
@@ -144,7 +144,7 @@ def gather_user(rows: pa.Table, changed: np.ndarray) -> pa.Table:
             ITEMS: pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), items),
             WEIGHTS: pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), weights),
             FINGERPRINT: pa.array([interactions_fingerprint(positions, weights.to_numpy())], pa.binary()),
-            HOLDS: pa.array([bool(np.isin(positions, changed).any())]),
+            HOLDS: pa.array([bool(changed[positions].any())]),
         }
     )
 

@@ -84,7 +84,10 @@ class Plan(NamedTuple):
     previous: Previous | None
     """None in a full run."""
     changed_items: np.ndarray
-    """Positions of items whose content key changed (incremental runs)."""
+    """Whether each item's content key changed (all False in a full run): a mask, so that a
+    user's check is one lookup per item they hold (np.isin against 10,034 changed positions
+    built a table per user: the group stage of bench scale's 1M rerun took 169 s, the full
+    run's 74 s)."""
     users: pa.Table | None
     """The previous version's user_id -> fingerprint (incremental runs)."""
 
@@ -166,7 +169,7 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
     """Full, with the reason, unless the published version's state matches this run's model."""
 
     def full(reason: str) -> Plan:
-        return Plan("full", reason, None, np.empty(0, np.int64), None)
+        return Plan("full", reason, None, np.zeros(len(items.ids), bool), None)
 
     if previous is None:
         return full("nothing published yet")
@@ -182,7 +185,7 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
         if before.get(field) != value:
             return full(f"{field} changed from {before.get(field)!r} to {value!r}")
     old_keys = np.array(old_items[KEY].to_pylist(), dtype="S16")
-    changed = np.flatnonzero(old_keys != np.array(items.keys, dtype="S16"))
+    changed = old_keys != np.array(items.keys, dtype="S16")
     users = pq.read_table((state / USERS_FILE).path, filesystem=state.fs)
     return Plan("incremental", f"copied from {previous.version}", previous, changed, users)
 
