@@ -310,6 +310,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
     }
     largest = runs[n2]
     rerun = rerun_figures(largest, results[n2][1]) if len(results[n2]) > 1 else None
+    memories = {n: memory(runs[n]) for n in sizes}
     result: dict[str, Any] = {
         "bench": "scale",
         "machine": device_fingerprint("cpu"),
@@ -320,8 +321,8 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
         "users": {n: _users(runs[n]) for n in sizes},
         "seconds": {name: {n: stage.seconds(runs[n]) for n in sizes} for name, stage in STAGES.items()},
         **{f"{name}_exponent": e for name, e in exponents.items()},
-        "memory": {n: memory(runs[n]) for n in sizes},
-        "own_memory_ratio": own_ratios(memory(runs[n1]), memory(runs[n2])),
+        "memory": memories,
+        "own_memory_ratio": own_ratios(memories[n1], memories[n2]),
         "recs_published": {n: _recs(runs[n]).get("validation", {}).get("published") for n in sizes},
         "recs_ranking": {n: _recs(runs[n]).get("ranking") for n in sizes},
         "recall_at_10": {

@@ -32,6 +32,8 @@ one reduce task, then one block of users (a chunk per few users) that the user t
 projection and a top-k actor read whole: at one partition per CPU both grew with the input (by
 hand on 2 CPUs, 490,000 interactions of 100,000 users: reduce task USS 617 MB, projection 379 MB;
 in partitions of this size 351 and 148 MB, as for 46,500 interactions: 335 and 142 MB)."""
+
+
 def iso_seconds(value: object) -> float | None:
     """An ISO-8601 string's (or its UTF-8 bytes') seconds since the epoch; None if it is not one."""
     try:

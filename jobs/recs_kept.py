@@ -43,7 +43,11 @@ class KeptALS(NamedTuple):
     reason: str
 
 
-NOTHING_KEPT = KeptALS(None, 1.0, "trained: nothing published")
+def retrain(why: str) -> KeptALS:
+    return KeptALS(None, 1.0, f"trained: {why}")
+
+
+NOTHING_KEPT = retrain("nothing published")
 
 
 def interactions_sketch(valid: pa.Table) -> np.ndarray:
@@ -83,13 +87,13 @@ def save_als(path: WorkPath, towers: ALSTowers, scale: float, settings: RecsSpec
 def kept_als(path: WorkPath, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> KeptALS:
     """The published version's ALS and its scale when tonight may keep them, else why not."""
     if not path.is_file():
-        return KeptALS(None, 1.0, "trained: the published version left no ALS")
+        return retrain("the published version left no ALS")
     saved = np.load(io.BytesIO(path.read_bytes()), allow_pickle=False)
     if str(saved["trained_with"]) != trained_with(settings, item_ids):
-        return KeptALS(None, 1.0, "trained: the ALS settings or the items changed")
+        return retrain("the ALS settings or the items changed")
     share = changed_share(saved["sketch"], sketch)
     if share > settings.retrain_share:
-        return KeptALS(None, 1.0, f"trained: {share:.1%} of the interactions changed (retrain_share {settings.retrain_share:.0%})")
+        return retrain(f"{share:.1%} of the interactions changed (retrain_share {settings.retrain_share:.0%})")
     model = als_model(settings)
     model.item_factors = saved["item_factors"]
     return KeptALS(ALSTowers(model), float(saved["scale"]), f"kept: {share:.1%} of the interactions changed")
