@@ -8,9 +8,10 @@
 Two towers (jobs/recs_models.py): content (the item tower is the corpus encoder, whose
 embeddings the caller passes), a collaborative model trained here on the night's interactions,
 or the pipeline's own towers (jobs/own_towers.py, computed by the caller). Scoring is exact
-(one matrix multiply per block of users against every item) up to 50,000 items on CPUs; past
-that, candidates from an HNSW graph over the items are rescored exactly, at a search depth
-whose top k keeps `min_recall` of the exact top k on a sample of users (jobs/candidate_topk.py).
+(one matrix multiply per block of users against every item) up to 50,000 items on CPUs, or
+for few users (an incremental night's); past that, candidates from an HNSW graph over the items
+are rescored exactly, at a search depth whose top k keeps `min_recall` of the exact top k on a
+sample of users (jobs/candidate_topk.py).
 
 Incremental: given the published version's staged state, only users whose inputs moved are
 rescored and the store copies the others (jobs/recs_state.py says which, and what a copy misses).
@@ -294,17 +295,11 @@ def run_recs_job(
         trained = settings.model != "content"
         seconds["train"] = time.perf_counter() - start
 
-        start = time.perf_counter()
-        ranking = choose_ranking(
-            settings.topk, towers, prior, settings.k, job.users_per_block, valid, settings.min_recall, gpus
-        )
-        seconds["index"] = time.perf_counter() - start
         scoring = {
             "model": towers.name,
             "trained": trained_digest(towers, own) if trained else None,
             "content_weight": settings.content_weight if trained else None,
             "popularity_weight": settings.popularity_weight,
-            "topk": ranking.method,
         }
         fingerprint = model_fingerprint(items_model, settings.k, scoring, items.ids, RECIPE)
         planned = plan(fingerprint, items, previous)
@@ -343,6 +338,12 @@ def run_recs_job(
         if als := next(((part, scale) for part, scale in parts if isinstance(part, ALSTowers)), None):
             save_als(work_dir / STATE / ALS_FILE, *als, settings, items.ids, sketch)
         seconds["group"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        ranking = choose_ranking(
+            settings.topk, towers, prior, settings.k, job.users_per_block, valid, settings.min_recall, gpus, rescored
+        )
+        seconds["index"] = time.perf_counter() - start
 
         start = time.perf_counter()
         values = None

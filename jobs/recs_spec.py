@@ -78,7 +78,8 @@ class RecsSpec(BaseModel):
     item, users x items (N² when both grow with the input). hnsw: candidates from an HNSW graph
     over the item vectors, rescored exactly, at the first efSearch whose top k keeps
     `min_recall` of the exact top k on 1,000 sampled users (exact where none does). auto: hnsw
-    past 50,000 items on CPUs, exact otherwise."""
+    past 50,000 items on CPUs when more than 10,000 users are ranked (fewer repay no graph: an
+    incremental night's), exact otherwise."""
 
     min_recall: float = Field(0.99, gt=0, le=1)
     """hnsw: the share of the exact top k the graph's must keep on the sample."""

@@ -12,6 +12,8 @@ import pyarrow as pa
 import torch
 
 from precompute.jobs.candidate_topk import (
+    GRAPH_BUILD_USERS,
+    HNSW_MIN_ITEMS,
     CandidateTopK,
     Ranking,
     build_graph,
@@ -56,7 +58,7 @@ def test_the_graphs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> Non
     good = interactions(rng)
     towers = ContentTowers(items)
 
-    ranking = choose_ranking("hnsw", towers, prior, K, 128, good, 0.99, gpus=False)
+    ranking = choose_ranking("hnsw", towers, prior, K, 128, good, 0.99, False, USERS)
 
     assert ranking.method == "hnsw" and ranking.recall >= 0.99 and ranking.sample_users == USERS
     assert ranking.curve[-1]["ef"] == ranking.ef and all(step["recall"] < 0.99 for step in ranking.curve[:-1])
@@ -84,13 +86,27 @@ def test_a_graph_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_c
     good = interactions(rng)
     towers = ContentTowers(clustered(rng, ITEMS, rng.normal(size=(20, DIM))))
 
-    missed = choose_ranking("hnsw", towers, None, K, 128, good, 1.01, gpus=False)  # above any recall
+    missed = choose_ranking("hnsw", towers, None, K, 128, good, 1.01, False, USERS)  # above any recall
     assert missed.method == "exact" and missed.index is None
     assert [step["ef"] for step in missed.curve] == [64, 128, 256, 512, 1024]
     assert "under 1.01" in missed.reason
 
-    assert choose_ranking("auto", towers, None, K, 128, good, 0.99, gpus=False).method == "exact"
-    assert choose_ranking("exact", towers, None, K, 128, good, 0.99, gpus=False).reason == "exact: asked for"
+    assert choose_ranking("auto", towers, None, K, 128, good, 0.99, False, USERS).reason == "exact: 3,000 items"
+    assert choose_ranking("exact", towers, None, K, 128, good, 0.99, False, USERS).reason == "exact: asked for"
+
+
+def test_auto_builds_a_graph_only_for_enough_users_to_repay_it() -> None:
+    """Past HNSW_MIN_ITEMS items, a night that ranks few users (an incremental one) scores them
+    exactly: the graph's build costs as much as scoring GRAPH_BUILD_USERS users."""
+    rng = np.random.default_rng(6)
+    good = interactions(rng)
+    towers = ContentTowers(clustered(rng, HNSW_MIN_ITEMS + 1, rng.normal(size=(20, 8))))
+
+    few = choose_ranking("auto", towers, None, K, 128, good, 0.99, False, GRAPH_BUILD_USERS)
+    assert (few.method, few.index) == ("exact", None) and "too few to repay" in few.reason
+    many = choose_ranking("auto", towers, None, K, 128, good, 0.9, False, GRAPH_BUILD_USERS + 1)
+    assert many.method == "hnsw" and many.index is not None
+    assert choose_ranking("hnsw", towers, None, K, 128, good, 0.99, False, 0).reason == "exact: no user to rank"
 
 
 def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out() -> None:
