@@ -7,7 +7,8 @@ names another, a throwaway redis-server and an in-process Qdrant under the bench
 Stage seconds come from the run report (and Prefect's task times for GC and the recs check);
 the growth exponent of a stage between the two largest sizes is log(t2/t1) / log(n2/n1):
 1 is linear, 2 quadratic. The largest size then runs again with 1% of its texts and of its
-users' interactions changed, to show what a nightly rerun recomputes.
+users' interactions changed, to show what a nightly rerun recomputes, and a third time on
+the same inputs: an unchanged night's wall time beside the full run's.
 
 There is no baseline to run beside: the reference is linear growth (exponent 1), printed
 next to every stage.
@@ -252,8 +253,15 @@ def engines(run: Run) -> dict[str, str]:
     return out
 
 
+def share(part: float | None, whole: float | None) -> float | None:
+    """part / whole in percent, where both were measured."""
+    return None if part is None or not whole else round(100 * part / whole, 1)
+
+
 def rerun_figures(first: Run, rerun: Run) -> dict[str, Any]:
     outputs = rerun["report"]["outputs"]
+    seconds = {name: stage.seconds(rerun) for name, stage in STAGES.items()}
+    first_seconds = {name: stage.seconds(first) for name, stage in STAGES.items()}
     pick = {
         "embeddings": ("reused", "computed"),
         "labels": ("reused", "computed"),
@@ -263,8 +271,12 @@ def rerun_figures(first: Run, rerun: Run) -> dict[str, Any]:
         "rows": _corpus_rows(rerun),
         **rerun.get("changed", {}),
         **{name: {key: outputs.get(name, {}).get(key) for key in keys} for name, keys in pick.items()},
-        "seconds": {name: stage.seconds(rerun) for name, stage in STAGES.items()},
-        "first_run_seconds": {name: stage.seconds(first) for name, stage in STAGES.items()},
+        "seconds": seconds,
+        "first_run_seconds": first_seconds,
+        "percent_of_first": {name: share(seconds[name], first_seconds[name]) for name in STAGES},
+        "wall_s": rerun["wall_s"],
+        "first_wall_s": first["wall_s"],
+        "wall_percent_of_first": share(rerun["wall_s"], first["wall_s"]),
     }
 
 
@@ -310,6 +322,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
     }
     largest = runs[n2]
     rerun = rerun_figures(largest, results[n2][1]) if len(results[n2]) > 1 else None
+    unchanged = rerun_figures(largest, results[n2][2]) if len(results[n2]) > 2 else None
     memories = {n: memory(runs[n]) for n in sizes}
     result: dict[str, Any] = {
         "bench": "scale",
@@ -332,6 +345,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
         "search": {n: _search(runs[n]) for n in sizes},
         "failed": {n: runs[n]["report"].get("failed", {}) for n in sizes if runs[n]["report"].get("failed")},
         "rerun": rerun,
+        "unchanged": unchanged,
     }
     print(table(sizes, runs, exponents))
     for n in sizes:
@@ -381,6 +395,14 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
             f"ALS {rerun['recs'].get('als')})"
         )
         print("rerun seconds: " + ", ".join(f"{k} {v}" for k, v in rerun["seconds"].items()))
+        print("rerun / full run: " + ", ".join(f"{k} {v}%" for k, v in rerun["percent_of_first"].items()))
+        print(f"wall: full run {rerun['first_wall_s']} s, 1% rerun {rerun['wall_s']} s ({rerun['wall_percent_of_first']}%)")
+    if unchanged:
+        print(
+            f"unchanged night (the same inputs again): wall {unchanged['wall_s']} s, "
+            f"{unchanged['wall_percent_of_first']}% of the full run's {unchanged['first_wall_s']} s; seconds: "
+            + ", ".join(f"{k} {v}" for k, v in unchanged["seconds"].items())
+        )
     for name, engine in result["engines"].items():
         print(f"engine {name}: {engine}")
     if result["failed"]:

@@ -69,13 +69,17 @@ def test_every_stage_is_timed_with_memory_and_exponents(
     for output in doubled["report"]["outputs"].values():  # the same run, every stage twice as long
         output["seconds"] = {key: 2 * value for key, value in output["seconds"].items()}
     doubled["tasks"] = {key: 2 * value for key, value in run["tasks"].items()}
-    figures = summary({ROWS: [run], 2 * ROWS: [doubled, run]}, Path("model"))
+    doubled["wall_s"] = 2 * run["wall_s"]
+    figures = summary({ROWS: [run], 2 * ROWS: [doubled, run, run]}, Path("model"))
     for stage in STAGES:  # linear; a stage under the report's resolution counts as constant
         linear = 1.0 if result["seconds"][stage][ROWS] >= RESOLUTION_S else 0.0
         assert figures[f"{stage}_exponent"] == linear, stage
     assert figures["rerun"]["embeddings"]["computed"] == run["report"]["outputs"]["embeddings"]["computed"]
     twice = {name: 2 * seconds for name, seconds in figures["rerun"]["seconds"].items()}
     assert figures["rerun"]["first_run_seconds"] == pytest.approx(twice, abs=0.011)
+    # The rerun and the unchanged night (the third run) against the full run: half of it here.
+    assert figures["rerun"]["wall_percent_of_first"] == figures["unchanged"]["wall_percent_of_first"] == 50.0
+    assert all(share in (None, 50.0) for share in figures["unchanged"]["percent_of_first"].values())
 
 
 def test_exponent_is_the_slope_of_time_against_rows_on_log_scales() -> None:
