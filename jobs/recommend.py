@@ -50,7 +50,7 @@ from precompute.jobs.interactions import (
 )
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
-from precompute.jobs.recs_kept import NOTHING_KEPT, interactions_sketch, kept_als, save_als
+from precompute.jobs.recs_kept import interactions_sketch, kept_als, save_als
 from precompute.jobs.recs_models import (
     HISTORY_ORDER,
     ALSTowers,
@@ -287,10 +287,9 @@ def run_recs_job(
 
         start = time.perf_counter()
         valid = pa.concat_tables(ray.get(good.to_arrow_refs()))
-        warm, kept, sketch = None, NOTHING_KEPT, interactions_sketch(valid)
-        if previous is not None:
-            warm = warm_start(previous.run_dir / STATE / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
-            kept = kept_als(previous.run_dir / STATE / ALS_FILE, settings, items.ids, sketch)
+        before = None if previous is None else previous.run_dir / STATE
+        kept = kept_als(None if before is None else before / ALS_FILE, settings, items.ids, interactions_sketch(valid))
+        warm = None if before is None else warm_start(before / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
         quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm, kept=kept)
         trained = settings.model != "content"
         seconds["train"] = time.perf_counter() - start
@@ -336,7 +335,7 @@ def run_recs_job(
             save_weights(sequence.model, settings.sequence, items.ids, work_dir / STATE / SEQUENCE_WEIGHTS)
             sequence_report = {"training": asdict(sequence.report), "engines": sequence.engines}
         if als := next(((part, scale) for part, scale in parts if isinstance(part, ALSTowers)), None):
-            save_als(work_dir / STATE / ALS_FILE, *als, settings, items.ids, sketch)
+            save_als(work_dir / STATE / ALS_FILE, *als, settings, items.ids, kept.trained_on, asdict(quality))
         seconds["group"] = time.perf_counter() - start
 
         start = time.perf_counter()

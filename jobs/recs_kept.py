@@ -8,19 +8,26 @@ the part's scale are the published version's, the model fingerprint does not mov
 interactions changed are rescored, their vectors solved again from their own histories against
 the kept factors, as every night solves them.
 
-The model is kept while at most `retrain_share` (RecsSpec) of the interactions the two nights
-hold between them are not in both, and while the ALS settings and the catalogue are those it
-was trained with. The share (1 - their Jaccard index) is estimated from each night's bottom-k
-sketch of row hashes (SKETCH rows: 8 MB however many interactions there are), as Broder's MinHash
-does. polars' row hash may change with its version: the night after an upgrade retrains. A kept
-model learns nothing from the rows that changed until a night past the share retrains it.
+The model is kept while at most `retrain_share` (RecsSpec) of the interactions that tonight and
+the night it was trained hold between them are not in both (so small changes that add up over
+nights retrain it), and while the ALS settings and the catalogue are those it was trained with.
+The share (1 - their Jaccard index) is estimated from bottom-k sketches of row hashes (SKETCH
+rows: 8 MB however many interactions there are), as Broder's MinHash does. polars' row hash may
+change with its version: the night after an upgrade retrains. A kept model learns nothing from
+the rows that changed until a night past the share retrains it.
+
+Where ALS is the only model the night would train (jobs/recs_models.py candidates), a kept one
+is not measured again either: its held-out figures are those of the night it was trained
+(jobs/recs_quality.py evaluate), whose verdict on it stands while it is kept. Measuring
+scores a sample of 5,000 users against every item for each model and baseline: at 1M items the
+larger part of a night's training stage.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import polars as pl
@@ -41,13 +48,16 @@ class KeptALS(NamedTuple):
     """The published version's ALS; None: train tonight."""
     scale: float
     reason: str
+    trained_on: np.ndarray
+    """The sketch of the interactions the ALS was trained on: tonight's when it trains tonight.
+    Every kept night compares with it, so changes that add up over nights retrain it."""
+    quality: dict[str, Any] | None = None
+    """A kept ALS's held-out figures (jobs/recs_quality.py RecsQuality, as a dict), measured the
+    night it was trained; None when it trains tonight or a recs setting changed since."""
 
 
-def retrain(why: str) -> KeptALS:
-    return KeptALS(None, 1.0, f"trained: {why}")
-
-
-NOTHING_KEPT = retrain("nothing published")
+def retrain(why: str, sketch: np.ndarray) -> KeptALS:
+    return KeptALS(None, 1.0, f"trained: {why}", sketch)
 
 
 def interactions_sketch(valid: pa.Table) -> np.ndarray:
@@ -72,28 +82,46 @@ def trained_with(settings: RecsSpec, item_ids: list[str]) -> str:
     return json.dumps({**fields, "vocabulary": vocabulary_digest(item_ids)}, sort_keys=True)
 
 
-def save_als(path: WorkPath, towers: ALSTowers, scale: float, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> None:
+def save_als(
+    path: WorkPath,
+    towers: ALSTowers,
+    scale: float,
+    settings: RecsSpec,
+    item_ids: list[str],
+    trained_on: np.ndarray,
+    quality: dict[str, Any],
+) -> None:
     buffer = io.BytesIO()
     np.savez(
         buffer,
         item_factors=np.asarray(towers.model.item_factors, np.float32),
         scale=np.float64(scale),
-        sketch=sketch,
+        sketch=trained_on,
         trained_with=np.array(trained_with(settings, item_ids)),
+        quality=np.array(json.dumps(quality)),
+        judged_with=np.array(settings.model_dump_json()),
     )
     path.write_bytes(buffer.getvalue())
 
 
-def kept_als(path: WorkPath, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> KeptALS:
-    """The published version's ALS and its scale when tonight may keep them, else why not."""
+def kept_als(path: WorkPath | None, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> KeptALS:
+    """The published version's ALS (at `path`; None: nothing is published) and its scale when
+    tonight, whose interactions' sketch is `sketch`, may keep them, else why not."""
+    if path is None:
+        return retrain("nothing published", sketch)
     if not path.is_file():
-        return retrain("the published version left no ALS")
+        return retrain("the published version left no ALS", sketch)
     saved = np.load(io.BytesIO(path.read_bytes()), allow_pickle=False)
     if str(saved["trained_with"]) != trained_with(settings, item_ids):
-        return retrain("the ALS settings or the items changed")
+        return retrain("the ALS settings or the items changed", sketch)
     share = changed_share(saved["sketch"], sketch)
     if share > settings.retrain_share:
-        return retrain(f"{share:.1%} of the interactions changed (retrain_share {settings.retrain_share:.0%})")
+        why = f"{share:.1%} of the interactions changed since it was trained (retrain_share {settings.retrain_share:.0%})"
+        return retrain(why, sketch)
     model = als_model(settings)
     model.item_factors = saved["item_factors"]
-    return KeptALS(ALSTowers(model), float(saved["scale"]), f"kept: {share:.1%} of the interactions changed")
+    reason = f"kept: {share:.1%} of the interactions changed since it was trained"
+    # Its figures hold for the blend it was measured in: every recs setting as it was then.
+    judged = "judged_with" in saved.files and str(saved["judged_with"]) == settings.model_dump_json()
+    quality = json.loads(str(saved["quality"])) if judged else None
+    return KeptALS(ALSTowers(model), float(saved["scale"]), reason, saved["sketch"], quality)

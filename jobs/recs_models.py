@@ -270,15 +270,16 @@ def als_model(settings: RecsSpec, gpu: bool = False) -> object:
     """implicit's untrained ALS of these settings (the CPU one unless `gpu`)."""
     from implicit.als import AlternatingLeastSquares
 
-    return AlternatingLeastSquares(
-        factors=settings.factors,
-        regularization=settings.regularization_als,
-        alpha=settings.alpha,
-        iterations=settings.iterations,
-        random_state=0,
-        num_threads=0,
-        use_gpu=gpu,
-    )
+    with threadpool_limits(1, "blas"):  # else implicit warns, at construction, of BLAS threads under its own
+        return AlternatingLeastSquares(
+            factors=settings.factors,
+            regularization=settings.regularization_als,
+            alpha=settings.alpha,
+            iterations=settings.iterations,
+            random_state=0,
+            num_threads=0,
+            use_gpu=gpu,
+        )
 
 
 def als(matrix: sp.csr_matrix, settings: RecsSpec) -> ALSTowers:

@@ -239,6 +239,9 @@ def test_als_kept_through_a_small_change_rescores_only_the_users_who_moved(
     kept = recs_run(items, moved, tmp_path / "kept", previous, model="als")
     assert kept.report.als.startswith("kept: ") and kept.report.mode == "incremental"
     assert kept.report.rescored == 1 and list(kept.written) == [moved_user]
+    # Not measured again: the figures of the night it was trained, which judged it.
+    assert kept.report.quality.models == first.report.quality.models
+    assert kept.report.quality.note.startswith("measured the night ALS was trained; kept: ")
     no_copy = Previous(previous.version, previous.run_dir, range(0))  # a copy would not hold them: full
     full = recs_run(items, moved, tmp_path / "full", no_copy, model="als")
     assert full.report.als.startswith("kept: ") and full.report.mode == "full"
@@ -247,6 +250,7 @@ def test_als_kept_through_a_small_change_rescores_only_the_users_who_moved(
     retrained = recs_run(items, moved, tmp_path / "retrained", previous, model="als", retrain_share=0)
     assert retrained.report.als.startswith("trained: ") and "interactions changed" in retrained.report.als
     assert retrained.report.mode == "full" and retrained.report.mode_reason.startswith("trained changed from")
+    assert "ALS was trained" not in retrained.report.quality.note
 
 
 def redis_run(

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 
 from precompute.jobs.interactions import INDEX, USER, WEIGHT
-from precompute.jobs.recs_kept import SKETCH, changed_share, interactions_sketch
+from precompute.jobs.recs_kept import SKETCH, changed_share, interactions_sketch, kept_als, save_als
+from precompute.jobs.recs_models import ALSTowers, als_model
+from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.work_dir import WorkPath
 
 
 def interactions(users: np.ndarray, items: np.ndarray) -> pa.Table:
@@ -34,3 +39,35 @@ def test_a_sketch_is_bounded_however_many_interactions_there_are() -> None:
     sketch = interactions_sketch(interactions(rng.integers(0, 10**6, n), rng.integers(0, 10**6, n)))
     assert len(sketch) == SKETCH and (np.diff(sketch.astype(np.float64)) >= 0).all()
 
+
+
+def test_a_kept_als_is_compared_with_the_night_it_was_trained_on_and_keeps_its_figures_while_settings_hold(
+    tmp_path: Path,
+) -> None:
+    """Two nights of 1.5% changes each: the second is 3% from the last night but 6% from the
+    trained one, past retrain_share (5%), so it trains; compared night to night it never would."""
+    rng = np.random.default_rng(2)
+    settings, ids = RecsSpec(model="als", retrain_share=0.05), [f"i{i}" for i in range(10_000)]
+    users, items = rng.integers(0, 50_000, 200_000), rng.integers(0, 5_000, 200_000)
+    model = als_model(settings)
+    model.item_factors = rng.random((len(ids), settings.factors), dtype=np.float32)
+    trained, figures = interactions_sketch(interactions(users, items)), {"published": "als+content"}
+    path = WorkPath.of(tmp_path / "als.npz")
+    save_als(path, ALSTowers(model), 2.0, settings, ids, trained, figures)
+
+    first = items.copy()
+    first[:3_000] += 5_000  # share 2 * 3,000 / 203,000 = 0.030
+    kept = kept_als(path, settings, ids, interactions_sketch(interactions(users, first)))
+    assert kept.towers is not None and (kept.scale, kept.quality) == (2.0, figures)
+    assert kept.reason == "kept: 3.0% of the interactions changed since it was trained"
+    assert np.array_equal(kept.trained_on, trained)
+    other_blend = settings.model_copy(update={"content_weight": 0.5})  # its figures were not this blend's
+    assert kept_als(path, other_blend, ids, interactions_sketch(interactions(users, first))).quality is None
+
+    save_als(path, kept.towers, kept.scale, settings, ids, kept.trained_on, figures)  # as a kept night saves it
+    second = first.copy()
+    second[3_000:6_000] += 5_000  # 0.030 from the first night, 0.058 from the trained one
+    assert changed_share(interactions_sketch(interactions(users, first)), interactions_sketch(interactions(users, second))) < 0.05
+    again = kept_als(path, settings, ids, interactions_sketch(interactions(users, second)))
+    assert again.towers is None and again.quality is None
+    assert again.reason == "trained: 5.8% of the interactions changed since it was trained (retrain_share 5%)"
