@@ -23,13 +23,20 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from precompute.bench.scale_data import write_inputs
 from precompute.bench.scale_model import small_encoder
+from precompute.bench.scale_stages import (
+    STAGES,
+    Run,
+    corpus_rows,
+    records_written,
+    recs_report,
+    recs_users,
+    search_figures,
+)
 from precompute.models.hardware import device_fingerprint
 
 SIZES = (10_000, 100_000, 1_000_000)
@@ -51,102 +58,6 @@ refuses, and with it every recs stage's time. This bench measures time, so it lo
 far enough for the recs to publish at every size; the report's held-out figures say how far."""
 MIN_ROWS = 400
 """The gate needs 16 texts of the corpus's held-out tenth, with room to spare."""
-
-Run = dict[str, Any]
-
-
-def _seconds(run: Run, output: str, *keys: str) -> float | None:
-    """Sum of the output's report seconds under `keys`; None if the output or a key is missing."""
-    seconds = run["report"]["outputs"].get(output, {}).get("seconds", {})
-    if not all(key in seconds for key in keys):
-        return None
-    return round(sum(seconds[key] for key in keys), 2)
-
-
-def _recs_check(run: Run) -> float | None:
-    """The recommend task's time less its job's: leave-one-out hit-rate and the Redis publish."""
-    task, job = run["tasks"].get("recommend"), run["report"]["outputs"].get("recs", {}).get("seconds")
-    return None if task is None or job is None else round(max(task - sum(job.values()), 0.0), 2)
-
-
-def _redis_write(run: Run) -> float | None:
-    labels, recs = _seconds(run, "labels", "write"), _seconds(run, "recs", "write")
-    return None if labels is None or recs is None else round(labels + recs, 2)
-
-
-def _field(run: Run, output: str, key: str) -> int:
-    return int(run["report"]["outputs"].get(output, {}).get(key) or 0)
-
-
-def _recs(run: Run) -> dict[str, Any]:
-    return run["report"]["outputs"].get("recs", {})
-
-
-def _search(run: Run) -> dict[str, Any]:
-    """The search parameters the index check recorded with the version, and its chosen rung's figures."""
-    validation = run["report"]["outputs"].get("embeddings", {}).get("validation") or {}
-    curve = validation.get("curve") or [{}]
-    chosen = {key: curve[-1].get(key) for key in ("recall_at_10", "median_ms", "p99_ms")}
-    steps = [(step.get("hnsw_ef"), step.get("exact"), step.get("recall_at_10")) for step in curve]
-    return {"params": validation.get("search"), **chosen, "curve": steps}
-
-
-def _corpus_rows(run: Run) -> int:
-    return _field(run, "embeddings", "rows")
-
-
-def _users(run: Run) -> int:
-    return _field(run, "recs", "users")
-
-
-def _records(run: Run) -> int:
-    return _field(run, "labels", "items") + _users(run)
-
-
-@dataclass(frozen=True)
-class Stage:
-    what: str
-    seconds: Callable[[Run], float | None]
-    rows: Callable[[Run], int]
-
-
-STAGES = {
-    "validate": Stage(
-        "corpus validation (embeddings job)", lambda r: _seconds(r, "embeddings", "validate"), _corpus_rows
-    ),
-    "embed": Stage(
-        "Ray Data embedding, staged Parquet", lambda r: _seconds(r, "embeddings", "embed"), _corpus_rows
-    ),
-    "qdrant_load": Stage(
-        "Qdrant bulk load and HNSW build", lambda r: _seconds(r, "embeddings", "load"), _corpus_rows
-    ),
-    "qdrant_validate": Stage(
-        "count, canaries, recall@10 of the new version",
-        lambda r: _seconds(r, "embeddings", "validate_version"),
-        _corpus_rows,
-    ),
-    "labels": Stage(
-        "labels actor pool (gated encoder + head)", lambda r: _seconds(r, "labels", "label"), _corpus_rows
-    ),
-    "recs_train": Stage(
-        "recs read, training, held-out check (auto: ALS past 20,000 items)",
-        lambda r: _seconds(r, "recs", "train"),
-        _users,
-    ),
-    "recs": Stage(
-        "recs top-k (past 50,000 items: graph, recall check, candidates rescored)",
-        lambda r: _seconds(r, "recs", "index", "recommend"),
-        _users,
-    ),
-    "recs_check": Stage("recs leave-one-out check and publish", _recs_check, _users),
-    "redis_publish": Stage("Redis writes of labels and recs", _redis_write, _records),
-    "gc": Stage(
-        "the outputs' GC tasks (old versions, run folders)",
-        lambda r: r["tasks"].get("collect_garbage"),
-        _corpus_rows,
-    ),
-}
-
 
 def exponent(n1: int, t1: float | None, n2: int, t2: float | None) -> float | None:
     if t1 is None or t2 is None or n1 == n2:
@@ -210,7 +121,7 @@ def run_size(size_dir: Path, rows: int, model: Path, rerun: bool) -> list[Run]:
 
 
 def memory(run: Run) -> dict[str, Any]:
-    records = _records(run)
+    records = records_written(run)
     redis_bytes = run["redis_used_memory_after"] - run["redis_used_memory_before"]
     ray = {name: rss for name, rss in run["rss_by_title"].items() if name.startswith("ray::")}
 
@@ -227,8 +138,8 @@ def memory(run: Run) -> dict[str, Any]:
         "redis_used_memory_mb": round(redis_bytes / MB, 1),
         "redis_bytes_per_record": round(redis_bytes / records, 1) if records else None,
         "qdrant_disk_mb": round(run["qdrant_disk_bytes"] / MB, 1),
-        "qdrant_disk_bytes_per_row": round(run["qdrant_disk_bytes"] / _corpus_rows(run), 1)
-        if _corpus_rows(run)
+        "qdrant_disk_bytes_per_row": round(run["qdrant_disk_bytes"] / corpus_rows(run), 1)
+        if corpus_rows(run)
         else None,
     }
 
@@ -268,7 +179,7 @@ def rerun_figures(first: Run, rerun: Run) -> dict[str, Any]:
         "recs": ("rescored", "copied", "mode", "mode_reason", "als"),
     }
     return {
-        "rows": _corpus_rows(rerun),
+        "rows": corpus_rows(rerun),
         **rerun.get("changed", {}),
         **{name: {key: outputs.get(name, {}).get(key) for key in keys} for name, keys in pick.items()},
         "seconds": seconds,
@@ -331,18 +242,18 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
         "model": str(folder),
         "engines": engines(largest),
         "sizes": sizes,
-        "users": {n: _users(runs[n]) for n in sizes},
+        "users": {n: recs_users(runs[n]) for n in sizes},
         "seconds": {name: {n: stage.seconds(runs[n]) for n in sizes} for name, stage in STAGES.items()},
         **{f"{name}_exponent": e for name, e in exponents.items()},
         "memory": memories,
         "own_memory_ratio": own_ratios(memories[n1], memories[n2]),
-        "recs_published": {n: _recs(runs[n]).get("validation", {}).get("published") for n in sizes},
-        "recs_ranking": {n: _recs(runs[n]).get("ranking") for n in sizes},
+        "recs_published": {n: recs_report(runs[n]).get("validation", {}).get("published") for n in sizes},
+        "recs_ranking": {n: recs_report(runs[n]).get("ranking") for n in sizes},
         "recall_at_10": {
             n: runs[n]["report"]["outputs"].get("embeddings", {}).get("validation", {}).get("recall_at_10")
             for n in sizes
         },
-        "search": {n: _search(runs[n]) for n in sizes},
+        "search": {n: search_figures(runs[n]) for n in sizes},
         "failed": {n: runs[n]["report"].get("failed", {}) for n in sizes if runs[n]["report"].get("failed")},
         "rerun": rerun,
         "unchanged": unchanged,
@@ -358,7 +269,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
         print(
             f"memory at {n:,} rows: driver peak RSS {m['driver_peak_rss_mb']:,.0f} MB; Ray's largest peak RSS (USS) per process kind (MB): {ray}; "
             f"redis-server {m['redis_server_peak_rss_mb']:,.0f} MB; Redis used_memory +{m['redis_used_memory_mb']:,.1f} MB = "
-            f"{m['redis_bytes_per_record']} B/record ({_records(runs[n]):,} labels + recs records); "
+            f"{m['redis_bytes_per_record']} B/record ({records_written(runs[n]):,} labels + recs records); "
             f"Qdrant disk {m['qdrant_disk_mb']:,.1f} MB = {m['qdrant_disk_bytes_per_row']} B/row"
         )
     if n1 != n2:
@@ -376,7 +287,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
     for n in sizes:
         ranking = result["recs_ranking"][n] or {}
         print(
-            f"recs at {n:,} rows: {_users(runs[n]):,} users, model {result['recs_published'][n]}, "
+            f"recs at {n:,} rows: {recs_users(runs[n]):,} users, model {result['recs_published'][n]}, "
             f"{ranking.get('reason')}; graph build {ranking.get('build_s')} s, curve {ranking.get('curve')}"
         )
     for n in sizes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -26,14 +25,6 @@ INDEX = "item_index"
 """The item's position in the item table (sorted by id): what values and vectors are indexed by."""
 SECONDS = "seconds"
 """The row's time as float64 (null without a time column): the order of a user's history."""
-GROUP_ROWS = 25_000
-"""Interactions per partition when the recommendations job groups rows by user. A partition is
-one reduce task, then one block of users (a chunk per few users) that the user table's
-projection and a top-k actor read whole: at one partition per CPU both grew with the input (by
-hand on 2 CPUs, 490,000 interactions of 100,000 users: reduce task USS 617 MB, projection 379 MB;
-in partitions of this size 351 and 148 MB, as for 46,500 interactions: 335 and 142 MB)."""
-
-
 def iso_seconds(value: object) -> float | None:
     """An ISO-8601 string's (or its UTF-8 bytes') seconds since the epoch; None if it is not one."""
     try:
@@ -149,20 +140,3 @@ def clean(batch: pa.Table) -> pa.Table:
             SECONDS: batch[SECONDS],
         }
     )
-
-
-def user_partitions(rows: int, cpus: float) -> int:
-    """Partitions of a group-by-user over `rows` interactions: GROUP_ROWS each, and at least one per CPU."""
-    return max(1, int(cpus), math.ceil(rows / GROUP_ROWS))
-
-
-def count_items(batch: pa.Table, items: int) -> dict[str, np.ndarray]:
-    return {"counts": np.bincount(batch[INDEX].to_numpy(), minlength=items)[None]}
-
-
-def item_counts(good: ray.data.Dataset, items: int) -> np.ndarray:
-    """Interactions per item, summed from one bincount per block: no shuffle."""
-    per_block = good.map_batches(
-        count_items, batch_format="pyarrow", batch_size=None, fn_kwargs={"items": items}
-    )
-    return sum((row["counts"] for row in per_block.take_all()), np.zeros(items, np.int64))

@@ -1,8 +1,9 @@
-"""Recommendations as a Ray Data job: read -> validate -> group by user -> exact top-k -> the caller's sink.
+"""Recommendations as a Ray Data job: read -> validate -> train, group by user -> top-k -> the caller's sink.
 
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
-    popularity:   good rows -> a bincount per block -> item counts (the ranker's prior)
-    main pass:    good rows -> group by user (+ fingerprint) -> users to rescore -> TopKActor pool
+    driver:       good rows -> item counts (the ranker's prior); training; each user's history
+                  and fingerprint (jobs/user_histories.py) -> users to rescore
+    main pass:    their histories, in blocks -> TopKActor pool
                   (exact: blocked matmul, mask, topk; or graph candidates rescored) -> values -> sink
 
 Two towers (jobs/recs_models.py): content (the item tower is the corpus encoder, whose
@@ -28,7 +29,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 import torch
 from ray.actor import ActorHandle
@@ -40,36 +40,29 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import (
     INDEX,
     SECONDS,
-    USER,
-    WEIGHT,
     clean,
-    item_counts,
     read_interactions,
     tag_rejects,
-    user_partitions,
 )
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.recs_kept import interactions_sketch, kept_als, save_als
 from precompute.jobs.recs_models import (
-    HISTORY_ORDER,
     ALSTowers,
     OwnTowers,
-    Seen,
     Towers,
     rows_of,
+    seen_by_user,
     user_ids,
 )
 from precompute.jobs.recs_quality import RecsQuality, evaluate, quality_of
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.recs_state import (
     ALS_FILE,
-    FINGERPRINT,
     SEQUENCE_WEIGHTS,
     STATE,
     Items,
     inputs_digest,
-    interactions_fingerprint,
     model_fingerprint,
     plan,
     rescore,
@@ -81,6 +74,7 @@ from precompute.jobs.sequence_towers import SequenceTowers
 from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import popularity_prior, recommend_users
+from precompute.jobs.user_histories import history_blocks, seen_of, user_rows
 from precompute.jobs.validate import REASON, REJECTS, quarantine
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import arrow_dataset
@@ -89,8 +83,6 @@ from precompute.stores.key_value_sink import KeyValueSink
 from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import RANKED, encode_ranked
 
-ITEMS, WEIGHTS = "items", "weights"
-HOLDS = "holds_changed"
 SAMPLES = 5
 RECIPE = "towers/log1p-prior/exact-topk/v3"
 """The scoring code's identity in the model fingerprint: change it when a change to the code changes values."""
@@ -131,47 +123,6 @@ class RecsJobReport:
     recall curve it walked on the sample); None on an unchanged night."""
     als: str | None = None
     """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
-
-
-def gather_user(rows: pa.Table, changed: np.ndarray) -> pa.Table:
-    """One user's rows -> one row with the user's item positions and weights as lists in
-    HISTORY_ORDER, their fingerprint, and whether they hold an item `changed` (a mask over items) marks."""
-    rows = rows.sort_by(HISTORY_ORDER)
-    items, weights = rows[INDEX].combine_chunks(), rows[WEIGHT].combine_chunks()
-    positions = items.to_numpy()
-    return pa.table(
-        {
-            "id": rows[USER].slice(0, 1),
-            ITEMS: pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), items),
-            WEIGHTS: pa.ListArray.from_arrays(pa.array([0, len(items)], pa.int32()), weights),
-            FINGERPRINT: pa.array([interactions_fingerprint(positions, weights.to_numpy())], pa.binary()),
-            HOLDS: pa.array([bool(changed[positions].any())]),
-        }
-    )
-
-
-def only_users(batch: pa.Table, ids: ray.ObjectRef) -> pa.Table:
-    return batch.filter(pc.is_in(batch["id"], value_set=ray.get(ids)))
-
-
-USERS_SCHEMA = pa.schema([("id", pa.string()), (FINGERPRINT, pa.binary()), (HOLDS, pa.bool_())])
-
-
-def users_of(grouped: ray.data.Dataset) -> pa.Table:
-    """Every user's id, fingerprint and whether they hold a changed item, on the driver (about
-    40 bytes a user): what decides who is rescored, and what the next run compares with."""
-    tables = ray.get(grouped.select_columns(USERS_SCHEMA.names).to_arrow_refs())
-    return pa.concat_tables([t.cast(USERS_SCHEMA) for t in tables]) if tables else USERS_SCHEMA.empty_table()
-
-
-def seen_of(batch: pa.Table) -> Seen:
-    items, weights = batch[ITEMS].combine_chunks(), batch[WEIGHTS].combine_chunks()
-    return Seen(
-        offsets=items.offsets.to_numpy().astype(np.int64),
-        items=items.flatten().to_numpy().astype(np.int64),
-        weights=weights.flatten().to_numpy().astype(np.float32),
-        ids=user_ids(batch["id"]),
-    )
 
 
 def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
@@ -278,15 +229,13 @@ def run_recs_job(
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        good = (
-            tagged.filter(expr=col(REASON).is_null()).map_batches(clean, batch_format="pyarrow").materialize()
-        )
-        counts = item_counts(good, len(items.ids))
+        good = tagged.filter(expr=col(REASON).is_null()).map_batches(clean, batch_format="pyarrow")
+        valid = pa.concat_tables(ray.get(good.to_arrow_refs()))  # the driver trains on them
+        counts = np.bincount(valid[INDEX].to_numpy(), minlength=len(items.ids))
         prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
         seconds["popularity"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        valid = pa.concat_tables(ray.get(good.to_arrow_refs()))
         before = None if previous is None else previous.run_dir / STATE
         kept = kept_als(None if before is None else before / ALS_FILE, settings, items.ids, interactions_sketch(valid))
         warm = None if before is None else warm_start(before / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
@@ -304,28 +253,17 @@ def run_recs_job(
         planned = plan(fingerprint, items, previous)
 
         start = time.perf_counter()
-        grouped = (
-            good.groupby(USER, num_partitions=user_partitions(rows, resources.get("CPU", 1)))
-            .map_groups(gather_user, batch_format="pyarrow", fn_kwargs={"changed": planned.changed_items})
-            .materialize()
-        )
-        users = users_of(grouped)
-        mode, reason, copy, to_score, rescored = "full", planned.reason, None, grouped, users.num_rows
+        seen = seen_by_user(valid)
+        users = user_rows(seen, planned.changed_items)
+        mode, reason, copy, rescoring = "full", planned.reason, None, np.ones(users.num_rows, bool)
         if planned.previous is not None and users.num_rows not in planned.previous.records:
             reason = (
                 f"{users.num_rows} users are more or fewer than a copy of {planned.previous.version} holds"
             )
         elif planned.previous is not None:
             rescoring, gone = rescore(users, planned.users)
-            mode, copy, rescored = (
-                "incremental",
-                CopyPlan(planned.previous.version, gone),
-                int(rescoring.sum()),
-            )
-            keep = ray.put(users["id"].filter(rescoring))
-            to_score = grouped.map_batches(
-                only_users, batch_format="pyarrow", batch_size=None, fn_kwargs={"ids": keep}
-            )
+            mode, copy = "incremental", CopyPlan(planned.previous.version, gone)
+        rescored = int(rescoring.sum())
         stage(work_dir, fingerprint, items, users)
         figures = {"rows": rows, "rejects": rejects, "users": users.num_rows, "quality": asdict(quality)}
         record_night(work_dir / STATE, Night(inputs, figures))
@@ -348,7 +286,7 @@ def run_recs_job(
         values = None
         if rescored:
             with progress.stage(output, "top-k", rescored, counted=True) as counter:
-                values = to_score.map_batches(
+                values = history_blocks(seen, np.flatnonzero(rescoring), job.users_per_block).map_batches(
                     TopKActor,
                     fn_constructor_kwargs={
                         "towers": ray.put(towers),

@@ -10,8 +10,8 @@ import pytest
 
 from precompute.jobs.candidate_topk import CHECK_USERS
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import GROUP_ROWS, user_partitions
-from precompute.jobs.recommend import Seen, run_recs_job
+from precompute.jobs.recommend import run_recs_job
+from precompute.jobs.recs_models import Seen
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import top_k
@@ -157,12 +157,3 @@ def test_als_scores_its_users_in_the_actors_from_read_only_factors(
     written = pq.read_table(tmp_path / "out")
     assert written.num_rows == report.users
     assert all(len(decode_ranked(value)[0]) == 10 for value in written["value"].to_pylist())
-
-
-def test_a_group_by_user_takes_more_partitions_as_interactions_grow_and_one_per_cpu_at_least() -> None:
-    """Each partition's reduce task and block of users stay about GROUP_ROWS interactions,
-    however large the input: at one partition per CPU they grew with it (jobs/interactions.py)."""
-    assert user_partitions(46_500, 2) == 2
-    assert user_partitions(490_000, 2) == 20
-    assert user_partitions(10, 16) == 16 and user_partitions(0, 0) == 1
-    assert all(rows / user_partitions(rows, 2) <= GROUP_ROWS for rows in (10**5, 10**6, 10**7))

@@ -10,8 +10,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from precompute.bench.scale import RESOLUTION_S, STAGES, exponent, main, summary
+from precompute.bench.scale import RESOLUTION_S, exponent, main, summary
 from precompute.bench.scale_data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
+from precompute.bench.scale_stages import STAGES
 
 ROWS = 400
 

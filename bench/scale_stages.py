@@ -1,0 +1,127 @@
+"""The stages `precompute bench scale` times, each read from a run's report and Prefect task
+times (bench/scale_run.py writes both), and the report fields its summary prints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Run = dict[str, Any]
+
+
+def report_seconds(run: Run, output: str, *keys: str) -> float | None:
+    """Sum of the output's report seconds under `keys`; None if the output or a key is missing."""
+    seconds = run["report"]["outputs"].get(output, {}).get("seconds", {})
+    if not all(key in seconds for key in keys):
+        return None
+    return round(sum(seconds[key] for key in keys), 2)
+
+
+def engines_seconds(run: Run) -> float | None:
+    """Both encoder outputs' engine waits; None where either copied its night and built none."""
+    embeddings, labels = report_seconds(run, "embeddings", "engine"), report_seconds(run, "labels", "engine")
+    return None if embeddings is None or labels is None else round(embeddings + labels, 2)
+
+
+def recs_check_seconds(run: Run) -> float | None:
+    """The recommend task's time less its job's: leave-one-out hit-rate and the Redis publish."""
+    task, job = run["tasks"].get("recommend"), run["report"]["outputs"].get("recs", {}).get("seconds")
+    return None if task is None or job is None else round(max(task - sum(job.values()), 0.0), 2)
+
+
+def redis_write_seconds(run: Run) -> float | None:
+    labels, recs = report_seconds(run, "labels", "write"), report_seconds(run, "recs", "write")
+    return None if labels is None or recs is None else round(labels + recs, 2)
+
+
+def report_field(run: Run, output: str, key: str) -> int:
+    return int(run["report"]["outputs"].get(output, {}).get(key) or 0)
+
+
+def recs_report(run: Run) -> dict[str, Any]:
+    return run["report"]["outputs"].get("recs", {})
+
+
+def search_figures(run: Run) -> dict[str, Any]:
+    """The search parameters the index check recorded with the version, and its chosen rung's figures."""
+    validation = run["report"]["outputs"].get("embeddings", {}).get("validation") or {}
+    curve = validation.get("curve") or [{}]
+    chosen = {key: curve[-1].get(key) for key in ("recall_at_10", "median_ms", "p99_ms")}
+    steps = [(step.get("hnsw_ef"), step.get("exact"), step.get("recall_at_10")) for step in curve]
+    return {"params": validation.get("search"), **chosen, "curve": steps}
+
+
+def corpus_rows(run: Run) -> int:
+    return report_field(run, "embeddings", "rows")
+
+
+def recs_users(run: Run) -> int:
+    return report_field(run, "recs", "users")
+
+
+def records_written(run: Run) -> int:
+    return report_field(run, "labels", "items") + recs_users(run)
+
+
+@dataclass(frozen=True)
+class Stage:
+    what: str
+    seconds: Callable[[Run], float | None]
+    rows: Callable[[Run], int]
+
+
+STAGES = {
+    "validate": Stage(
+        "corpus validation (embeddings job)", lambda r: report_seconds(r, "embeddings", "validate"), corpus_rows
+    ),
+    "embed": Stage(
+        "Ray Data embedding, staged Parquet", lambda r: report_seconds(r, "embeddings", "embed"), corpus_rows
+    ),
+    "qdrant_load": Stage(
+        "Qdrant bulk load and HNSW build", lambda r: report_seconds(r, "embeddings", "load"), corpus_rows
+    ),
+    "qdrant_validate": Stage(
+        "count, canaries, recall@10 of the new version",
+        lambda r: report_seconds(r, "embeddings", "validate_version"),
+        corpus_rows,
+    ),
+    "engines": Stage(
+        "the embeddings and labels engines built and gated, past the validation they overlap",
+        engines_seconds,
+        corpus_rows,
+    ),
+    "labels_validate": Stage(
+        "corpus validation (labels job)", lambda r: report_seconds(r, "labels", "validate"), corpus_rows
+    ),
+    "labels": Stage(
+        "labels actor pool (gated encoder + head)", lambda r: report_seconds(r, "labels", "label"), corpus_rows
+    ),
+    "recs_validate": Stage(
+        "interactions validation, valid rows to the driver, item counts",
+        lambda r: report_seconds(r, "recs", "validate", "popularity"),
+        recs_users,
+    ),
+    "recs_train": Stage(
+        "recs training, held-out check (auto: ALS past 20,000 items)",
+        lambda r: report_seconds(r, "recs", "train"),
+        recs_users,
+    ),
+    "recs_group": Stage(
+        "users' histories and fingerprints, who to rescore, state for the next night",
+        lambda r: report_seconds(r, "recs", "group"),
+        recs_users,
+    ),
+    "recs": Stage(
+        "recs top-k (past 50,000 items: graph, recall check, candidates rescored)",
+        lambda r: report_seconds(r, "recs", "index", "recommend"),
+        recs_users,
+    ),
+    "recs_check": Stage("recs leave-one-out check and publish", recs_check_seconds, recs_users),
+    "redis_publish": Stage("Redis writes of labels and recs", redis_write_seconds, records_written),
+    "gc": Stage(
+        "the outputs' GC tasks (old versions, run folders)",
+        lambda r: r["tasks"].get("collect_garbage"),
+        corpus_rows,
+    ),
+}
