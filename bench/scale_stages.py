@@ -71,51 +71,40 @@ class Stage:
     rows: Callable[[Run], int]
 
 
+def reported(what: str, rows: Callable[[Run], int], output: str, *keys: str) -> Stage:
+    """A stage the run report times: `output`'s seconds under `keys`, summed."""
+    return Stage(what, lambda run: report_seconds(run, output, *keys), rows)
+
+
 STAGES = {
-    "validate": Stage(
-        "corpus validation (embeddings job)", lambda r: report_seconds(r, "embeddings", "validate"), corpus_rows
-    ),
-    "embed": Stage(
-        "Ray Data embedding, staged Parquet", lambda r: report_seconds(r, "embeddings", "embed"), corpus_rows
-    ),
-    "qdrant_load": Stage(
-        "Qdrant bulk load and HNSW build", lambda r: report_seconds(r, "embeddings", "load"), corpus_rows
-    ),
-    "qdrant_validate": Stage(
-        "count, canaries, recall@10 of the new version",
-        lambda r: report_seconds(r, "embeddings", "validate_version"),
-        corpus_rows,
+    "validate": reported("corpus validation (embeddings job)", corpus_rows, "embeddings", "validate"),
+    "embed": reported("Ray Data embedding, staged Parquet", corpus_rows, "embeddings", "embed"),
+    "qdrant_load": reported("Qdrant bulk load and HNSW build", corpus_rows, "embeddings", "load"),
+    "qdrant_validate": reported(
+        "count, canaries, recall@10 of the new version", corpus_rows, "embeddings", "validate_version"
     ),
     "engines": Stage(
         "the embeddings and labels engines built and gated, past the validation they overlap",
         engines_seconds,
         corpus_rows,
     ),
-    "labels_validate": Stage(
-        "corpus validation (labels job)", lambda r: report_seconds(r, "labels", "validate"), corpus_rows
+    "labels_validate": reported("corpus validation (labels job)", corpus_rows, "labels", "validate"),
+    "labels": reported("labels actor pool (gated encoder + head)", corpus_rows, "labels", "label"),
+    "recs_validate": reported(
+        "interactions validation, valid rows to the driver, item counts", recs_users, "recs", "validate", "popularity"
     ),
-    "labels": Stage(
-        "labels actor pool (gated encoder + head)", lambda r: report_seconds(r, "labels", "label"), corpus_rows
+    "recs_train": reported(
+        "recs training, held-out check (auto: ALS past 20,000 items)", recs_users, "recs", "train"
     ),
-    "recs_validate": Stage(
-        "interactions validation, valid rows to the driver, item counts",
-        lambda r: report_seconds(r, "recs", "validate", "popularity"),
+    "recs_group": reported(
+        "users' histories and fingerprints, who to rescore, state for the next night", recs_users, "recs", "group"
+    ),
+    "recs": reported(
+        "recs top-k (past 50,000 items and 10,000 users: graph, recall check, candidates rescored)",
         recs_users,
-    ),
-    "recs_train": Stage(
-        "recs training, held-out check (auto: ALS past 20,000 items)",
-        lambda r: report_seconds(r, "recs", "train"),
-        recs_users,
-    ),
-    "recs_group": Stage(
-        "users' histories and fingerprints, who to rescore, state for the next night",
-        lambda r: report_seconds(r, "recs", "group"),
-        recs_users,
-    ),
-    "recs": Stage(
-        "recs top-k (past 50,000 items: graph, recall check, candidates rescored)",
-        lambda r: report_seconds(r, "recs", "index", "recommend"),
-        recs_users,
+        "recs",
+        "index",
+        "recommend",
     ),
     "recs_check": Stage("recs leave-one-out check and publish", recs_check_seconds, recs_users),
     "redis_publish": Stage("Redis writes of labels and recs", redis_write_seconds, records_written),
