@@ -23,12 +23,9 @@ from typing import Literal
 
 import faiss
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
-from precompute.jobs.interactions import USER
-from precompute.jobs.recs_models import Seen, Towers, seen_by_user, users_subset
+from precompute.jobs.recs_models import Seen, Towers, users_subset
 from precompute.jobs.topk import BlockedTopK
 
 HNSW_MIN_ITEMS = 50_000
@@ -160,12 +157,11 @@ def build_graph(item_vectors: np.ndarray, prior: np.ndarray | None) -> faiss.Ind
     return index
 
 
-def sample_users(good: pa.Table, users: int, seed: int = 0) -> Seen:
-    """A seeded sample of `users` users' whole histories (time order), as the job ranks them."""
-    ids = pc.unique(good[USER])
+def sample_users(histories: Seen, users: int, seed: int = 0) -> Seen:
+    """A seeded sample of `users` of `histories` (every user's, as the job grouped them)."""
+    count = len(histories.offsets) - 1
     rng = np.random.default_rng(seed)
-    chosen = ids.take(pa.array(np.sort(rng.choice(len(ids), min(users, len(ids)), replace=False))))
-    return seen_by_user(good.filter(pc.is_in(good[USER], value_set=chosen)))
+    return users_subset(histories, np.sort(rng.choice(count, min(users, count), replace=False)))
 
 
 def recall(found: np.ndarray, exact: np.ndarray) -> float:
@@ -184,14 +180,14 @@ def choose_ranking(
     prior: np.ndarray | None,
     k: int,
     block: int,
-    good: pa.Table,
+    histories: Seen,
     min_recall: float,
     gpus: bool,
     users: int,
 ) -> Ranking:
     """The ranking the actors use for `users` users: exact, or the graph at the first efSearch of
-    EF_LADDER whose top k keeps min_recall of the exact top k on CHECK_USERS sampled users
-    (exact if none does)."""
+    EF_LADDER whose top k keeps min_recall of the exact top k on CHECK_USERS users sampled from
+    `histories` (every user's; exact if none does)."""
     items = len(towers.items)
     if not users:
         return Ranking("exact", "exact: no user to rank")
@@ -206,7 +202,7 @@ def choose_ranking(
     start = time.perf_counter()
     index = build_graph(towers.items, prior)
     build_s = round(time.perf_counter() - start, 2)
-    sample = sample_users(good, CHECK_USERS)
+    sample = sample_users(histories, CHECK_USERS)
     vectors = torch.from_numpy(towers.users(sample))
     truth, _ = BlockedTopK(towers.items, k, block, prior)(vectors, sample)
     curve = []

@@ -278,7 +278,7 @@ def run_recs_job(
 
         start = time.perf_counter()
         ranking = choose_ranking(
-            settings.topk, towers, prior, settings.k, job.users_per_block, valid, settings.min_recall, gpus, rescored
+            settings.topk, towers, prior, settings.k, job.users_per_block, seen, settings.min_recall, gpus, rescored
         )
         seconds["index"] = time.perf_counter() - start
 

@@ -23,7 +23,7 @@ from precompute.jobs.candidate_topk import (
     sample_users,
 )
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs_models import ContentTowers, Seen
+from precompute.jobs.recs_models import ContentTowers, Seen, seen_by_user
 from precompute.jobs.topk import BlockedTopK
 
 ITEMS, DIM, USERS, K = 3000, 32, 300, 10
@@ -55,14 +55,14 @@ def test_the_graphs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> Non
     rng = np.random.default_rng(3)
     centres = rng.normal(size=(20, DIM))
     items, prior = clustered(rng, ITEMS, centres), rng.uniform(0, 2, ITEMS).astype(np.float32)
-    good = interactions(rng)
+    histories = seen_by_user(interactions(rng))
     towers = ContentTowers(items)
 
-    ranking = choose_ranking("hnsw", towers, prior, K, 128, good, 0.99, False, USERS)
+    ranking = choose_ranking("hnsw", towers, prior, K, 128, histories, 0.99, False, USERS)
 
     assert ranking.method == "hnsw" and ranking.recall >= 0.99 and ranking.sample_users == USERS
     assert ranking.curve[-1]["ef"] == ranking.ef and all(step["recall"] < 0.99 for step in ranking.curve[:-1])
-    seen = sample_users(good, USERS)
+    seen = sample_users(histories, USERS)
     vectors = torch.from_numpy(towers.users(seen))
     found, scores = ranker_of(towers.items, K, 128, prior, ranking)(vectors, seen)
     truth, _ = BlockedTopK(items, K, 128, prior)(vectors, seen)
@@ -83,30 +83,30 @@ def test_the_graphs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> Non
 
 def test_a_graph_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_catalogues() -> None:
     rng = np.random.default_rng(4)
-    good = interactions(rng)
+    histories = seen_by_user(interactions(rng))
     towers = ContentTowers(clustered(rng, ITEMS, rng.normal(size=(20, DIM))))
 
-    missed = choose_ranking("hnsw", towers, None, K, 128, good, 1.01, False, USERS)  # above any recall
+    missed = choose_ranking("hnsw", towers, None, K, 128, histories, 1.01, False, USERS)  # above any recall
     assert missed.method == "exact" and missed.index is None
     assert [step["ef"] for step in missed.curve] == [64, 128, 256, 512, 1024]
     assert "under 1.01" in missed.reason
 
-    assert choose_ranking("auto", towers, None, K, 128, good, 0.99, False, USERS).reason == "exact: 3,000 items"
-    assert choose_ranking("exact", towers, None, K, 128, good, 0.99, False, USERS).reason == "exact: asked for"
+    assert choose_ranking("auto", towers, None, K, 128, histories, 0.99, False, USERS).reason == "exact: 3,000 items"
+    assert choose_ranking("exact", towers, None, K, 128, histories, 0.99, False, USERS).reason == "exact: asked for"
 
 
 def test_auto_builds_a_graph_only_for_enough_users_to_repay_it() -> None:
     """Past HNSW_MIN_ITEMS items, a night that ranks few users (an incremental one) scores them
     exactly: the graph's build costs as much as scoring GRAPH_BUILD_USERS users."""
     rng = np.random.default_rng(6)
-    good = interactions(rng)
+    histories = seen_by_user(interactions(rng))
     towers = ContentTowers(clustered(rng, HNSW_MIN_ITEMS + 1, rng.normal(size=(20, 8))))
 
-    few = choose_ranking("auto", towers, None, K, 128, good, 0.99, False, GRAPH_BUILD_USERS)
+    few = choose_ranking("auto", towers, None, K, 128, histories, 0.99, False, GRAPH_BUILD_USERS)
     assert (few.method, few.index) == ("exact", None) and "too few to repay" in few.reason
-    many = choose_ranking("auto", towers, None, K, 128, good, 0.9, False, GRAPH_BUILD_USERS + 1)
+    many = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, GRAPH_BUILD_USERS + 1)
     assert many.method == "hnsw" and many.index is not None
-    assert choose_ranking("hnsw", towers, None, K, 128, good, 0.99, False, 0).reason == "exact: no user to rank"
+    assert choose_ranking("hnsw", towers, None, K, 128, histories, 0.99, False, 0).reason == "exact: no user to rank"
 
 
 def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out() -> None:
@@ -170,8 +170,8 @@ def test_the_exact_ranker_scores_the_item_matrix_where_it_lies() -> None:
     items.setflags(write=False)
     ranker, grown = private_growth(ranker_of, items, K, 128, None, Ranking("exact", ""))
     assert grown < 0.1 * items.nbytes, f"{grown / 1e6:.1f} MB private for {items.nbytes / 1e6:.1f} MB of items"
-    good = interactions(rng)
-    seen = sample_users(good, USERS)
+    histories = seen_by_user(interactions(rng))
+    seen = sample_users(histories, USERS)
     vectors = torch.from_numpy(clustered(rng, len(seen.ids), rng.normal(size=(20, DIM))))
     found, _ = ranker(vectors, seen)
     copied, _ = BlockedTopK(items.copy(), K, 128)(vectors, seen)
