@@ -157,9 +157,14 @@ def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_hal
             json={"parameters": {"pipeline": str(held)}},
             timeout=30,
         ).json()
-        holding = wait_for(
-            lambda: "holding " in log.read_text(), "the held run to hold its version", every_s=0.5
-        )
+        # It waits for any cron run due before it, then starts a subprocess and a local Ray, which
+        # retries a start that timed out (30 s each) on a loaded machine.
+        try:
+            holding = wait_for(
+                lambda: "holding " in log.read_text(), "the held run to hold its version", 3 * CEILING_S, 0.5
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the schedule's log ends:\n{log.read_text()[-3000:]}") from None
         assert holding
         (written,) = versions(held, "held")[1]
         assert written.count == ROWS and not written.current
