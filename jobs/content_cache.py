@@ -1,4 +1,4 @@
-"""Content-keyed results of the last successful run, joined to this run's rows inside the dataset.
+"""Content-keyed results of the last successful run, reused for this run's rows that have them.
 
 A row's content key hashes (the producer's identity, text): for embeddings the model hash
 (weights, tokenizer, preprocessing); for labels also the head and its vocabulary. A cache
@@ -6,11 +6,15 @@ is the previous run's committed staged parts, promoted by an atomic pointer swap
 version was written: a failed run never replaces it, and it holds exactly that run's
 corpus (no unbounded growth).
 
-No process holds a cache whole: its parts are read as a Ray dataset and joined to the rows
-(left outer, hash-partitioned) on (id, content key). The id is part of the join key because
-two ids with the same text share a content key: the cache holds one row per id, so each
-row finds at most one match and the join never multiplies rows (an id whose text moved to
-a new id is computed again, which is rare and cheap).
+The rows are compared on the driver by (id, content key, a hash of their payload): a few
+bytes a row, never a cached value. Then three kinds of row take three paths:
+- the same id, key and payload: the cached staged row is this run's row as it is, read from
+  the cache's parts and never handed to a model (most rows of a nightly run);
+- the same id and key, another payload: the row is joined to its cached value, the join's
+  cached side narrowed to those rows, and the model passes the value through;
+- the rest are computed.
+The id is part of the key because two ids with the same text share a content key: an id
+whose text moved to a new id is computed again, which is rare and cheap.
 """
 
 from __future__ import annotations
@@ -19,16 +23,21 @@ import hashlib
 import logging
 import math
 import posixpath
+from typing import NamedTuple
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
+from ray import ObjectRef
 
-from precompute.jobs.staging import is_committed, read_committed
+from precompute.jobs.staging import COMPUTED, committed_dataset, is_committed, read_committed
 from precompute.jobs.work_dir import WorkPath
 
 POINTER = "CURRENT"
 KEY = "content_key"
+DIGEST = "digest"
 JOIN_ROWS_PER_PARTITION = 20_000
 """Rows per join partition: each is joined in one task, its cached values in memory (30 MB of
 384-d embeddings)."""
@@ -61,21 +70,84 @@ def previous_run(cache_dir: WorkPath) -> WorkPath | None:
     return run_dir
 
 
-def join_previous(
-    rows: ray.data.Dataset, row_count: int, cache_dir: WorkPath, columns: list[str]
-) -> ray.data.Dataset:
-    """`rows` (with `id` and content keys) with the previous run's `columns` where (id, key)
-    matched, null where not; `rows` unchanged when there is no previous run."""
-    previous = previous_run(cache_dir)
-    if previous is None:
-        return rows
-    cached = read_committed(previous).select_columns(["id", KEY, *columns])
-    return rows.join(
-        cached,
-        "left_outer",
-        num_partitions=max(1, math.ceil(row_count / JOIN_ROWS_PER_PARTITION)),
-        on=("id", KEY),
-    )
+class Reuse(NamedTuple):
+    fresh: ray.data.Dataset
+    """The rows the model sees: those to compute, and those whose payload alone moved, joined
+    to their cached `columns`."""
+    kept: ray.data.Dataset | None
+    """The cache's staged rows that are this run's exactly, marked not computed."""
+    count: int
+    """Rows in `kept`."""
+
+
+def reuse_previous(
+    rows: ray.data.Dataset, cache_dir: WorkPath | None, columns: list[str], payload: list[str]
+) -> Reuse:
+    """Split `rows` (with `id`, content keys and `payload` columns) by what the previous run
+    staged with its `columns` of values: see the module's docstring. Reads `rows`' keys and
+    payload to the driver once. No cache (`cache_dir` None, or nothing promoted): every row is fresh."""
+    previous = None if cache_dir is None else previous_run(cache_dir)
+    now = None if previous is None else to_driver(rows, ["id", KEY, *payload])
+    if previous is None or now is None:
+        return Reuse(rows, None, 0)
+    staged = committed_dataset(previous)
+    if staged.schema.field("id").type != now.schema.field("id").type:
+        return Reuse(rows, None, 0)  # the id column's type moved: no id is the same
+    same_payload = payload_types(staged.schema, {"id", KEY, COMPUTED, *columns}) == payload_types(now.schema, {"id", KEY})
+    before = staged.to_table(columns=["id", KEY, *(payload if same_payload else [])])
+    matched = digests(now, payload).join(digests(before, payload if same_payload else []), on=["id", KEY], suffix="_before")
+    unmoved = pl.col(DIGEST) == pl.col(f"{DIGEST}_before")
+    same = ids_ref(matched.filter(unmoved if same_payload else pl.lit(False)), now)
+    moved = matched.filter(~unmoved if same_payload else pl.lit(True))
+    fresh = rows.map_batches(without_ids, fn_kwargs={"ids": same}, batch_format="pyarrow")
+    if len(moved):
+        values = read_committed(previous).select_columns(["id", KEY, *columns])
+        fresh = fresh.join(
+            values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow"),
+            "left_outer",
+            num_partitions=max(1, math.ceil(len(moved) / JOIN_ROWS_PER_PARTITION)),
+            on=("id", KEY),
+        )
+    kept = read_committed(previous).map_batches(kept_rows, fn_kwargs={"ids": same}, batch_format="pyarrow")
+    return Reuse(fresh, kept, len(matched) - len(moved))
+
+
+def to_driver(rows: ray.data.Dataset, columns: list[str]) -> pa.Table | None:
+    """`rows`' `columns` as one table in this process; None when there is no row."""
+    tables = [t for t in ray.get(rows.select_columns(columns).to_arrow_refs()) if t.num_rows]
+    return pa.concat_tables(tables) if tables else None
+
+
+def payload_types(schema: pa.Schema, not_payload: set[str]) -> dict[str, pa.DataType]:
+    return {f.name: f.type for f in schema if f.name not in not_payload}
+
+
+def digests(table: pa.Table, columns: list[str]) -> pl.DataFrame:
+    """(id, content key, digest): the `columns` of each row hashed to one number, comparable
+    within this process (0 where there are none to compare)."""
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    hashed = frame.select(columns).hash_rows(seed=0) if columns else pl.lit(0, pl.UInt64)
+    return frame.select("id", KEY, **{DIGEST: hashed})
+
+
+def ids_ref(frame: pl.DataFrame, like: pa.Table) -> ObjectRef:
+    """The frame's ids in the object store, typed as `like`'s (what with_ids and without_ids take)."""
+    return ray.put(frame["id"].to_arrow().cast(like.schema.field("id").type))
+
+
+def with_ids(batch: pa.Table, ids: ObjectRef) -> pa.Table:
+    return batch.filter(pc.is_in(batch["id"], value_set=ray.get(ids)))
+
+
+def without_ids(batch: pa.Table, ids: ObjectRef) -> pa.Table:
+    return batch.filter(pc.invert(pc.is_in(batch["id"], value_set=ray.get(ids))))
+
+
+def kept_rows(batch: pa.Table, ids: ObjectRef) -> pa.Table:
+    """The cached staged rows in `ids`, as this run stages them: reused, not computed."""
+    kept = with_ids(batch, ids)
+    return kept.drop_columns([COMPUTED]).append_column(COMPUTED, pa.array(np.zeros(kept.num_rows, bool)))
 
 
 def uncached(batch: pa.Table, column: str) -> np.ndarray:

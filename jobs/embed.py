@@ -1,9 +1,10 @@
 """Corpus embeddings as a Ray Data job: read -> validate -> reuse or embed -> stage -> load a version.
 
     rejects pass:  read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
-    main pass:     read -> tag_rejects -> good rows -> content keys -> left join the previous
-                   run's (id, key, embedding) -> EmbedActor pool (encodes the rows left without
-                   one) -> StagingSink (Parquet parts, committed by a manifest)
+    main pass:     read -> tag_rejects -> good rows -> content keys -> (id, key, payload) to the
+                   driver, compared with the previous run's (jobs/content_cache.py) -> its staged
+                   rows where all three match, the EmbedActor pool's (it encodes the rest) for the
+                   others -> StagingSink (Parquet parts, committed by a manifest)
     driver:        committed parts -> vector store version (a copy of the published one with the
                    rows that moved, else a bulk load: jobs/vector_load.py; index, count) -> promote as cache
 
@@ -24,7 +25,7 @@ import ray
 from ray.actor import ActorHandle
 
 from precompute.jobs import progress, work_dir
-from precompute.jobs.content_cache import join_previous, promote, uncached, with_content_keys
+from precompute.jobs.content_cache import promote, reuse_previous, uncached, with_content_keys
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
@@ -32,7 +33,7 @@ from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, reco
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
-from precompute.jobs.validate import REJECTS, validated_corpus
+from precompute.jobs.validate import REJECTS, payload_columns, validated_corpus
 from precompute.jobs.vector_load import load_version
 from precompute.models import Engine, load_encoder
 from precompute.stores.vector_settings import Quantization
@@ -61,7 +62,7 @@ class EmbedJobReport:
 
 
 class EmbedActor:
-    """One engine per actor; it encodes only the rows the cache join left without a vector."""
+    """One engine per actor; it encodes only the rows the cache left without a vector."""
 
     def __init__(self, engine: Engine, counter: ActorHandle | None = None) -> None:
         self.encoder = load_encoder(engine)
@@ -183,13 +184,16 @@ def embed_corpus(
             with_content_keys, fn_kwargs={"identity": engine.model.hash}, batch_format="pyarrow"
         )
         with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
-            join_previous(keyed, rows - rejects, cache, [EMBEDDING]).map_batches(
+            reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus))
+            progress.add(counter, reuse.count)
+            embedded = reuse.fresh.map_batches(
                 EmbedActor,
                 fn_constructor_kwargs={"engine": engine, "counter": counter},
                 batch_size=settings.rows_per_batch,
                 batch_format="pyarrow",
                 **actor_pool(settings.actors, gpus),
-            ).write_datasink(sink)
+            )
+            (embedded if reuse.kept is None else reuse.kept.union(embedded)).write_datasink(sink)
         seconds["embed"] = time.perf_counter() - start
     night = Night(inputs, {"rows": rows, "rejects": rejects, "engine": engine_report})
     return night, sink.computed, seconds

@@ -1,9 +1,10 @@
 """Content labels as a Ray Data job: read -> validate -> reuse or label -> stage -> the caller's sink.
 
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
-    main pass:    good rows -> content keys -> left join the previous run's (id, key, value)
-                  -> LabelActor pool (labels the rows left without one) -> values
-                  -> StagingSink (the next run's cache) and the caller's sink
+    main pass:    good rows -> content keys -> the previous run's staged rows where (id, key)
+                  match (jobs/content_cache.py), the LabelActor pool's for the rest -> values
+                  -> StagingSink (the next run's cache) and the caller's sink: a copy of the
+                  published version with the values that moved, where a copy holds the rows
 
 The labeler is trained, built and gated once in a Ray task before the actors fan out, as
 in jobs/embed.py. A value is the item's top labels as `stores.records` pairs; the label
@@ -29,12 +30,21 @@ import ray
 from ray.actor import ActorHandle
 
 from precompute.jobs import progress
-from precompute.jobs.content_cache import KEY, join_previous, uncached, with_content_keys
+from precompute.jobs.content_cache import (
+    DIGEST,
+    KEY,
+    digests,
+    ids_ref,
+    reuse_previous,
+    to_driver,
+    with_content_keys,
+    with_ids,
+)
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_digest, record_night, same_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed
+from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, is_committed
 from precompute.jobs.validate import REJECTS, validated_corpus
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
@@ -59,6 +69,8 @@ class LabelsJobReport:
     reused: int
     """Items whose value came from the previous run's cache: no inference."""
     computed: int
+    written: int
+    """Values written to the version; the others came with a copy of the published one."""
     seconds: dict[str, float]
     labeler: dict[str, Any]
     """Engine, label gates (each precision tried, with its agreement) and head accuracy."""
@@ -90,8 +102,8 @@ def labeler_identity(labels: LabelTask, engine: Engine, report: LabelerReport, v
 
 
 class LabelActor:
-    """One labeler per actor, the one prepare_labeler gated; it labels only the rows the cache
-    join left without a value: (id, text, key[, value]) rows in, (id, key, value, computed) out."""
+    """One labeler per actor, the one prepare_labeler gated: (id, text, key) rows in, (id, key,
+    value, computed) out. (The rows the cache holds never reach it: jobs/content_cache.py.)"""
 
     def __init__(
         self,
@@ -104,20 +116,14 @@ class LabelActor:
         self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        missing = uncached(batch, VALUE)
-        values = batch[VALUE].to_pylist() if VALUE in batch.column_names else [None] * batch.num_rows
-        if missing.any():
-            texts = batch["text"].to_pylist()
-            indices, scores, given = self.labeler.label([t for t, m in zip(texts, missing, strict=True) if m])
-            fresh = iter(encode_ranked(indices, scores, given))
-            values = [next(fresh) if m else v for v, m in zip(values, missing, strict=True)]
+        indices, scores, given = self.labeler.label(batch["text"].to_pylist())
         progress.add(self.counter, batch.num_rows)
         return pa.table(
             {
-                "id": batch["id"],  # its own type: the cache joins the next run's rows on it
+                "id": batch["id"],  # its own type: the next run compares its rows' ids with these
                 KEY: batch[KEY],
-                VALUE: pa.array(values, pa.binary()),
-                COMPUTED: pa.array(np.asarray(missing)),
+                VALUE: pa.array(encode_ranked(indices, scores, given), pa.binary()),
+                COMPUTED: pa.array(np.ones(batch.num_rows, bool)),
             }
         )
 
@@ -146,12 +152,13 @@ def run_labels_job(
     work_dir: this run's folder: rejects, and the staged parts (under `labels/`) that the
     caller promotes as the next run's cache once it published the version.
     before_write: called with the number of records once validation counted them, for a
-    store that sizes a version up front (create_version(rows=)), and the version to copy when
-    the night is unchanged.
+    store that sizes a version up front (create_version(rows=)), and the version to copy, if any.
     cache_dir: the cache whose unchanged rows are reused; None labels every row.
     output: the output's name, for the progress lines (jobs/progress.py).
-    previous: the published version; when this run's corpus, engine and task are exactly its
-    run's (jobs/nights.py), it is copied whole and nothing is validated, built or labelled.
+    previous: the published version. A copy of it, where one holds this run's items, starts the
+    new version, and only the values that moved are written; when this run's corpus, engine
+    and task are exactly its run's (jobs/nights.py), it is copied whole and nothing is
+    validated, built or labelled.
     """
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
@@ -178,10 +185,10 @@ def run_labels_job(
             fn_kwargs={"identity": labeler_identity(labels, engine, report, vocabulary)},
             batch_format="pyarrow",
         )
-        if cache_dir is not None:
-            keyed = join_previous(keyed, rows - rejects, cache_dir, [VALUE])
+        reuse = reuse_previous(keyed, cache_dir, [VALUE], [])
         with progress.stage(output, "label", rows - rejects, counted=True) as counter:
-            values = keyed.map_batches(
+            progress.add(counter, reuse.count)
+            labelled = reuse.fresh.map_batches(
                 LabelActor,
                 fn_constructor_kwargs={
                     "labels": labels,
@@ -192,7 +199,8 @@ def run_labels_job(
                 batch_size=settings.rows_per_batch,
                 batch_format="pyarrow",
                 **actor_pool(settings.actors, gpus),
-            ).materialize()
+            )
+            values = (labelled if reuse.kept is None else reuse.kept.union(labelled)).materialize()
         seconds["label"] = time.perf_counter() - start
         samples = {str(row["id"]): row[VALUE] for row in values.take(SAMPLES)}
 
@@ -200,9 +208,10 @@ def run_labels_job(
         staging = StagingSink(work_dir / STAGED)
         with progress.stage(output, "write"):
             values.write_datasink(staging)
+            copy, written, count = changed_values(values, previous, rows - rejects)
             if before_write:
-                before_write(rows - rejects, None)
-            sink.routed(values.select_columns(["id", VALUE]), rows - rejects).write_datasink(sink)
+                before_write(rows - rejects, copy)
+            sink.routed(written.select_columns(["id", VALUE]), count).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     figures = {"rows": rows, "rejects": rejects, "items": rows - rejects, "labeler": asdict(report), "vocabulary": vocabulary}
     record_night(work_dir, Night(inputs, figures))
@@ -213,11 +222,32 @@ def run_labels_job(
         items=rows - rejects,
         reused=staging.rows - staging.computed,
         computed=staging.computed,
+        written=count,
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
         labeler=asdict(report),
         vocabulary=vocabulary,
         samples=samples,
     )
+
+
+def changed_values(
+    values: ray.data.Dataset, previous: Previous | None, items: int
+) -> tuple[CopyPlan | None, ray.data.Dataset, int]:
+    """What the new version copies and what it writes: a copy of the published version, less the
+    ids this run lost, and the values that moved (a new id, text, labeler or value), where a copy
+    of it holds `items` well; else no copy and every value. (copy, the values to write, how many)."""
+    before_dir = None if previous is None else previous.run_dir / STAGED
+    if previous is None or items not in previous.records or before_dir is None or not is_committed(before_dir):
+        return None, values, items
+    now = to_driver(values, ["id", KEY, VALUE])
+    before = committed_dataset(before_dir).to_table(columns=["id", KEY, VALUE])
+    if now is None or before.schema.field("id").type != now.schema.field("id").type:
+        return None, values, items
+    now_rows, before_rows = digests(now, [VALUE]), digests(before, [VALUE])
+    moved = now_rows.join(before_rows, on=["id", KEY, DIGEST], how="anti")
+    gone = [str(i) for i in before_rows.join(now_rows, on="id", how="anti")["id"].to_list()]
+    written = values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow")
+    return CopyPlan(previous.version, gone), written, len(moved)
 
 
 def unchanged_night(
@@ -243,6 +273,7 @@ def unchanged_night(
         items=items,
         reused=items,
         computed=0,
+        written=0,
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
         labeler=night.figures["labeler"],
         vocabulary=night.figures["vocabulary"],

@@ -87,6 +87,12 @@ def canonical_columns(corpus: CorpusInput) -> dict[str, str]:
     return {old: new for old, new in ((corpus.id, "id"), (corpus.text, "text")) if old != new}
 
 
+def payload_columns(corpus: CorpusInput) -> list[str]:
+    """The good rows' columns besides `id` and `text`, known without reading a row."""
+    renames = canonical_columns(corpus)
+    return [c for c in (renames.get(n, n) for n in arrow_dataset(corpus).schema.names) if c not in ("id", "text")]
+
+
 def validated_corpus(corpus: CorpusInput, rejects_path: WorkPath) -> tuple[ray.data.Dataset, int, int]:
     """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first."""
     source = arrow_dataset(corpus)

@@ -22,12 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from precompute.jobs.content_cache import KEY
+from precompute.jobs.content_cache import DIGEST, KEY, digests
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import COMPUTED, committed_dataset, is_committed
 from precompute.jobs.work_dir import WorkPath
@@ -126,23 +125,16 @@ def plan_copy(
         return None, f"the published version {source} differs in {', '.join(differs)}"
     if same_rows:  # hashing both tables would read every row to find nothing
         return Copy(source, pa.array([], parts.schema.field("id").type), []), f"a copy of {source}, no row moved"
-    columns = ["id", KEY, *meta["payload"]]
-    new = row_digests(parts.to_table(columns=columns))
-    previous = row_digests(committed_dataset(source_dir).to_table(columns=columns))
-    changed = new.join(previous, on=["id", "row"], how="anti")["id"]
+    columns, payload = ["id", KEY, *meta["payload"]], list(meta["payload"])
+    new = digests(parts.to_table(columns=columns), payload)
+    previous = digests(committed_dataset(source_dir).to_table(columns=columns), payload)
+    changed = new.join(previous, on=["id", KEY, DIGEST], how="anti")["id"]
     gone = previous.join(new, on="id", how="anti")["id"]
     moved = len(changed) + len(gone)
     if moved > COPY_SHARE * max(len(previous), 1):
         return None, f"{moved} of the published version {source}'s {len(previous)} points change"
     ids = changed.to_arrow().cast(parts.schema.field("id").type)
     return Copy(source, ids, [str(i) for i in gone.to_list()]), f"a copy of {source}"
-
-
-def row_digests(table: pa.Table) -> pl.DataFrame:
-    """(id, row): a hash of each row's content key and payload, comparable within this process."""
-    frame = pl.from_arrow(table)
-    assert isinstance(frame, pl.DataFrame)
-    return frame.select("id", row=frame.drop("id").hash_rows(seed=0))
 
 
 def write(

@@ -157,6 +157,7 @@ class Labels(OutputKind):
             "items": labelled.items,
             "reused": labelled.reused,
             "computed": labelled.computed,
+            "written": labelled.written,
             "labels": len(labelled.vocabulary),
             "seconds": labelled.seconds,
             "docs_per_s": rates.get("label"),

@@ -122,6 +122,9 @@ def test_a_night_that_moved_a_few_rows_copies_the_published_version_and_writes_o
 
     second = run_embed_job("v2", store, moved_corpus, job, settings)
     assert second.load == {"mode": "copy", "reason": "a copy of v1", "written": 3, "deleted": 1}
+    # The moved payload keeps its vector: only the changed text and the new row are encoded.
+    assert (second.computed, second.reused) == (2, 198)
+    assert computed_ids(job, "v2") == {rows[10]["id"], "new"}
     assert second.loaded == store.count("v2") == 200
     vectors = vectors_by_id(job, "v2")
     for changed in (rows[10]["id"], "new"):
@@ -164,8 +167,8 @@ def test_a_night_over_the_same_corpus_and_settings_keeps_the_published_run_witho
 
 
 def test_actors_only_encode_and_never_load_a_cache() -> None:
-    """The cache is joined to the rows inside the dataset: an actor is handed no cache to load
-    (its engine, and the counter of rows done for the progress line)."""
+    """The job hands an actor the rows with their cached vectors where they have one: an actor
+    is handed no cache to load (its engine, and the counter of rows done for the progress line)."""
     assert list(inspect.signature(EmbedActor).parameters) == ["engine", "counter"]
 
 

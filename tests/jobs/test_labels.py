@@ -139,7 +139,7 @@ def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
     rows = pq.read_table(small_corpus).to_pylist()
     rows[7]["text"] += " Now with a changed description."
     changed = tmp_path / "changed.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), changed)
+    pq.write_table(pa.Table.from_pylist(rows[:20] + rows[21:]), changed)  # and row 20 gone
 
     async def read() -> list[bytes | None]:
         async with KeyValueReader(redis) as reader:
@@ -156,10 +156,12 @@ def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
         fourth, copied = label_and_publish(store, corpus, new_head, settings, tmp_path)  # nothing moved
         after = asyncio.run(read())
 
-    assert (first.computed, first.reused) == (200, 0)
-    assert (second.computed, second.reused) == (1, 199)
-    assert None not in reused and reused[:7] + reused[8:] == labelled[:7] + labelled[8:]
-    assert (third.computed, third.reused, third.unchanged_from) == (200, 0, None)
+    assert (first.computed, first.reused, first.written) == (200, 0, 200)
+    # A copy of the published version, less the row that is gone, with the one moved value written.
+    assert (second.computed, second.reused, second.written) == (1, 198, 1)
+    assert reused[20] is None and reused[7] is not None
+    assert reused[:7] + reused[8:20] + reused[21:] == labelled[:7] + labelled[8:20] + labelled[21:]
+    assert (third.computed, third.reused, third.written, third.unchanged_from) == (200, 0, 200, None)
     # The same corpus, engine and task as the published run: its version copied whole, no Ray job.
     assert fourth.unchanged_from == relabelled and set(fourth.seconds) == {"digest", "copy"}
     assert (fourth.rows, fourth.rejects, fourth.items, fourth.computed, fourth.reused) == (204, 4, 200, 0, 200)
