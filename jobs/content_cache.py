@@ -23,6 +23,7 @@ import hashlib
 import logging
 import math
 import posixpath
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -71,13 +72,20 @@ def previous_run(cache_dir: WorkPath) -> WorkPath | None:
 
 
 class Reuse(NamedTuple):
-    fresh: ray.data.Dataset
+    fresh: ray.data.Dataset | None
     """The rows the model sees: those to compute, and those whose payload alone moved, joined
-    to their cached `columns`."""
+    to their cached `columns`; None when there is none."""
     kept: ray.data.Dataset | None
     """The cache's staged rows that are this run's exactly, marked not computed."""
     count: int
     """Rows in `kept`."""
+
+    def rows(self, compute: Callable[[ray.data.Dataset], ray.data.Dataset]) -> ray.data.Dataset:
+        """The run's staged rows: the kept ones, and `compute` over the fresh ones."""
+        computed = None if self.fresh is None else compute(self.fresh)
+        if self.kept is None or computed is None:
+            return self.kept if computed is None else computed
+        return self.kept.union(computed)
 
 
 def reuse_previous(
@@ -85,7 +93,9 @@ def reuse_previous(
 ) -> Reuse:
     """Split `rows` (with `id`, content keys and `payload` columns) by what the previous run
     staged with its `columns` of values: see the module's docstring. Reads `rows`' keys and
-    payload to the driver once. No cache (`cache_dir` None, or nothing promoted): every row is fresh."""
+    payload to the driver once. No cache (`cache_dir` None, or nothing promoted): every row is
+    fresh. Both sides are chosen by the ids that moved (this run's fresh ones, the cache's stale
+    ones), few on a nightly run: each block looks its rows up in a small set."""
     previous = None if cache_dir is None else previous_run(cache_dir)
     now = None if previous is None else to_driver(rows, ["id", KEY, *payload])
     if previous is None or now is None:
@@ -95,21 +105,26 @@ def reuse_previous(
         return Reuse(rows, None, 0)  # the id column's type moved: no id is the same
     same_payload = payload_types(staged.schema, {"id", KEY, COMPUTED, *columns}) == payload_types(now.schema, {"id", KEY})
     before = staged.to_table(columns=["id", KEY, *(payload if same_payload else [])])
-    matched = digests(now, payload).join(digests(before, payload if same_payload else []), on=["id", KEY], suffix="_before")
-    unmoved = pl.col(DIGEST) == pl.col(f"{DIGEST}_before")
-    same = ids_ref(matched.filter(unmoved if same_payload else pl.lit(False)), now)
-    moved = matched.filter(~unmoved if same_payload else pl.lit(True))
-    fresh = rows.map_batches(without_ids, fn_kwargs={"ids": same}, batch_format="pyarrow")
-    if len(moved):
+    now_rows, before_rows = digests(now, payload), digests(before, payload if same_payload else [])
+    matched = now_rows.join(before_rows, on=["id", KEY], suffix="_before")
+    same = matched.filter(pl.col(DIGEST) == pl.col(f"{DIGEST}_before") if same_payload else pl.lit(False))
+    fresh_ids, stale_ids = now_rows.join(same, on="id", how="anti"), before_rows.join(same, on="id", how="anti")
+    kept = None
+    if not same.is_empty():
+        stale = ids_ref(stale_ids, now)
+        kept = read_committed(previous).map_batches(kept_rows, fn_kwargs={"ids": stale}, batch_format="pyarrow")
+    if fresh_ids.is_empty():
+        return Reuse(None, kept, len(same))
+    fresh = rows if kept is None else rows.map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")
+    moved = matched.join(same, on="id", how="anti")  # the same text, another payload
+    if not moved.is_empty():
         values = read_committed(previous).select_columns(["id", KEY, *columns])
+        if kept is not None:  # else every cached row may match
+            values = values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow")
         fresh = fresh.join(
-            values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow"),
-            "left_outer",
-            num_partitions=max(1, math.ceil(len(moved) / JOIN_ROWS_PER_PARTITION)),
-            on=("id", KEY),
+            values, "left_outer", num_partitions=max(1, math.ceil(len(fresh_ids) / JOIN_ROWS_PER_PARTITION)), on=("id", KEY)
         )
-    kept = read_committed(previous).map_batches(kept_rows, fn_kwargs={"ids": same}, batch_format="pyarrow")
-    return Reuse(fresh, kept, len(matched) - len(moved))
+    return Reuse(fresh, kept, len(same))
 
 
 def to_driver(rows: ray.data.Dataset, columns: list[str]) -> pa.Table | None:
@@ -145,8 +160,8 @@ def without_ids(batch: pa.Table, ids: ObjectRef) -> pa.Table:
 
 
 def kept_rows(batch: pa.Table, ids: ObjectRef) -> pa.Table:
-    """The cached staged rows in `ids`, as this run stages them: reused, not computed."""
-    kept = with_ids(batch, ids)
+    """The cached staged rows but those in `ids` (the stale), as this run stages them: reused, not computed."""
+    kept = without_ids(batch, ids)
     return kept.drop_columns([COMPUTED]).append_column(COMPUTED, pa.array(np.zeros(kept.num_rows, bool)))
 
 

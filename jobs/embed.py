@@ -186,14 +186,15 @@ def embed_corpus(
         with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
             reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus))
             progress.add(counter, reuse.count)
-            embedded = reuse.fresh.map_batches(
-                EmbedActor,
-                fn_constructor_kwargs={"engine": engine, "counter": counter},
-                batch_size=settings.rows_per_batch,
-                batch_format="pyarrow",
-                **actor_pool(settings.actors, gpus),
-            )
-            (embedded if reuse.kept is None else reuse.kept.union(embedded)).write_datasink(sink)
+            reuse.rows(
+                lambda fresh: fresh.map_batches(
+                    EmbedActor,
+                    fn_constructor_kwargs={"engine": engine, "counter": counter},
+                    batch_size=settings.rows_per_batch,
+                    batch_format="pyarrow",
+                    **actor_pool(settings.actors, gpus),
+                )
+            ).write_datasink(sink)
         seconds["embed"] = time.perf_counter() - start
     night = Night(inputs, {"rows": rows, "rejects": rejects, "engine": engine_report})
     return night, sink.computed, seconds

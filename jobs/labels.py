@@ -116,13 +116,14 @@ class LabelActor:
         self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        indices, scores, given = self.labeler.label(batch["text"].to_pylist())
+        texts = batch["text"].to_pylist()
+        values = encode_ranked(*self.labeler.label(texts)) if texts else []  # a block the cache emptied
         progress.add(self.counter, batch.num_rows)
         return pa.table(
             {
                 "id": batch["id"],  # its own type: the next run compares its rows' ids with these
                 KEY: batch[KEY],
-                VALUE: pa.array(encode_ranked(indices, scores, given), pa.binary()),
+                VALUE: pa.array(values, pa.binary()),
                 COMPUTED: pa.array(np.ones(batch.num_rows, bool)),
             }
         )
@@ -188,19 +189,20 @@ def run_labels_job(
         reuse = reuse_previous(keyed, cache_dir, [VALUE], [])
         with progress.stage(output, "label", rows - rejects, counted=True) as counter:
             progress.add(counter, reuse.count)
-            labelled = reuse.fresh.map_batches(
-                LabelActor,
-                fn_constructor_kwargs={
-                    "labels": labels,
-                    "engine": engine,
-                    "report": report,
-                    "counter": counter,
-                },
-                batch_size=settings.rows_per_batch,
-                batch_format="pyarrow",
-                **actor_pool(settings.actors, gpus),
-            )
-            values = (labelled if reuse.kept is None else reuse.kept.union(labelled)).materialize()
+            values = reuse.rows(
+                lambda fresh: fresh.map_batches(
+                    LabelActor,
+                    fn_constructor_kwargs={
+                        "labels": labels,
+                        "engine": engine,
+                        "report": report,
+                        "counter": counter,
+                    },
+                    batch_size=settings.rows_per_batch,
+                    batch_format="pyarrow",
+                    **actor_pool(settings.actors, gpus),
+                )
+            ).materialize()
         seconds["label"] = time.perf_counter() - start
         samples = {str(row["id"]): row[VALUE] for row in values.take(SAMPLES)}
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.jobs.embed import EmbedActor, run_embed_job
-from precompute.jobs.index_check import staged_vectors
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
@@ -60,6 +60,12 @@ def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job, c
 
 def staged(job: JobSettings, version: str) -> WorkPath:
     return job.work_dir / "runs" / "embeddings" / version / "embeddings"
+
+
+def staged_vectors(run_dir: WorkPath) -> tuple[list[str], np.ndarray]:
+    """(ids, vectors) of the committed parts only: a retried write's orphan part would count twice."""
+    table = committed_dataset(run_dir).to_table(columns=["id", EMBEDDING])
+    return [str(i) for i in table["id"].to_pylist()], embeddings_of(table)
 
 
 def computed_ids(job: JobSettings, version: str) -> set[str]:
@@ -138,6 +144,18 @@ def test_a_night_that_moved_a_few_rows_copies_the_published_version_and_writes_o
     third = run_embed_job("v3", store, moved_corpus, job, settings, quantization="int8")
     assert third.load["mode"] == "whole"
     assert third.load["reason"] == "the published version v2 differs in quantization"
+
+
+def test_a_new_payload_column_keeps_every_vector(ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path) -> None:
+    """Every row's payload moved, no text did: each row is joined to its cached vector, none encoded."""
+    first = run_embed_job("v1", store, corpus, job, settings)
+    table = pq.read_table(small_corpus)
+    widened = tmp_path / "widened.parquet"
+    pq.write_table(table.append_column("lang", pa.array(["en"] * table.num_rows)), widened)
+    second = run_embed_job("v2", store, corpus.model_copy(update={"path": str(widened)}), job, settings)
+    assert (second.computed, second.reused) == (0, first.loaded)
+    before, after = vectors_by_id(job, "v1"), vectors_by_id(job, "v2")
+    assert before.keys() == after.keys() and all(np.array_equal(before[i], after[i]) for i in before)
 
 
 def test_a_night_over_the_same_corpus_and_settings_keeps_the_published_run_without_reading_a_row(
