@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
 
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import committed_dataset
@@ -37,7 +39,9 @@ from precompute.stores.vectors import GraphParams, SearchParams, VectorStore
 K = 10
 TIE = 1e-5
 EXACT_CHUNK = 32
-"""Queries scored against every vector at once: bounds the [queries, rows] score matrix."""
+"""Queries scored against a step's rows at once: bounds the [queries, rows] score matrix."""
+READ_ROWS = 65_536
+"""Staged rows read and scored per step: 96 MB of 384-d vectors, whatever the corpus's size."""
 
 
 class IndexCheckError(Exception):
@@ -80,10 +84,50 @@ def ask_denser(cache: WorkPath, built: GraphParams) -> GraphParams:
     return denser
 
 
-def staged_vectors(run_dir: WorkPath) -> tuple[list[str], np.ndarray]:
-    """(ids, vectors) of the committed parts only: a retried write's orphan part would count twice."""
-    table = committed_dataset(run_dir).to_table(columns=["id", EMBEDDING])
-    return [str(i) for i in table["id"].to_pylist()], embeddings_of(table)
+@dataclass(frozen=True)
+class Neighbours:
+    """A query's exact neighbours among the staged rows: every row within TIE of its K-th best
+    (all of them while there are fewer than K), its own row left out."""
+
+    scores: dict[str, float]
+    """Exact cosine by id."""
+    floor: float
+    """The K-th best cosine; -inf where fewer than K rows are there to rank."""
+
+
+def exact_neighbours(parts: pads.Dataset, queries: np.ndarray, own: list[str | None]) -> list[Neighbours]:
+    """Each query's Neighbours, READ_ROWS staged rows at a time: no process holds every vector.
+    Rows below a query's K-th best so far, less TIE, cannot be within TIE of its final K-th
+    best (more rows only raise it), so they are dropped as each step is scored."""
+    best = [np.empty(0, np.float32) for _ in queries]
+    named = [np.empty(0, object) for _ in queries]
+    floor = np.full(len(queries), -np.inf, np.float32)
+    asked = {mine: q for q, mine in enumerate(own) if mine is not None}
+    for batch in parts.to_batches(columns=["id", EMBEDDING], batch_size=READ_ROWS):
+        if not batch.num_rows:
+            continue
+        table = pa.Table.from_batches([batch])
+        ids = np.array([str(i) for i in table["id"].to_pylist()], dtype=object)
+        unit = unit_rows(embeddings_of(table))
+        mine = [(asked[i], row) for row, i in enumerate(ids) if i in asked]  # stored rows' own queries
+        for start in range(0, len(queries), EXACT_CHUNK):
+            scores = queries[start : start + EXACT_CHUNK] @ unit.T
+            for q, row in mine:
+                if start <= q < start + len(scores):
+                    scores[q - start, row] = -np.inf  # a stored row's query leaves itself out
+            step = -np.partition(-scores, K - 1, axis=1)[:, K - 1] if len(ids) >= K else np.full(len(scores), -np.inf)
+            for j, row_scores in enumerate(scores):
+                q = start + j
+                kept = np.flatnonzero(row_scores >= max(floor[q], step[j]) - TIE)
+                merged, names = np.concatenate([best[q], row_scores[kept]]), np.concatenate([named[q], ids[kept]])
+                if len(merged) >= K:
+                    floor[q] = -np.partition(-merged, K - 1)[K - 1]
+                near = merged >= floor[q] - TIE
+                best[q], named[q] = merged[near], names[near]
+    return [
+        Neighbours(dict(zip(names.tolist(), scores.tolist(), strict=True)), float(bottom))
+        for scores, names, bottom in zip(best, named, floor, strict=True)
+    ]
 
 
 def ladder(start: SearchParams, max_ef: int, exact: bool) -> list[SearchParams]:
@@ -101,38 +145,23 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
-def kth_scores(unit: np.ndarray, queries: np.ndarray, own: np.ndarray | None) -> np.ndarray:
-    """Exact cosine of each query's K-th nearest row, its own row (`own`: one per query, for
-    stored rows) left out."""
-    k = min(K, len(unit) - (own is not None))
-    kth = np.zeros(len(queries), dtype=np.float32)
-    for start in range(0, len(queries) if k > 0 else 0, EXACT_CHUNK):
-        scores = queries[start : start + EXACT_CHUNK] @ unit.T
-        if own is not None:
-            scores[np.arange(len(scores)), own[start : start + EXACT_CHUNK]] = -np.inf
-        kth[start : start + len(scores)] = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
-    return kth
-
-
 def measure(
-    store: VectorStore, version: str, ids: list[str], rows: dict[str, int], unit: np.ndarray,
-    queries: np.ndarray, own: np.ndarray, kth: np.ndarray, params: SearchParams,
+    store: VectorStore, version: str, count: int, queries: np.ndarray, own: list[str | None],
+    neighbours: list[Neighbours], params: SearchParams,
 ) -> tuple[float, int, float, float]:
-    """(recall@10, canaries found, median ms, 99th percentile ms). A hit is right when its staged vector's exact
-    cosine to the query reaches the K-th best one: ties among duplicates are not misses, and a
-    point stored under a wrong vector is. A stored row's query is also its canary. `rows`: each
-    id's row."""
+    """(recall@10, canaries found, median ms, 99th percentile ms). A hit is right when its staged
+    vector's exact cosine to the query reaches the K-th best one: ties among duplicates are not
+    misses, and a point stored under a wrong vector is. A stored row's query is also its canary."""
     found, good, asked, times = 0, 0, 0, []
-    for query, row, floor in zip(queries, own, kth, strict=True):
-        k = min(K, len(ids) - (row >= 0))
+    for query, mine, near in zip(queries, own, neighbours, strict=True):
+        k = min(K, count - (mine is not None))
         start = time.perf_counter()
-        hits = store.search(query, k + (row >= 0), version=version, params=params)
+        hits = store.search(query, k + (mine is not None), version=version, params=params)
         times.append(time.perf_counter() - start)
-        mine = ids[row] if row >= 0 else None
         if mine is not None:
             found += mine in {h.id for h in hits if h.score >= hits[0].score - TIE}
-        others = [rows[h.id] for h in hits if h.id != mine and h.id in rows][:k]
-        good += int(np.sum(unit[others] @ query >= floor - TIE)) if others else 0
+        others = [h.id for h in hits if h.id != mine][:k]
+        good += sum(near.scores.get(hit, -np.inf) >= near.floor - TIE for hit in others)
         asked += k
     median, p99 = np.percentile(times, [50, 99]) * 1000
     return (good / asked if asked else 1.0), found, float(median), float(p99)
@@ -149,29 +178,31 @@ def check_index(
     max_ef: int = 1024,
     exact: bool = True,
     cache: WorkPath | None = None,
+    start: SearchParams | None = None,
 ) -> Validation:
     """The version's figures at the first rung of the ladder that passes, whose params are then
     recorded with the version; IndexCheckError if none does. `user_queries`, `opening_queries`:
     vectors of the searches users make and of held-out texts' opening words, measured beside the
     sampled rows. `max_ef`, `exact`: the ladder's
     limits (VectorStoreSettings.max_hnsw_ef, exact_scan). `cache`: the output's cache folder,
-    where a denser graph is asked of the next build if no graph rung passes."""
+    where a denser graph is asked of the next build if no graph rung passes. `start`: the rung
+    the walk begins at, where not the store's default: a copy's source version's (the copy
+    holds its graph, where the rungs below fell short), unless that was an exact scan."""
     built = GraphParams.of(store.meta(version))
-    ids, vectors = staged_vectors(run_dir)
-    count = store.count(version)
-    if count != len(ids):
-        raise IndexCheckError(f"version {version} holds {count} points, {len(ids)} were staged")
-    sample = np.random.default_rng(0).choice(len(ids), size=min(queries, len(ids)), replace=False)
-    unit = unit_rows(vectors)
+    parts = committed_dataset(run_dir)
+    staged, count = parts.count_rows(), store.count(version)
+    if count != staged:
+        raise IndexCheckError(f"version {version} holds {count} points, {staged} were staged")
+    sample = np.random.default_rng(0).choice(staged, size=min(queries, staged), replace=False)
+    drawn = parts.take(pa.array(sample), columns=["id", EMBEDDING])
     searches = [q for q in (opening_queries, user_queries) if q is not None]
-    extra = unit_rows(np.vstack(searches)) if searches else np.empty((0, unit.shape[1]), np.float32)
-    asked = np.vstack([unit[sample], extra])
-    own = np.concatenate([sample, np.full(len(extra), -1)])
-    kth = np.concatenate([kth_scores(unit, unit[sample], sample), kth_scores(unit, extra, None)])
-    rows = {point: row for row, point in enumerate(ids)}
+    asked = unit_rows(np.vstack([embeddings_of(drawn), *searches]))
+    own = [str(i) for i in drawn["id"].to_pylist()] + [None] * (len(asked) - len(sample))
+    neighbours = exact_neighbours(parts, asked, own)
     curve: list[dict[str, Any]] = []
-    for params in ladder(store.default_search, max_ef, exact):
-        recall, found, ms, p99 = measure(store, version, ids, rows, unit, asked, own, kth, params)
+    first = start if start is not None and not start.exact else store.default_search
+    for params in ladder(first, max_ef, exact):
+        recall, found, ms, p99 = measure(store, version, count, asked, own, neighbours, params)
         curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3), "p99_ms": round(p99, 3)})
         if found == len(sample) and recall >= min_recall:
             store.record_search(version, params)

@@ -147,8 +147,11 @@ class Embeddings(OutputKind):
             with open_vector_store(machine.qdrant, store_name) as store:
                 limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
                 cache = work_dir.cache_dir(run.work_dir, name)
+                source = store.current() if embedded.load["mode"] == "copy" else None  # what it copies
+                start = None if source is None else store.searched_with(source)
                 return check_index(
-                    store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, **limits, cache=cache
+                    store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, **limits,
+                    cache=cache, start=start,
                 )
 
         def publish() -> None:

@@ -17,9 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from precompute.jobs import index_check
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
 from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
-from precompute.jobs.staging import commit
+from precompute.jobs.staging import commit, committed_dataset
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.vector_settings import VectorStoreSettings
@@ -129,6 +130,34 @@ def test_exact_duplicates_find_each_other_as_canaries(tmp_path: Path) -> None:
     assert validation.canaries_found == ROWS
 
 
+def test_exact_neighbours_read_step_by_step_are_every_row_within_tie_of_the_kth_best(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scored 7 rows at a time over three parts, a query's neighbours are those scoring every row
+    at once finds, ties past the K-th included (12 copies of one vector), its own row left out."""
+    monkeypatch.setattr(index_check, "READ_ROWS", 7)
+    vectors = VECTORS.copy()
+    vectors[100:112] = vectors[0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for n, rows in enumerate((slice(0, 100), slice(100, 113), slice(113, ROWS))):
+        table = pa.table({"id": IDS[rows], EMBEDDING: embeddings_column(vectors[rows])})
+        pq.write_table(table, run_dir / f"part-{n}.parquet")
+    commit(WorkPath.of(run_dir), [{"name": f"part-{n}.parquet", "rows": 0, "computed": 0} for n in range(3)])
+    queries = vectors[[0, 5, 150]]
+    own = [IDS[0], None, IDS[150]]
+
+    found = index_check.exact_neighbours(committed_dataset(WorkPath.of(run_dir)), queries, own)
+
+    for query, mine, near in zip(queries, own, found, strict=True):
+        scores = {i: float(s) for i, s in zip(IDS, vectors @ query, strict=True) if i != mine}
+        floor = sorted(scores.values(), reverse=True)[index_check.K - 1]
+        assert near.floor == pytest.approx(floor, abs=1e-6)
+        assert set(near.scores) == {i for i, s in scores.items() if s >= floor - index_check.TIE}
+    assert len(found[0].scores) == 12  # the 12 copies of row 0's vector, tied past the K-th best
+    assert {f"doc-{i}" for i in range(100, 112)} <= set(found[0].scores) and IDS[0] not in found[0].scores
+
+
 def test_the_check_raises_hnsw_ef_until_recall_reaches_its_minimum_and_records_it(tmp_path: Path) -> None:
     """From one candidate (hnsw_ef=1: Qdrant keeps at least the 11 asked for) the graph misses
     neighbours; the check doubles hnsw_ef until
@@ -151,6 +180,18 @@ def test_the_check_raises_hnsw_ef_until_recall_reaches_its_minimum_and_records_i
         tuned = SearchParams(**validation.search)
         for v in VECTORS[:20]:
             assert reader.search(v, 10) == reader.search(v, 10, params=tuned)
+
+
+def test_a_walk_begins_at_the_rung_it_is_given_unless_that_is_an_exact_scan(tmp_path: Path) -> None:
+    """A copy's check begins where its source's passed (the rungs below fell short on the same
+    graph); a source that passed only by exact scan gives no such start."""
+    approximate = {"full_scan_threshold_kb": 1, "hnsw_ef": 1}
+    with store(tmp_path, IDS, VECTORS, **approximate) as version:
+        run_dir = staged(tmp_path)
+        started = check_index(version, V1, run_dir, queries=50, min_recall=0.0, start=SearchParams(64, 2.0))
+        scanned = check_index(version, V1, run_dir, queries=50, min_recall=0.0, start=SearchParams(64, 2.0, exact=True))
+    assert [rung["hnsw_ef"] for rung in started.curve] == [64]
+    assert [rung["hnsw_ef"] for rung in scanned.curve] == [1]
 
 
 def test_recall_short_of_its_minimum_even_by_exact_scan_is_refused_with_the_figure(tmp_path: Path) -> None:
