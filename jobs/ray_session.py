@@ -120,8 +120,7 @@ def ray_stopped_last() -> Iterator[None]:
     """Ray that a job in this block starts stays up until the block exits, so what encloses the
     job inside the block cleans up first: a run stopped by SIGTERM deletes its unpublished
     version before Ray's shutdown, which takes seconds under load and which the runner's kill,
-    after its grace period, would otherwise cut short with the version still there. Around a
-    night (flows/nightly.py), the first job's Ray serves the jobs after it."""
+    after its grace period, would otherwise cut short with the version still there."""
     global _deferred
     if _deferred is not None:
         yield
@@ -133,15 +132,6 @@ def ray_stopped_last() -> Iterator[None]:
         stops, _deferred = _deferred, None
         for stop in stops:
             stop()
-
-
-def stop_deferred() -> None:
-    """Stop now the Ray sessions a ray_stopped_last block holds: the next job starts its own."""
-    stops = list(_deferred or [])
-    if _deferred is not None:
-        _deferred.clear()
-    for stop in stops:
-        stop()
 
 
 ACTOR_RESTARTS = 3
