@@ -187,7 +187,8 @@ def check_index(
     limits (VectorStoreSettings.max_hnsw_ef, exact_scan). `cache`: the output's cache folder,
     where a denser graph is asked of the next build if no graph rung passes. `start`: the rung
     the walk begins at, where not the store's default: a copy's source version's (the copy
-    holds its graph, where the rungs below fell short), unless that was an exact scan."""
+    holds its graph, where the rungs below fell short), unless that was an exact scan or lies
+    outside today's ladder (below the store's default hnsw_ef, above `max_ef`)."""
     built = GraphParams.of(store.meta(version))
     parts = committed_dataset(run_dir)
     staged, count = parts.count_rows(), store.count(version)
@@ -200,7 +201,9 @@ def check_index(
     own = [str(i) for i in drawn["id"].to_pylist()] + [None] * (len(asked) - len(sample))
     neighbours = exact_neighbours(parts, asked, own)
     curve: list[dict[str, Any]] = []
-    first = start if start is not None and not start.exact else store.default_search
+    default = store.default_search
+    within = start is not None and not start.exact and default.hnsw_ef <= start.hnsw_ef <= max_ef
+    first = start if within else default
     for params in ladder(first, max_ef, exact):
         recall, found, ms, p99 = measure(store, version, count, asked, own, neighbours, params)
         curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3), "p99_ms": round(p99, 3)})

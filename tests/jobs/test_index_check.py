@@ -184,14 +184,17 @@ def test_the_check_raises_hnsw_ef_until_recall_reaches_its_minimum_and_records_i
 
 def test_a_walk_begins_at_the_rung_it_is_given_unless_that_is_an_exact_scan(tmp_path: Path) -> None:
     """A copy's check begins where its source's passed (the rungs below fell short on the same
-    graph); a source that passed only by exact scan gives no such start."""
+    graph); a source that passed only by exact scan, or at a rung past today's max_ef, gives no
+    such start."""
     approximate = {"full_scan_threshold_kb": 1, "hnsw_ef": 1}
     with store(tmp_path, IDS, VECTORS, **approximate) as version:
         run_dir = staged(tmp_path)
         started = check_index(version, V1, run_dir, queries=50, min_recall=0.0, start=SearchParams(64, 2.0))
         scanned = check_index(version, V1, run_dir, queries=50, min_recall=0.0, start=SearchParams(64, 2.0, exact=True))
+        bounded = check_index(version, V1, run_dir, queries=50, min_recall=0.0, max_ef=32, start=SearchParams(64, 2.0))
     assert [rung["hnsw_ef"] for rung in started.curve] == [64]
     assert [rung["hnsw_ef"] for rung in scanned.curve] == [1]
+    assert [rung["hnsw_ef"] for rung in bounded.curve] == [1]  # past today's max_ef: from the default
 
 
 def test_recall_short_of_its_minimum_even_by_exact_scan_is_refused_with_the_figure(tmp_path: Path) -> None:
