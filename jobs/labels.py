@@ -237,16 +237,18 @@ def changed_values(
 ) -> tuple[CopyPlan | None, ray.data.Dataset, int]:
     """What the new version copies and what it writes: a copy of the published version, less the
     ids this run lost, and the values that moved (a new id, text, labeler or value), where a copy
-    of it holds `items` well; else no copy and every value. (copy, the values to write, how many)."""
-    before_dir = None if previous is None else previous.run_dir / STAGED
-    if previous is None or items not in previous.records or before_dir is None or not is_committed(before_dir):
+    of it holds `items` well and at most half the values moved (a new labeler moves them all);
+    else no copy and every value. (copy, the values to write, how many)."""
+    if previous is None or items not in previous.records or not is_committed(previous.run_dir / STAGED):
         return None, values, items
     now = to_driver(values, ["id", KEY, VALUE])
-    before = committed_dataset(before_dir).to_table(columns=["id", KEY, VALUE])
+    before = committed_dataset(previous.run_dir / STAGED).to_table(columns=["id", KEY, VALUE])
     if now is None or before.schema.field("id").type != now.schema.field("id").type:
         return None, values, items
     now_rows, before_rows = digests(now, [VALUE]), digests(before, [VALUE])
     moved = now_rows.join(before_rows, on=["id", KEY, DIGEST], how="anti")
+    if len(moved) > items // 2:
+        return None, values, items
     gone = [str(i) for i in before_rows.join(now_rows, on="id", how="anti")["id"].to_list()]
     written = values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow")
     return CopyPlan(previous.version, gone), written, len(moved)
