@@ -146,6 +146,12 @@ def digests(table: pa.Table, columns: list[str]) -> pl.DataFrame:
     return frame.select("id", KEY, **{DIGEST: hashed})
 
 
+def changes(now: pl.DataFrame, before: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Of two `digests` frames: (`now`'s rows not in `before` as they are, `before`'s rows whose
+    id `now` lacks)."""
+    return now.join(before, on=["id", KEY, DIGEST], how="anti"), before.join(now, on="id", how="anti")
+
+
 def ids_ref(frame: pl.DataFrame, like: pa.Table) -> ObjectRef:
     """The frame's ids in the object store, typed as `like`'s (what with_ids and without_ids take)."""
     return ray.put(frame["id"].to_arrow().cast(like.schema.field("id").type))

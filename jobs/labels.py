@@ -31,8 +31,8 @@ from ray.actor import ActorHandle
 
 from precompute.jobs import progress
 from precompute.jobs.content_cache import (
-    DIGEST,
     KEY,
+    changes,
     digests,
     ids_ref,
     reuse_previous,
@@ -245,13 +245,11 @@ def changed_values(
     before = committed_dataset(previous.run_dir / STAGED).to_table(columns=["id", KEY, VALUE])
     if now is None or before.schema.field("id").type != now.schema.field("id").type:
         return None, values, items
-    now_rows, before_rows = digests(now, [VALUE]), digests(before, [VALUE])
-    moved = now_rows.join(before_rows, on=["id", KEY, DIGEST], how="anti")
+    moved, gone = changes(digests(now, [VALUE]), digests(before, [VALUE]))
     if len(moved) > items // 2:
         return None, values, items
-    gone = [str(i) for i in before_rows.join(now_rows, on="id", how="anti")["id"].to_list()]
     written = values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow")
-    return CopyPlan(previous.version, gone), written, len(moved)
+    return CopyPlan(previous.version, [str(i) for i in gone["id"].to_list()]), written, len(moved)
 
 
 def unchanged_night(

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from precompute.jobs.content_cache import DIGEST, KEY, digests
+from precompute.jobs.content_cache import KEY, changes, digests
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.staging import COMPUTED, committed_dataset, is_committed
 from precompute.jobs.work_dir import WorkPath
@@ -128,8 +128,8 @@ def plan_copy(
     columns, payload = ["id", KEY, *meta["payload"]], list(meta["payload"])
     new = digests(parts.to_table(columns=columns), payload)
     previous = digests(committed_dataset(source_dir).to_table(columns=columns), payload)
-    changed = new.join(previous, on=["id", KEY, DIGEST], how="anti")["id"]
-    gone = previous.join(new, on="id", how="anti")["id"]
+    moved_rows, gone_rows = changes(new, previous)
+    changed, gone = moved_rows["id"], gone_rows["id"]
     moved = len(changed) + len(gone)
     if moved > COPY_SHARE * max(len(previous), 1):
         return None, f"{moved} of the published version {source}'s {len(previous)} points change"
