@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Set
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -25,6 +27,10 @@ REJECTS = "rejects.parquet"
 
 class RejectRatioExceededError(ModelError):
     """Too many bad rows: the input is more likely broken than the rows."""
+
+
+VISIBLE = "[^" + "".join(f"\\x{{{c:x}}}" for c in range(sys.maxunicode + 1) if chr(c).isspace()) + "]"
+"""A character that `str.strip` keeps, as an RE2 class: a text without one is empty."""
 
 
 def id_key(value: object) -> str:
@@ -57,14 +63,35 @@ def row_reason(id_: object, text: object, duplicates: Set[str], max_text_bytes: 
 
 
 def tag_rejects(batch: pa.Table, duplicates: Set[str], max_text_bytes: int) -> pa.Table:
-    """Add a `reject_reason` column (null for good rows), string columns read as their bytes."""
+    """Add a `reject_reason` column (null for good rows), string columns read as their bytes.
+
+    Only the rows `suspects` flags are checked one by one: a batch of good rows never becomes
+    Python objects, which cost seconds and hundreds of MB a million rows."""
     undecodable = utf8_errors(batch)
     batch = lossless(batch)
-    reasons = [
-        bad or row_reason(i, t, duplicates, max_text_bytes)
-        for bad, i, t in zip(undecodable, batch["id"].to_pylist(), batch["text"].to_pylist(), strict=True)
-    ]
+    reasons: list[str | None] = [None] * batch.num_rows
+    rows = np.flatnonzero(suspects(batch, duplicates, max_text_bytes, any(undecodable)))
+    checked = batch.select(["id", "text"]).take(pa.array(rows, pa.int64()))
+    for row, id_, text in zip(rows, checked["id"].to_pylist(), checked["text"].to_pylist(), strict=True):
+        reasons[row] = undecodable[row] or row_reason(id_, text, duplicates, max_text_bytes)
     return batch.append_column(REASON, pa.array(reasons, type=pa.string()))
+
+
+def suspects(batch: pa.Table, duplicates: Set[str], max_text_bytes: int, undecodable: bool) -> np.ndarray:
+    """Rows that may be bad, found column-wise: a null id or text, a duplicated id, a text over
+    `max_text_bytes` or without a character `str.strip` keeps. Every row where a column holds
+    invalid UTF-8 (the text cannot be matched as UTF-8 then)."""
+    if undecodable:
+        return np.ones(batch.num_rows, dtype=bool)
+    text = batch["text"].cast(pa.large_string())
+    flags = [
+        pc.is_null(batch["id"]),
+        pc.invert(pc.fill_null(pc.match_substring_regex(text, VISIBLE), False)),
+        pc.fill_null(pc.greater(pc.binary_length(batch["text"]), max_text_bytes), False),
+    ]
+    if duplicates:
+        flags.append(pa.array([id_key(i) in duplicates for i in batch["id"].to_pylist()]))
+    return np.logical_or.reduce([np.asarray(flag) for flag in flags])
 
 
 def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: WorkPath, noun: str = "rows") -> int:

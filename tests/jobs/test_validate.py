@@ -6,12 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import ray
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from precompute.jobs.inputs import CorpusInput
-from precompute.jobs.validate import REASON, RejectRatioExceededError, quarantine, validated_corpus
+from precompute.jobs.validate import (
+    REASON,
+    RejectRatioExceededError,
+    duplicate_ids,
+    quarantine,
+    row_reason,
+    tag_rejects,
+    validated_corpus,
+)
 from precompute.jobs.work_dir import WorkPath
 
 ROWS = 200
@@ -95,3 +106,27 @@ def test_every_bad_row_is_quarantined_with_its_reason_and_the_good_ones_read_bac
         (b"\xff\xfeid", b"a bad id", "id is not valid UTF-8 (byte 0)"),
     ]
     assert [r[REASON] for r in quarantined.to_pylist() if r["id"] is None] == ["id is null"]
+
+
+SPACES = [chr(c) for c in range(0x3001) if chr(c).isspace()]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.sampled_from(["a", "b", "c", "d"])),
+            st.one_of(st.none(), st.text(st.sampled_from([*SPACES, "x", "é", "\u200b", "\x00"]), max_size=6)),
+        ),
+        max_size=12,
+    )
+)
+def test_rows_tagged_column_wise_get_the_reason_each_row_checked_alone_gets(rows: list) -> None:
+    """tag_rejects checks one by one only the rows its column-wise pass suspects: every Unicode
+    space `str.strip` removes, nulls, repeated ids and the byte limit (3 here) must all be among
+    them, so each row gets the reason row_reason gives it alone."""
+    table = pa.table({"id": pa.array([r[0] for r in rows], pa.string()), "text": pa.array([r[1] for r in rows], pa.string())})
+    duplicates = duplicate_ids(pads.dataset(table))
+    tagged = tag_rejects(table, duplicates, max_text_bytes=3)
+    expected = [row_reason(i, t and t.encode(), duplicates, 3) for i, t in rows]
+    assert tagged[REASON].to_pylist() == expected
