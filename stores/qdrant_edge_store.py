@@ -145,32 +145,50 @@ class QdrantEdgeStore(VectorStore):
         if path.exists():
             raise StoreError(f"version {version!r} already exists at {path}")
         self.root.mkdir(parents=True, exist_ok=True)
-        graph = GraphParams.of(meta or {})
-        config = qe.EdgeConfig(
+        config = self._config(dim, GraphParams.of(meta or {}), quantization)
+        self._writers[version] = qe.EdgeShard.create(str(path), config)
+        self._fields[version] = {}
+        (path / META).write_text(json.dumps({**(meta or {}), "dim": dim}))
+
+    def _config(
+        self, dim: int, graph: GraphParams, quantization: Quantization, merged_kb: int | None = None
+    ) -> qe.EdgeConfig:
+        """A shard's configuration; `merged_kb`: the largest segment the optimizer may make by
+        merging (Qdrant's max_segment_size; otherwise chosen from the CPUs)."""
+        return qe.EdgeConfig(
             vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
-            optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_THRESHOLD_KB),
+            optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_THRESHOLD_KB, max_segment_size=merged_kb),
             hnsw_config=qe.HnswIndexConfig(
                 m=graph.m, ef_construct=graph.ef_construct, full_scan_threshold=self.full_scan_threshold_kb
             ),
             quantization_config=edge_quantization(quantization),
             wal_enabled=False,
         )
-        self._writers[version] = qe.EdgeShard.create(str(path), config)
-        self._fields[version] = {}
-        (path / META).write_text(json.dumps({**(meta or {}), "dim": dim}))
 
     def copy_version(self, source: str, version: str, meta: Mapping[str, Any]) -> None:
         """The source's files copied as they are: its segments keep their HNSW graphs, and what
-        the writer then upserts goes to a new segment, which `finalize` indexes alone."""
+        the writer then upserts goes to a new segment, which `finalize` indexes alone.
+
+        By default the optimizer merges segments down to one per CPU, so the night's segment
+        would be merged into one of the source's and that one's graph built again (2.0 s of a
+        1% copy's 2.1 s optimize at 100,000 points). The copy's largest merge is half the
+        source's average segment: the source's own segments stay as they are, and each night's
+        writes merge only with the earlier nights' (0.08-0.22 s over four nights)."""
         if not self._finalized(source):
             raise VersionNotFoundError(f"cannot copy version {source!r}: it is not a finalized version")
         path = self._dir(version)
         if path.exists():
             raise StoreError(f"version {version!r} already exists at {path}")
-        dim = self.meta(source)["dim"]
+        built = self.meta(source)
+        dim = built["dim"]
         shutil.copytree(self._dir(source), path, ignore=shutil.ignore_patterns(FINALIZED, META))
         try:
-            self._writers[version] = qe.EdgeShard.load(str(path))
+            copied = qe.EdgeShard.load(str(path))
+            shape = copied.info()
+            copied.close()
+            merged_kb = max(1, shape.points_count * dim * 4 // 1024 // (2 * max(shape.segments_count, 1)))
+            config = self._config(dim, GraphParams.of(built), built.get("quantization", "none"), merged_kb)
+            self._writers[version] = qe.EdgeShard.load(str(path), config)
         except Exception as e:
             raise StoreError(f"cannot open the copy of version {source!r} as {version!r}: {e}") from e
         self._fields[version] = {}

@@ -433,3 +433,28 @@ def test_server_local_mode_int8_runs_the_calls_but_cannot_measure_recall(
         assert validation.count == len(ids) and validation.recall_at_10 == 1.0
         store.publish(V1)
         assert_exact_answers(store, ids, vectors)
+
+
+def segments(store: QdrantEdgeStore, version: str) -> int:
+    shard = qe.EdgeShard.load(str(store.root / version))
+    try:
+        return shard.info().segments_count
+    finally:
+        shard.close()
+
+
+def test_a_copys_writes_never_merge_into_its_sources_segments(tmp_path: Path) -> None:
+    """Merged into one of the source's segments, a night's few points would build that segment's
+    graph again: each copy keeps its source's segments and one more, the nights' writes merged."""
+    store = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant"), "docs", pointer_check_s=0)
+    store.create_version(V1, DIM)
+    for start in range(0, 4000, 1000):  # in several writes: the load leaves more than one segment
+        store.upsert(V1, [f"p{i}" for i in range(start, start + 1000)], unit_vectors(1000, seed=start), [{}] * 1000)
+    store.finalize(V1)
+    built = segments(store, V1)
+    for n, (source, copy) in enumerate([(V1, V2), (V2, V3)]):
+        store.copy_version(source, copy, {})
+        store.upsert(copy, [f"night-{n}-{i}" for i in range(20)], unit_vectors(20, seed=99 + n), [{}] * 20)
+        store.finalize(copy)
+        assert segments(store, copy) == built + 1
+        assert store.count(copy) == 4000 + 20 * (n + 1)
