@@ -23,21 +23,35 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Set
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
-from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.staging import committed_dataset
+from precompute.jobs.vector_load import CHANGES
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING
 from precompute.stores.vectors import GraphParams, SearchParams, VectorStore
 
 K = 10
 TIE = 1e-5
+DEPTH = 2 * K
+"""Rows a query's exact list keeps: a copy's check drops the rows that moved from its source's
+lists, and a list still knows its K best while no more than DEPTH - K of its rows moved."""
+KEPT_SAMPLE = 0.9
+"""A copy's check draws its sample afresh once more than a tenth of its rows moved since it was
+drawn (their queries leave the copies' checks one night at a time)."""
+EXACT_FILE = "exact.parquet"
+"""In a checked version's run folder: the check's queries and their Neighbours, which a copy of
+the version updates with the rows it changed (jobs/vector_load.py CHANGES) instead of scoring
+every staged row again."""
 EXACT_CHUNK = 32
 """Queries scored against a step's rows at once: bounds the [queries, rows] score matrix."""
 READ_ROWS = 65_536
@@ -86,19 +100,25 @@ def ask_denser(cache: WorkPath, built: GraphParams) -> GraphParams:
 
 @dataclass(frozen=True)
 class Neighbours:
-    """A query's exact neighbours among the staged rows: every row within TIE of its K-th best
-    (all of them while there are fewer than K), its own row left out."""
+    """A query's exact neighbours among the staged rows, its own row left out: every row scoring
+    at least `bound`, which lies at or below the K-th best less TIE."""
 
     scores: dict[str, float]
     """Exact cosine by id."""
-    floor: float
-    """The K-th best cosine; -inf where fewer than K rows are there to rank."""
+    bound: float
+    """Every row not in `scores` scores below it: the DEPTH-th best less TIE after a full scan;
+    -inf where fewer than DEPTH rows are there (all of them are in `scores`)."""
+
+    @property
+    def floor(self) -> float:
+        """The K-th best cosine; -inf where fewer than K rows are there to rank."""
+        return sorted(self.scores.values(), reverse=True)[K - 1] if len(self.scores) >= K else -np.inf
 
 
 def exact_neighbours(parts: pads.Dataset, queries: np.ndarray, own: list[str | None]) -> list[Neighbours]:
     """Each query's Neighbours, READ_ROWS staged rows at a time: no process holds every vector.
-    Rows below a query's K-th best so far, less TIE, cannot be within TIE of its final K-th
-    best (more rows only raise it), so they are dropped as each step is scored."""
+    Rows below a query's DEPTH-th best so far, less TIE, cannot be within TIE of its final
+    DEPTH-th best (more rows only raise it), so they are dropped as each step is scored."""
     best = [np.empty(0, np.float32) for _ in queries]
     named = [np.empty(0, object) for _ in queries]
     floor = np.full(len(queries), -np.inf, np.float32)
@@ -115,19 +135,99 @@ def exact_neighbours(parts: pads.Dataset, queries: np.ndarray, own: list[str | N
             for q, row in mine:
                 if start <= q < start + len(scores):
                     scores[q - start, row] = -np.inf  # a stored row's query leaves itself out
-            step = -np.partition(-scores, K - 1, axis=1)[:, K - 1] if len(ids) >= K else np.full(len(scores), -np.inf)
+            deep = len(ids) >= DEPTH
+            step = -np.partition(-scores, DEPTH - 1, axis=1)[:, DEPTH - 1] if deep else np.full(len(scores), -np.inf)
             for j, row_scores in enumerate(scores):
                 q = start + j
                 kept = np.flatnonzero(row_scores >= max(floor[q], step[j]) - TIE)
                 merged, names = np.concatenate([best[q], row_scores[kept]]), np.concatenate([named[q], ids[kept]])
-                if len(merged) >= K:
-                    floor[q] = -np.partition(-merged, K - 1)[K - 1]
+                if len(merged) >= DEPTH:
+                    floor[q] = -np.partition(-merged, DEPTH - 1)[DEPTH - 1]
                 near = merged >= floor[q] - TIE
                 best[q], named[q] = merged[near], names[near]
     return [
-        Neighbours(dict(zip(names.tolist(), scores.tolist(), strict=True)), float(bottom))
+        Neighbours(dict(zip(names.tolist(), scores.tolist(), strict=True)), float(bottom - TIE))
         for scores, names, bottom in zip(best, named, floor, strict=True)
     ]
+
+
+def moved_neighbours(
+    before: list[Neighbours], queries: np.ndarray, removed: Set[str], ids: list[str], vectors: np.ndarray
+) -> list[Neighbours] | None:
+    """Each query's Neighbours once the rows `removed` left and the rows `ids` (unit `vectors`)
+    came, from its Neighbours before: rows outside a list scored below its bound and still do.
+    None where some list no longer knows its K best within TIE (too many of its rows left)."""
+    scores = queries @ vectors.T
+    after = []
+    for near, row in zip(before, scores, strict=True):
+        kept = {i: s for i, s in near.scores.items() if i not in removed}
+        kept.update((ids[j], float(row[j])) for j in np.flatnonzero(row >= near.bound))
+        ranked = sorted(kept.values(), reverse=True)
+        known = ranked[K - 1] - TIE >= near.bound if len(ranked) >= K else near.bound == -np.inf
+        if not known:
+            return None
+        bound = max(near.bound, ranked[DEPTH - 1] - TIE) if len(ranked) >= DEPTH else near.bound
+        after.append(Neighbours({i: s for i, s in kept.items() if s >= bound}, bound))
+    return after
+
+
+def save_neighbours(run_dir: WorkPath, queries: np.ndarray, own: list[str | None], neighbours: list[Neighbours]) -> None:
+    """The check's queries and their Neighbours, for a copy of this version (EXACT_FILE)."""
+    table = pa.table(
+        {
+            "query": embeddings_column(queries),
+            "own": pa.array(own, pa.string()),
+            "ids": pa.array([list(n.scores) for n in neighbours], pa.list_(pa.string())),
+            "scores": pa.array([list(n.scores.values()) for n in neighbours], pa.list_(pa.float64())),
+            "bound": pa.array([n.bound for n in neighbours], pa.float64()),
+        }
+    )
+    with (run_dir / EXACT_FILE).replaced() as tmp:
+        pq.write_table(table, tmp.path, filesystem=tmp.fs)
+
+
+def copied_neighbours(
+    source_dir: WorkPath, run_dir: WorkPath, searches: np.ndarray
+) -> tuple[np.ndarray, list[str | None], list[Neighbours]] | None:
+    """(queries, own rows, Neighbours) of a copy: its source version's check updated with the
+    copy's CHANGES, less the queries whose own row moved. None where either file is missing,
+    today's `searches` are not the ones the source measured, or a list lost its K best."""
+    exact, changes = source_dir / EXACT_FILE, run_dir / CHANGES
+    if not (exact.is_file() and changes.is_file()):
+        return None
+    before = pq.read_table(exact.path, filesystem=exact.fs)
+    moved = pq.read_table(changes.path, filesystem=changes.fs)
+    queries, own = vectors_of(before["query"]), before["own"].to_pylist()
+    stored = queries[[o is None for o in own]]
+    if stored.shape != searches.shape or not np.allclose(stored, searches, rtol=0, atol=1e-6):
+        return None
+    removed = {str(i) for i in moved["id"].to_pylist()}
+    keep = [o is None or o not in removed for o in own]
+    lists = [
+        Neighbours(dict(zip(i, s, strict=True)), b)
+        for i, s, b, k in zip(before["ids"].to_pylist(), before["scores"].to_pylist(), before["bound"].to_pylist(), keep, strict=True)
+        if k
+    ]
+    added = moved.filter(pc.is_valid(moved[EMBEDDING]))
+    vectors = unit_rows(vectors_of(added[EMBEDDING]).reshape(-1, queries.shape[1]))
+    neighbours = moved_neighbours(lists, queries[keep], removed, added["id"].to_pylist(), vectors)
+    return None if neighbours is None else (queries[keep], [o for o, k in zip(own, keep, strict=True) if k], neighbours)
+
+
+def asked_neighbours(
+    parts: pads.Dataset, staged: int, run_dir: WorkPath, queries: int, searches: np.ndarray, copy_of: WorkPath | None
+) -> tuple[np.ndarray, list[str | None], list[Neighbours]]:
+    """The check's queries (a seeded sample of `queries` staged rows, then `searches`), their own
+    rows and their exact Neighbours: a copy's from its source's (copied_neighbours) while
+    KEPT_SAMPLE of a full sample is left, else by scoring every staged row."""
+    copied = None if copy_of is None else copied_neighbours(copy_of, run_dir, searches)
+    if copied is not None and sum(mine is not None for mine in copied[1]) >= KEPT_SAMPLE * min(queries, staged):
+        return copied
+    sample = np.random.default_rng(0).choice(staged, size=min(queries, staged), replace=False)
+    drawn = parts.take(pa.array(sample), columns=["id", EMBEDDING])
+    asked = np.vstack([unit_rows(embeddings_of(drawn)), searches])
+    own = [str(i) for i in drawn["id"].to_pylist()] + [None] * len(searches)
+    return asked, own, exact_neighbours(parts, asked, own)
 
 
 def ladder(start: SearchParams, max_ef: int, exact: bool) -> list[SearchParams]:
@@ -139,6 +239,12 @@ def ladder(start: SearchParams, max_ef: int, exact: bool) -> list[SearchParams]:
         rungs.append(SearchParams(ef, start.oversampling))
     more = SearchParams(ef, 2 * max(start.oversampling, QUANTIZED_OVERSAMPLING))
     return [*rungs, more, *([SearchParams(ef, more.oversampling, exact=True)] if exact else [])]
+
+
+def vectors_of(column: pa.ChunkedArray) -> np.ndarray:
+    """A fixed-size list column as a float32 [rows, dim] array (no rows: [0, dim])."""
+    values = column.combine_chunks()
+    return values.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(values), column.type.list_size)
 
 
 def unit_rows(vectors: np.ndarray) -> np.ndarray:
@@ -179,6 +285,7 @@ def check_index(
     exact: bool = True,
     cache: WorkPath | None = None,
     start: SearchParams | None = None,
+    copy_of: WorkPath | None = None,
 ) -> Validation:
     """The version's figures at the first rung of the ladder that passes, whose params are then
     recorded with the version; IndexCheckError if none does. `user_queries`, `opening_queries`:
@@ -188,18 +295,19 @@ def check_index(
     where a denser graph is asked of the next build if no graph rung passes. `start`: the rung
     the walk begins at, where not the store's default: a copy's source version's (the copy
     holds its graph, where the rungs below fell short), unless that was an exact scan or lies
-    outside today's ladder (below the store's default hnsw_ef, above `max_ef`)."""
+    outside today's ladder (below the store's default hnsw_ef, above `max_ef`). `copy_of`: that
+    source's run folder, whose check's exact neighbours the copy updates with the rows it
+    changed (copied_neighbours), where it can, instead of scoring every staged row."""
     built = GraphParams.of(store.meta(version))
     parts = committed_dataset(run_dir)
     staged, count = parts.count_rows(), store.count(version)
     if count != staged:
         raise IndexCheckError(f"version {version} holds {count} points, {staged} were staged")
-    sample = np.random.default_rng(0).choice(staged, size=min(queries, staged), replace=False)
-    drawn = parts.take(pa.array(sample), columns=["id", EMBEDDING])
-    searches = [q for q in (opening_queries, user_queries) if q is not None]
-    asked = unit_rows(np.vstack([embeddings_of(drawn), *searches]))
-    own = [str(i) for i in drawn["id"].to_pylist()] + [None] * (len(asked) - len(sample))
-    neighbours = exact_neighbours(parts, asked, own)
+    dim = parts.schema.field(EMBEDDING).type.list_size
+    searched = [np.empty((0, dim), np.float32), *(q for q in (opening_queries, user_queries) if q is not None)]
+    asked, own, neighbours = asked_neighbours(parts, staged, run_dir, queries, unit_rows(np.vstack(searched)), copy_of)
+    save_neighbours(run_dir, asked, own, neighbours)
+    canaries = sum(mine is not None for mine in own)
     curve: list[dict[str, Any]] = []
     default = store.default_search
     within = start is not None and not start.exact and default.hnsw_ef <= start.hnsw_ef <= max_ef
@@ -207,12 +315,12 @@ def check_index(
     for params in ladder(first, max_ef, exact):
         recall, found, ms, p99 = measure(store, version, count, asked, own, neighbours, params)
         curve.append({**asdict(params), "recall_at_10": round(recall, 4), "median_ms": round(ms, 3), "p99_ms": round(p99, 3)})
-        if found == len(sample) and recall >= min_recall:
+        if found == canaries and recall >= min_recall:
             store.record_search(version, params)
             denser = ask_denser(cache, built) if params.exact and cache is not None else None
             return Validation(
                 count,
-                len(sample),
+                canaries,
                 found,
                 round(recall, 4),
                 0 if user_queries is None else len(user_queries),
@@ -226,7 +334,7 @@ def check_index(
     if not exact and cache is not None:  # without a scan, the graph is all search has
         denser = ask_denser(cache, built)
         asked = f"; the next build makes a denser graph (m={denser.m}, ef_construct={denser.ef_construct})"
-    if found < len(sample):
-        raise IndexCheckError(f"version {version}: {len(sample) - found} of {len(sample)} canaries not found{asked}")
+    if found < canaries:
+        raise IndexCheckError(f"version {version}: {canaries - found} of {canaries} canaries not found{asked}")
     reached = "even by exact scan" if exact else f"at hnsw_ef {max_ef} (exact scan off)"
     raise IndexCheckError(f"version {version}: recall@10 {recall:.4f} < min_recall={min_recall} {reached}{asked}")

@@ -19,12 +19,15 @@ A copy is taken when
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from precompute.jobs.content_cache import KEY, changes, digests
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
@@ -35,6 +38,10 @@ from precompute.stores.vectors import SEARCH_KEY, VectorStore
 
 NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
 LOAD_BATCH = 256
+CHANGES = "changes.parquet"
+"""In a copied version's run folder: each row the copy wrote (its id and vector) and each id it
+deleted (a null vector), with which its index check updates the source version's exact
+neighbours rather than score every row again (jobs/index_check.py)."""
 COPY_SHARE = 0.2
 """Changed and deleted points, as a share of the published version's, past which a version is
 loaded whole: Qdrant's vacuum rewrites a segment past 20% deleted points anyway (its default
@@ -100,7 +107,9 @@ def load_version(
     else:
         store.copy_version(copy.source, version, meta)
         store.delete(version, copy.gone)
-        written = write(store, version, parts, payload_columns, copy.changed)
+        with changes_file(run_dir, meta["dim"]) as changes:
+            written = write(store, version, parts, payload_columns, copy.changed, changes)
+            changes.write_table(pa.table({"id": copy.gone, EMBEDDING: pa.nulls(len(copy.gone))}, changes.schema))
     store.finalize(version)
     mode, deleted = ("whole", 0) if copy is None else ("copy", len(copy.gone))
     return Loaded(store.count(version), mode, reason, written, deleted)
@@ -137,10 +146,24 @@ def plan_copy(
     return Copy(source, ids, [str(i) for i in gone.to_list()]), f"a copy of {source}"
 
 
+@contextmanager
+def changes_file(run_dir: WorkPath, dim: int) -> Iterator[pq.ParquetWriter]:
+    """The copy's CHANGES, written as its rows are upserted."""
+    schema = pa.schema([("id", pa.string()), (EMBEDDING, pa.list_(pa.float32(), dim))])
+    with (run_dir / CHANGES).replaced() as tmp, pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs) as writer:
+        yield writer
+
+
 def write(
-    store: VectorStore, version: str, parts: pads.Dataset, payload_columns: list[str], only: pa.Array | None
+    store: VectorStore,
+    version: str,
+    parts: pads.Dataset,
+    payload_columns: list[str],
+    only: pa.Array | None,
+    changes: pq.ParquetWriter | None = None,
 ) -> int:
-    """Upsert the staged rows (those whose id is in `only`, when given); return how many."""
+    """Upsert the staged rows (those whose id is in `only`, when given), each also to `changes`
+    when given; return how many."""
     if only is not None and not len(only):
         return 0
     chosen = None if only is None else pc.field("id").isin(only)
@@ -150,5 +173,7 @@ def write(
         if table.num_rows:
             ids = [str(i) for i in table["id"].to_pylist()]
             store.upsert(version, ids, embeddings_of(table), table.select(payload_columns).to_pylist())
+            if changes is not None:
+                changes.write_table(pa.table({"id": ids, EMBEDDING: table[EMBEDDING]}, changes.schema))
             written += table.num_rows
     return written

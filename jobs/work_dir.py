@@ -16,6 +16,8 @@ import fnmatch
 import hashlib
 import posixpath
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,13 +114,21 @@ class WorkPath:
     def read_text(self) -> str:
         return self.read_bytes().decode()
 
-    def write_bytes(self, data: bytes) -> None:
-        """Replace the file whole: readers see the old content or the new, never part of it."""
+    @contextmanager
+    def replaced(self) -> Iterator[WorkPath]:
+        """A file to write aside, which replaces this one whole when the block ends without an
+        error: readers see the old content or the new, never part of it."""
         self.parent.mkdir()
         tmp = self.parent / f".{self.name}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open_output_stream(tmp.path) as f:
+        try:
+            yield tmp
+            self.fs.move(tmp.path, self.path)
+        finally:
+            tmp.unlink()
+
+    def write_bytes(self, data: bytes) -> None:
+        with self.replaced() as tmp, self.fs.open_output_stream(tmp.path) as f:
             f.write(data)
-        self.fs.move(tmp.path, self.path)
 
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode())

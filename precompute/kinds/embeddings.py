@@ -149,9 +149,10 @@ class Embeddings(OutputKind):
                 cache = work_dir.cache_dir(run.work_dir, name)
                 source = store.current() if embedded.load["mode"] == "copy" else None  # what it copies
                 start = None if source is None else store.searched_with(source)
+                copy_of = None if source is None else work_dir.run_dir(run.work_dir, name, source) / STAGED
                 return check_index(
                     store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, **limits,
-                    cache=cache, start=start,
+                    cache=cache, start=start, copy_of=copy_of,
                 )
 
         def publish() -> None:

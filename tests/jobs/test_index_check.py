@@ -18,9 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.jobs import index_check
+from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
 from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
 from precompute.jobs.staging import commit, committed_dataset
+from precompute.jobs.vector_load import load_version
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.vector_settings import VectorStoreSettings
@@ -130,14 +132,15 @@ def test_exact_duplicates_find_each_other_as_canaries(tmp_path: Path) -> None:
     assert validation.canaries_found == ROWS
 
 
-def test_exact_neighbours_read_step_by_step_are_every_row_within_tie_of_the_kth_best(
+def test_exact_neighbours_read_step_by_step_are_every_row_within_tie_of_the_depth_th_best(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Scored 7 rows at a time over three parts, a query's neighbours are those scoring every row
-    at once finds, ties past the K-th included (12 copies of one vector), its own row left out."""
+    at once finds down to the DEPTH-th best less TIE, ties past it included (25 copies of one
+    vector), its own row left out; its floor is the K-th best."""
     monkeypatch.setattr(index_check, "READ_ROWS", 7)
     vectors = VECTORS.copy()
-    vectors[100:112] = vectors[0]
+    vectors[100:125] = vectors[0]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for n, rows in enumerate((slice(0, 100), slice(100, 113), slice(113, ROWS))):
@@ -151,11 +154,12 @@ def test_exact_neighbours_read_step_by_step_are_every_row_within_tie_of_the_kth_
 
     for query, mine, near in zip(queries, own, found, strict=True):
         scores = {i: float(s) for i, s in zip(IDS, vectors @ query, strict=True) if i != mine}
-        floor = sorted(scores.values(), reverse=True)[index_check.K - 1]
-        assert near.floor == pytest.approx(floor, abs=1e-6)
-        assert set(near.scores) == {i for i, s in scores.items() if s >= floor - index_check.TIE}
-    assert len(found[0].scores) == 12  # the 12 copies of row 0's vector, tied past the K-th best
-    assert {f"doc-{i}" for i in range(100, 112)} <= set(found[0].scores) and IDS[0] not in found[0].scores
+        ranked = sorted(scores.values(), reverse=True)
+        deepest = ranked[index_check.DEPTH - 1]
+        assert near.floor == pytest.approx(ranked[index_check.K - 1], abs=1e-6)
+        assert near.bound == pytest.approx(deepest - index_check.TIE, abs=1e-6)
+        assert set(near.scores) == {i for i, s in scores.items() if s >= deepest - index_check.TIE}
+    assert set(found[0].scores) == {f"doc-{i}" for i in range(100, 125)}  # tied past the DEPTH-th best
 
 
 def test_the_check_raises_hnsw_ef_until_recall_reaches_its_minimum_and_records_it(tmp_path: Path) -> None:
@@ -264,3 +268,95 @@ def test_a_graph_that_search_alone_cannot_take_to_min_recall_is_built_denser_the
             check_index(version, V1, run_dir, queries=ROWS, min_recall=1.0, max_ef=1, exact=False, cache=cache)
         assert next_graph(cache) == GraphParams(8, 16)
     assert next_graph(tmp_path / "elsewhere") == GraphParams()
+
+
+def staged_run(tmp_path: Path, name: str, ids: list[str], vectors: np.ndarray, keys: list[str]) -> WorkPath:
+    """A run folder whose committed part holds rows as the embed job stages them (a content key
+    each: what the load compares to find the rows a copy writes)."""
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    pq.write_table(pa.table({"id": ids, KEY: keys, EMBEDDING: embeddings_column(vectors)}), run_dir / "part-0.parquet")
+    commit(WorkPath.of(run_dir), [{"name": "part-0.parquet", "rows": len(ids), "computed": len(ids)}])
+    return WorkPath.of(run_dir)
+
+
+def copied_night(tmp_path: Path, moved: int, opening: np.ndarray) -> tuple[QdrantEdgeStore, WorkPath, WorkPath]:
+    """V1 loaded whole and checked, then V2 loaded as its copy: `moved` rows given new vectors
+    (among them 5 copies of one vector, tied), 3 rows gone, 4 new. (store, V1's run, V2's run)."""
+    keys = [f"k-{i}" for i in range(ROWS)]
+    opened = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant"), "docs", pointer_check_s=0)
+    first = staged_run(tmp_path, "run-1", IDS, VECTORS, keys)
+    load_version(opened, V1, first, {}, "none", None)
+    check_index(opened, V1, first, queries=100, min_recall=0.9, opening_queries=opening)
+    vectors, ids = VECTORS.copy(), list(IDS)
+    vectors[:moved] = embeddings(moved, seed=2)
+    vectors[:5] = vectors[0]
+    keys = [f"k2-{i}" if i < moved else k for i, k in enumerate(keys)]
+    vectors, ids, keys = vectors[:-3], ids[:-3], keys[:-3]
+    vectors, ids, keys = np.vstack([vectors, embeddings(4, seed=3)]), [*ids, *(f"new-{i}" for i in range(4))], [*keys, *"abcd"]
+    second = staged_run(tmp_path, "run-2", ids, vectors, keys)
+    loaded = load_version(opened, V2, second, {}, "none", (V1, first))
+    assert (loaded.mode, loaded.written, loaded.deleted) == ("copy", moved + 4, 3)
+    return opened, first, second
+
+
+V2 = "20261102T031500-aa02"
+OPENING = embeddings(20, seed=4)
+
+
+def test_a_copys_check_updates_its_sources_exact_neighbours_with_the_rows_it_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No staged row is scored again: the copy's lists are its source's less the rows that left,
+    plus the rows it wrote, and equal scoring every row (the K best within TIE, ties included);
+    the source's queries whose own row moved leave the sample."""
+    opened, first, second = copied_night(tmp_path, moved=15, opening=OPENING)
+    source = pq.read_table((first / index_check.EXACT_FILE).path)
+    monkeypatch.setattr(index_check, "exact_neighbours", None)  # a full scan would raise
+
+    with opened:
+        validation = check_index(
+            opened, V2, second, queries=100, min_recall=0.9, opening_queries=OPENING, copy_of=first
+        )
+
+    moved_own = sum(own is not None and int(own.split("-")[1]) < 15 for own in source["own"].to_pylist())
+    assert validation.canaries == validation.canaries_found == 100 - moved_own
+    assert 0 < moved_own <= 10 and validation.opening_queries == len(OPENING)
+    monkeypatch.undo()
+    saved = pq.read_table((second / index_check.EXACT_FILE).path)
+    queries = index_check.vectors_of(saved["query"])
+    full = index_check.exact_neighbours(committed_dataset(second), queries, saved["own"].to_pylist())
+    for ids, scores, near in zip(saved["ids"].to_pylist(), saved["scores"].to_pylist(), full, strict=True):
+        copied = index_check.Neighbours(dict(zip(ids, scores, strict=True)), 0.0)
+        assert copied.floor == pytest.approx(near.floor, abs=1e-6)
+        tied = {i for i, s in near.scores.items() if s >= near.floor - index_check.TIE}
+        assert tied == {i for i, s in copied.scores.items() if s >= copied.floor - index_check.TIE}
+
+
+@pytest.mark.parametrize(
+    ("moved", "opening", "why"),
+    [
+        (15, embeddings(20, seed=5), "other searches than the source measured"),
+        (45, OPENING, "more than a tenth of the source's sample moved"),
+    ],
+)
+def test_a_copys_check_scores_every_row_again_when_its_sources_lists_do_not_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moved: int, opening: np.ndarray, why: str
+) -> None:
+    opened, first, second = copied_night(tmp_path, moved=moved, opening=OPENING)
+    scanned = []
+    full = index_check.exact_neighbours
+    monkeypatch.setattr(index_check, "exact_neighbours", lambda *a: scanned.append(1) or full(*a))
+    with opened:
+        validation = check_index(opened, V2, second, queries=100, min_recall=0.9, opening_queries=opening, copy_of=first)
+    assert scanned == [1], why
+    assert validation.canaries == validation.canaries_found == 100
+
+
+def test_a_list_that_lost_more_than_its_depth_beyond_k_no_longer_knows_its_k_best() -> None:
+    query = np.eye(1, DIM, dtype=np.float32)
+    near = index_check.Neighbours({f"r{i}": 1.0 - i / 100 for i in range(20)}, 0.8 - index_check.TIE)
+    lost = {f"r{i}" for i in range(11)}  # 9 of 20 left: the 10th best may be any row outside the list
+    assert index_check.moved_neighbours([near], query, lost, [], np.empty((0, DIM), np.float32)) is None
+    kept = index_check.moved_neighbours([near], query, lost - {"r0"}, [], np.empty((0, DIM), np.float32))
+    assert kept is not None and kept[0].floor == pytest.approx(0.81)
