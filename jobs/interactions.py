@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -73,7 +74,7 @@ def time_reason(raw: object, seconds: float | None) -> str | None:
     return f"{TIME} is NaN" if math.isnan(seconds) else None
 
 
-def row_reason(user_id: object, item_id: object, weight: float | None, index: dict[str, int]) -> str | None:
+def row_reason(user_id: object, item_id: object, weight: float | None, position: int | None) -> str | None:
     if user_id is None:
         return "user_id is null"
     if item_id is None:
@@ -84,9 +85,55 @@ def row_reason(user_id: object, item_id: object, weight: float | None, index: di
         return "weight is infinite"
     if weight is not None and weight < 0:
         return f"weight {weight} is negative"
-    if id_key(item_id) not in index:
+    if position is None:
         return f"item_id {id_key(item_id)!r} is not in the item table"
     return None
+
+
+def item_positions(column: pa.ChunkedArray, items: pa.Array, undecodable: list[str | None]) -> pa.Array:
+    """Each row's item position in `items` (their ids as strings), null where it is not there or
+    its bytes are not UTF-8 (cast to text, such a row would fail the whole batch)."""
+    if any(undecodable):
+        column = pc.if_else(pa.array([bad is not None for bad in undecodable]), pa.scalar(None, column.type), column)
+    keys = column.cast(pa.large_string()) if pa.types.is_large_binary(column.type) else column
+    return pc.index_in(keys.cast(pa.string()), value_set=items)
+
+
+def weight_suspects(weights: pa.ChunkedArray) -> pa.ChunkedArray:
+    """NaN, infinite or negative weights (checked as float64; a null weighs 1)."""
+    numbers = pc.cast(weights, pa.float64())
+    return pc.fill_null(pc.or_(pc.or_(pc.is_nan(numbers), pc.is_inf(numbers)), pc.less(numbers, 0)), False)
+
+
+def tag_rejects(batch: pa.Table, items: pa.Array) -> pa.Table:
+    """Add `reject_reason` (null for good rows), the item's position in `items` (the item table's
+    ids, as strings) and the row's SECONDS; string columns are read as their bytes. The checks
+    run column-wise; only the rows they flag are checked one by one, for their reasons."""
+    undecodable = utf8_errors(batch, [USER, ITEM])
+    if TIME in batch.column_names:
+        seconds, bad_times = time_seconds(batch[TIME])
+    else:
+        seconds, bad_times = pa.nulls(batch.num_rows, pa.float64()), [None] * batch.num_rows
+    batch = lossless(batch)
+    positions = item_positions(batch[ITEM], items, undecodable)
+    flags = [np.asarray(pc.is_null(batch[USER])), np.asarray(pc.is_null(positions))]
+    if WEIGHT in batch.column_names:
+        flags.append(np.asarray(weight_suspects(batch[WEIGHT])))
+    if any(bad_times):
+        flags.append(np.array([bad is not None for bad in bad_times]))
+    rows = np.flatnonzero(np.logical_or.reduce(flags))
+    checked = batch.take(pa.array(rows, pa.int64()))
+    weights = checked[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * len(rows)
+    found = positions.take(pa.array(rows, pa.int64())).to_pylist()
+    reasons: list[str | None] = [None] * batch.num_rows
+    for row, *values in zip(rows, checked[USER].to_pylist(), checked[ITEM].to_pylist(), weights, found, strict=True):
+        reasons[row] = undecodable[row] or row_reason(*values) or bad_times[row]
+    reason = pa.array(reasons, pa.string())
+    return (
+        batch.append_column(REASON, reason)
+        .append_column(INDEX, pc.if_else(pc.is_null(reason), pc.cast(positions, pa.int64()), pa.scalar(None, pa.int64())))
+        .append_column(SECONDS, seconds)
+    )
 
 
 def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[str, str]:
@@ -104,29 +151,6 @@ def read_interactions(interactions: InteractionsInput) -> ray.data.Dataset:
     dataset = read_input(interactions)
     renames = column_renames(interactions, dataset.schema().names)
     return dataset.rename_columns(renames) if renames else dataset
-
-
-def tag_rejects(batch: pa.Table, index: dict[str, int]) -> pa.Table:
-    """Add `reject_reason` (null for good rows), the item's position in the item table and the
-    row's SECONDS; string columns are read as their bytes."""
-    undecodable = utf8_errors(batch, [USER, ITEM])
-    if TIME in batch.column_names:
-        seconds, bad_times = time_seconds(batch[TIME])
-    else:
-        seconds, bad_times = pa.nulls(batch.num_rows, pa.float64()), [None] * batch.num_rows
-    batch = lossless(batch)
-    weights = batch[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * batch.num_rows
-    users, items = batch[USER].to_pylist(), batch[ITEM].to_pylist()
-    reasons = [
-        bad or row_reason(*row, index) or bad_time
-        for bad, bad_time, *row in zip(undecodable, bad_times, users, items, weights, strict=True)
-    ]
-    positions = [None if r else index[id_key(i)] for r, i in zip(reasons, items, strict=True)]
-    return (
-        batch.append_column(REASON, pa.array(reasons, pa.string()))
-        .append_column(INDEX, pa.array(positions, pa.int64()))
-        .append_column(SECONDS, seconds)
-    )
 
 
 def clean(batch: pa.Table) -> pa.Table:

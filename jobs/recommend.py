@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 import torch
 from ray.actor import ActorHandle
@@ -187,9 +188,9 @@ def run_recs_job(
     """
     if len(items.ids) != len(items.vectors) or len(items.ids) != len(items.keys):
         raise ValueError(f"{len(items.ids)} item ids, {len(items.vectors)} vectors, {len(items.keys)} keys")
-    index = {item: i for i, item in enumerate(items.ids)}
-    if len(index) != len(items.ids):
-        raise ValueError(f"item ids must be unique: {len(items.ids) - len(index)} duplicates")
+    item_ids = pa.array(items.ids, pa.string())
+    if (repeated := len(items.ids) - len(pc.unique(item_ids))) > 0:
+        raise ValueError(f"item ids must be unique: {repeated} duplicates")
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
     inputs = inputs_digest(interactions, settings, items, items_model, RECIPE, own, engine)
@@ -222,7 +223,7 @@ def run_recs_job(
         start = time.perf_counter()
         rows = arrow_dataset(interactions).count_rows()
         tagged = read_interactions(interactions).map_batches(
-            tag_rejects, batch_format="pyarrow", fn_kwargs={"index": index}
+            tag_rejects, batch_format="pyarrow", fn_kwargs={"items": item_ids}
         )
         checked = tagged.drop_columns([INDEX, SECONDS])
         rejects = quarantine(checked, rows, interactions.max_reject_ratio, rejects_path, "interactions")

@@ -107,7 +107,7 @@ def interactions_table(interactions: InteractionsInput) -> pa.Table:
 def valid_interactions(table: pa.Table, item_ids: list[str]) -> pa.Table:
     """The contract's valid rows in the job's types (jobs/interactions.py clean); rejected rows
     are left out (the job quarantines them)."""
-    tagged = tag_rejects(table, {item: i for i, item in enumerate(item_ids)})
+    tagged = tag_rejects(table, pa.array(item_ids, pa.string()))
     return clean(tagged.filter(pc.is_null(tagged[REASON])))
 
 

@@ -95,7 +95,7 @@ def test_a_time_that_cannot_be_read_is_its_rows_reason() -> None:
             "time": ["2026-11-25T10:00:00+01:00", "yesterday", None, "2026-11-25", "2026-13-01"],
         }
     )
-    tagged = tag_rejects(table, {"i00": 0})
+    tagged = tag_rejects(table, pa.array(["i00"]))
     assert tagged[REASON].to_pylist() == [
         None,
         "time 'yesterday' is not an ISO-8601 time",
@@ -105,7 +105,7 @@ def test_a_time_that_cannot_be_read_is_its_rows_reason() -> None:
     ]
     assert tagged["seconds"].to_pylist()[0] == datetime(2026, 11, 25, 9, tzinfo=UTC).timestamp()
     floats = tag_rejects(
-        pa.table({"user_id": ["u1", "u2"], "item_id": ["i00"] * 2, "time": [1.0, float("nan")]}), {"i00": 0}
+        pa.table({"user_id": ["u1", "u2"], "item_id": ["i00"] * 2, "time": [1.0, float("nan")]}), pa.array(["i00"])
     )
     assert floats[REASON].to_pylist() == [None, "time is NaN"]
 
