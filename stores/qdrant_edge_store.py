@@ -150,11 +150,8 @@ class QdrantEdgeStore(VectorStore):
         self._fields[version] = {}
         (path / META).write_text(json.dumps({**(meta or {}), "dim": dim}))
 
-    def _config(
-        self, dim: int, graph: GraphParams, quantization: Quantization, merged_kb: int | None = None
-    ) -> qe.EdgeConfig:
-        """A shard's configuration; `merged_kb`: the largest segment the optimizer may make by
-        merging (Qdrant's max_segment_size; otherwise chosen from the CPUs)."""
+    def _config(self, dim: int, graph: GraphParams, quantization: Quantization, merged_kb: int | None = None) -> qe.EdgeConfig:
+        """`merged_kb`: the largest segment a merge may make (max_segment_size; default: by CPUs)."""
         return qe.EdgeConfig(
             vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
             optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_THRESHOLD_KB, max_segment_size=merged_kb),
@@ -167,13 +164,9 @@ class QdrantEdgeStore(VectorStore):
 
     def copy_version(self, source: str, version: str, meta: Mapping[str, Any]) -> None:
         """The source's files copied as they are: its segments keep their HNSW graphs, and what
-        the writer then upserts goes to a new segment, which `finalize` indexes alone.
-
-        By default the optimizer merges segments down to one per CPU, so the night's segment
-        would be merged into one of the source's and that one's graph built again (2.0 s of a
-        1% copy's 2.1 s optimize at 100,000 points). The copy's largest merge is half the
-        source's average segment: the source's own segments stay as they are, and each night's
-        writes merge only with the earlier nights' (0.08-0.22 s over four nights)."""
+        the writer then upserts goes to a new segment, which `finalize` indexes alone. The
+        copy's largest merge is half the source's average segment, so the nights' writes merge
+        only with each other, never into a source segment whose graph would be built again."""
         if not self._finalized(source):
             raise VersionNotFoundError(f"cannot copy version {source!r}: it is not a finalized version")
         path = self._dir(version)
@@ -183,9 +176,7 @@ class QdrantEdgeStore(VectorStore):
         dim = built["dim"]
         shutil.copytree(self._dir(source), path, ignore=shutil.ignore_patterns(FINALIZED, META))
         try:
-            copied = qe.EdgeShard.load(str(path))
-            shape = copied.info()
-            copied.close()
+            shape = self._shard(source).info()
             merged_kb = max(1, shape.points_count * dim * 4 // 1024 // (2 * max(shape.segments_count, 1)))
             config = self._config(dim, GraphParams.of(built), built.get("quantization", "none"), merged_kb)
             self._writers[version] = qe.EdgeShard.load(str(path), config)
