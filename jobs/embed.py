@@ -33,7 +33,7 @@ from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, reco
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
-from precompute.jobs.validate import REJECTS, payload_columns, validated_corpus
+from precompute.jobs.validate import REJECTS, VALIDATED, payload_columns, validated_corpus
 from precompute.jobs.vector_load import load_version
 from precompute.models import Engine, load_encoder
 from precompute.stores.vector_settings import Quantization
@@ -171,7 +171,7 @@ def embed_corpus(
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
         with progress.stage(output, "validate"):
-            good, rows, rejects = validated_corpus(corpus, run / REJECTS)
+            good, rows, rejects = validated_corpus(corpus, run / REJECTS, settings.work_dir / VALIDATED)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

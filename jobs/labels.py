@@ -45,7 +45,7 @@ from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_di
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, is_committed
-from precompute.jobs.validate import REJECTS, validated_corpus
+from precompute.jobs.validate import REJECTS, VALIDATED, validated_corpus
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.label_head import LabelTask
@@ -173,7 +173,7 @@ def run_labels_job(
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
         start = time.perf_counter()
         with progress.stage(output, "validate"):
-            good, rows, rejects = validated_corpus(corpus, rejects_path)
+            good, rows, rejects = validated_corpus(corpus, rejects_path, settings.work_dir / VALIDATED)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from collections.abc import Set
 
 import numpy as np
@@ -14,6 +16,7 @@ import ray
 from ray.data.expressions import col
 
 from precompute.jobs.inputs import CorpusInput, read_input
+from precompute.jobs.nights import inputs_digest
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import arrow_dataset
 from precompute.models.errors import InvalidInputError, ModelError
@@ -21,6 +24,12 @@ from precompute.models.text_columns import as_text, lossless, readable, utf8_err
 from precompute.models.tokenize import check_text
 
 REASON = "reject_reason"
+VALIDATED = "validated"
+"""<work_dir>/validated/<key>/: a corpus's validation (FIGURES, and its REJECTS), by the digest of
+its files and rules (validation_key)."""
+FIGURES = "figures.json"
+KEPT_VALIDATIONS = 8
+"""Validations kept: a night's corpus or two, for several outputs and a few nights."""
 REJECTS = "rejects.parquet"
 """A job's quarantined rows, with their reasons, in its run folder."""
 
@@ -102,11 +111,46 @@ def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: Work
         path.parent.mkdir()
         pq.write_table(readable(pa.concat_tables(tables)), path.path, filesystem=path.fs)
     count = sum(t.num_rows for t in tables)
+    check_ratio(count, rows, max_ratio, path, noun)
+    return count
+
+
+def check_ratio(count: int, rows: int, max_ratio: float, path: WorkPath, noun: str = "rows") -> None:
     if rows and count / rows > max_ratio:
         raise RejectRatioExceededError(
             f"{count} of {rows} {noun} rejected, over max_reject_ratio={max_ratio}; reasons in {path}"
         )
-    return count
+
+
+def validation_key(corpus: CorpusInput) -> str:
+    """The corpus's files, byte for byte, and the rules its rows are checked by."""
+    rules = {"id": corpus.id, "text": corpus.text, "max_text_bytes": corpus.max_text_bytes}
+    return inputs_digest(corpus, json.dumps(rules, sort_keys=True))
+
+
+def known_validation(entry: WorkPath, rejects_path: WorkPath, max_ratio: float) -> tuple[int, int] | None:
+    """(rows, rejects) of an earlier validation recorded in `entry`, its rejects copied to
+    `rejects_path` (its ratio checked against this job's `max_ratio`); None if there is none."""
+    if not (entry / FIGURES).is_file():
+        return None
+    figures = json.loads((entry / FIGURES).read_text())
+    if figures["rejects"]:
+        rejects_path.parent.mkdir()
+        entry.fs.copy_file((entry / REJECTS).path, rejects_path.path)
+    check_ratio(figures["rejects"], figures["rows"], max_ratio, rejects_path)
+    return figures["rows"], figures["rejects"]
+
+
+def record_validation(entry: WorkPath, rows: int, rejects: int, rejects_path: WorkPath) -> None:
+    """Keep a validation's figures and rejects in `entry`, and the KEPT_VALIDATIONS newest of its
+    folder's entries."""
+    entry.mkdir()
+    if rejects:
+        rejects_path.fs.copy_file(rejects_path.path, (entry / REJECTS).path)
+    (entry / FIGURES).write_text(json.dumps({"rows": rows, "rejects": rejects, "at": time.time()}))
+    recorded = [(json.loads((e / FIGURES).read_text())["at"], e) for e in entry.parent.folders() if (e / FIGURES).is_file()]
+    for _, old in sorted(recorded, key=lambda pair: pair[0], reverse=True)[KEPT_VALIDATIONS:]:
+        old.rmtree()
 
 
 def canonical_columns(corpus: CorpusInput) -> dict[str, str]:
@@ -120,10 +164,14 @@ def payload_columns(corpus: CorpusInput) -> list[str]:
     return [c for c in (renames.get(n, n) for n in arrow_dataset(corpus).schema.names) if c not in ("id", "text")]
 
 
-def validated_corpus(corpus: CorpusInput, rejects_path: WorkPath) -> tuple[ray.data.Dataset, int, int]:
-    """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first."""
+def validated_corpus(
+    corpus: CorpusInput, rejects_path: WorkPath, validations: WorkPath | None = None
+) -> tuple[ray.data.Dataset, int, int]:
+    """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first.
+    `validations`: the work directory's earlier ones (VALIDATED), where a validation of the same
+    files by the same rules (the night's other text job, a night whose corpus did not move) is
+    taken, its rejects copied, instead of reading every row to quarantine them again."""
     source = arrow_dataset(corpus)
-    rows = source.count_rows()
     renames = canonical_columns(corpus)
     schema = pa.schema(
         [f.with_name(renames.get(f.name, f.name)) for f in source.schema], source.schema.metadata
@@ -139,7 +187,15 @@ def validated_corpus(corpus: CorpusInput, rejects_path: WorkPath) -> tuple[ray.d
             "max_text_bytes": corpus.max_text_bytes,
         },
     )
-    rejects = quarantine(tagged, rows, corpus.max_reject_ratio, rejects_path)
+    entry = None if validations is None else validations / validation_key(corpus)
+    known = None if entry is None else known_validation(entry, rejects_path, corpus.max_reject_ratio)
+    if known is not None:
+        rows, rejects = known
+    else:
+        rows = source.count_rows()
+        rejects = quarantine(tagged, rows, corpus.max_reject_ratio, rejects_path)
+        if entry is not None:
+            record_validation(entry, rows, rejects, rejects_path)
     good = tagged.filter(expr=col(REASON).is_null()).drop_columns([REASON])
     # Good rows' bytes are UTF-8: back to strings, the id and text columns whatever their type was.
     return good.map_batches(restore, batch_format="pyarrow", fn_kwargs={"schema": schema}), rows, rejects

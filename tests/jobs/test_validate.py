@@ -3,6 +3,7 @@ a job fails past its reject ratio, not at it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ import ray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from precompute.jobs import validate
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.validate import (
     REASON,
@@ -130,3 +132,41 @@ def test_rows_tagged_column_wise_get_the_reason_each_row_checked_alone_gets(rows
     tagged = tag_rejects(table, duplicates, max_text_bytes=3)
     expected = [row_reason(i, t and t.encode(), duplicates, 3) for i, t in rows]
     assert tagged[REASON].to_pylist() == expected
+
+
+def test_a_validation_of_the_same_files_by_the_same_rules_is_taken_not_repeated(
+    ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The night's second text job over one corpus, or a night whose corpus did not move, takes
+    the recorded validation: its figures, its rejects copied, the ratio checked by its own
+    limit. Other bytes or another rule validate again."""
+    path = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": ["one", " ", "three", "four"]}), path)
+    corpus = CorpusInput(path=str(path), max_reject_ratio=0.5)
+    validations = WorkPath.of(tmp_path / "validated")
+    first = WorkPath.of(tmp_path / "run-1" / "rejects.parquet")
+    assert validated_corpus(corpus, first, validations)[1:] == (4, 1)
+
+    monkeypatch.setattr(validate, "quarantine", None)  # a second pass over the rows would raise
+    second = WorkPath.of(tmp_path / "run-2" / "rejects.parquet")
+    good, rows, rejects = validated_corpus(corpus, second, validations)
+    assert (rows, rejects) == (4, 1) and sorted(r["id"] for r in good.take_all()) == ["a", "c", "d"]
+    assert pq.read_table(second.path).to_pylist() == pq.read_table(first.path).to_pylist()
+    with pytest.raises(RejectRatioExceededError, match=r"1 of 4 rows rejected, over max_reject_ratio=0\.2"):
+        validated_corpus(corpus.model_copy(update={"max_reject_ratio": 0.2}), second, validations)
+
+    monkeypatch.undo()
+    assert validated_corpus(corpus.model_copy(update={"max_text_bytes": 4}), second, validations)[1:] == (4, 2)
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["one", "two"]}), path)
+    assert validated_corpus(corpus, second, validations)[1:] == (2, 0)
+    assert len(validations.folders()) == 3
+
+
+def test_the_newest_validations_are_kept(ray_local, tmp_path: Path) -> None:
+    validations = WorkPath.of(tmp_path / "validated")
+    for n in range(validate.KEPT_VALIDATIONS + 2):
+        path = tmp_path / f"corpus-{n}.parquet"
+        pq.write_table(pa.table({"id": [str(n)], "text": [f"text {n}"]}), path)
+        validated_corpus(CorpusInput(path=str(path)), WorkPath.of(tmp_path / "rejects.parquet"), validations)
+    kept = {json.loads((e / validate.FIGURES).read_text())["rows"] for e in validations.folders()}
+    assert len(validations.folders()) == validate.KEPT_VALIDATIONS and kept == {1}
