@@ -1,5 +1,6 @@
 """How jobs read Parquet on Ray: Ray Data 2.60's default reader starts 32 footer-reader actors, a
-process each, for every read; a job's session reads through the first datasource, which starts none."""
+process each, for every read; a job's session reads through the first datasource, which starts
+none, in blocks of a bounded size."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 from ray.data import DataContext
 
+from precompute.jobs import ray_session as ray_session_module
 from precompute.jobs.ray_session import actor_pool, ray_session, ray_stopped_last, start_local, stop_local
 from tests.conftest import LOCAL_RAY
 
@@ -33,6 +37,24 @@ def test_a_jobs_parquet_read_starts_no_footer_reader_actors(
     with ray_session(None):
         assert ray.data.read_parquet(str(small_corpus)).materialize().count() == 204
     assert footer_readers() == started
+
+
+def test_a_jobs_blocks_stay_within_the_target_whatever_the_inputs_size(
+    ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read task's output, and what each later task holds, is cut at TARGET_BLOCK_BYTES: past
+    it a process's memory no longer grows with the input (Ray Data's default, 128 MiB, was
+    reached between bench scale's 100,000 and 1M rows)."""
+    target = 256 * 1024
+    monkeypatch.setattr(ray_session_module, "TARGET_BLOCK_BYTES", target)
+    monkeypatch.setattr(DataContext.get_current(), "target_max_block_size", 128 * 1024 * 1024)  # Ray's default
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"id": [str(i) for i in range(20_000)], "text": ["x" * 200] * 20_000}), path)
+    with ray_session(None):
+        blocks = ray.data.read_parquet(str(path)).materialize().get_internal_block_refs()
+        sizes = [table.nbytes for table in ray.get(blocks)]
+    assert sum(sizes) > 8 * target and len(sizes) > 8
+    assert max(sizes) <= 1.5 * target
 
 
 class Poisoned:
