@@ -11,7 +11,8 @@ EMBEDDING = "embedding"
 
 def embeddings_of(table: pa.Table) -> np.ndarray:
     """The `embedding` column as a float32 [rows, dim] array: the inverse of embeddings_column."""
-    return table[EMBEDDING].combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
+    column = table[EMBEDDING]
+    return column.combine_chunks().flatten().to_numpy().reshape(table.num_rows, column.type.list_size)
 
 
 def embeddings_column(vectors: np.ndarray) -> pa.FixedSizeListArray:

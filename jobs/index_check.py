@@ -172,10 +172,11 @@ def moved_neighbours(
 
 
 def save_neighbours(run_dir: WorkPath, queries: np.ndarray, own: list[str | None], neighbours: list[Neighbours]) -> None:
-    """The check's queries and their Neighbours, for a copy of this version (EXACT_FILE)."""
+    """The check's queries (their vectors as EMBEDDING) and Neighbours, for a copy of this version
+    (EXACT_FILE)."""
     table = pa.table(
         {
-            "query": embeddings_column(queries),
+            EMBEDDING: embeddings_column(queries),
             "own": pa.array(own, pa.string()),
             "ids": pa.array([list(n.scores) for n in neighbours], pa.list_(pa.string())),
             "scores": pa.array([list(n.scores.values()) for n in neighbours], pa.list_(pa.float64())),
@@ -197,7 +198,7 @@ def copied_neighbours(
         return None
     before = pq.read_table(exact.path, filesystem=exact.fs)
     moved = pq.read_table(changes.path, filesystem=changes.fs)
-    queries, own = vectors_of(before["query"]), before["own"].to_pylist()
+    queries, own = embeddings_of(before), before["own"].to_pylist()
     stored = queries[[o is None for o in own]]
     if stored.shape != searches.shape or not np.allclose(stored, searches, rtol=0, atol=1e-6):
         return None
@@ -209,8 +210,7 @@ def copied_neighbours(
         if k
     ]
     added = moved.filter(pc.is_valid(moved[EMBEDDING]))
-    vectors = unit_rows(vectors_of(added[EMBEDDING]).reshape(-1, queries.shape[1]))
-    neighbours = moved_neighbours(lists, queries[keep], removed, added["id"].to_pylist(), vectors)
+    neighbours = moved_neighbours(lists, queries[keep], removed, added["id"].to_pylist(), unit_rows(embeddings_of(added)))
     return None if neighbours is None else (queries[keep], [o for o, k in zip(own, keep, strict=True) if k], neighbours)
 
 
@@ -239,12 +239,6 @@ def ladder(start: SearchParams, max_ef: int, exact: bool) -> list[SearchParams]:
         rungs.append(SearchParams(ef, start.oversampling))
     more = SearchParams(ef, 2 * max(start.oversampling, QUANTIZED_OVERSAMPLING))
     return [*rungs, more, *([SearchParams(ef, more.oversampling, exact=True)] if exact else [])]
-
-
-def vectors_of(column: pa.ChunkedArray) -> np.ndarray:
-    """A fixed-size list column as a float32 [rows, dim] array (no rows: [0, dim])."""
-    values = column.combine_chunks()
-    return values.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(values), column.type.list_size)
 
 
 def unit_rows(vectors: np.ndarray) -> np.ndarray:

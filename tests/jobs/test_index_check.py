@@ -19,7 +19,7 @@ import pytest
 
 from precompute.jobs import index_check
 from precompute.jobs.content_cache import KEY
-from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
 from precompute.jobs.staging import commit, committed_dataset
 from precompute.jobs.vector_load import load_version
@@ -324,7 +324,7 @@ def test_a_copys_check_updates_its_sources_exact_neighbours_with_the_rows_it_cha
     assert 0 < moved_own <= 10 and validation.opening_queries == len(OPENING)
     monkeypatch.undo()
     saved = pq.read_table((second / index_check.EXACT_FILE).path)
-    queries = index_check.vectors_of(saved["query"])
+    queries = embeddings_of(saved)
     full = index_check.exact_neighbours(committed_dataset(second), queries, saved["own"].to_pylist())
     for ids, scores, near in zip(saved["ids"].to_pylist(), saved["scores"].to_pylist(), full, strict=True):
         copied = index_check.Neighbours(dict(zip(ids, scores, strict=True)), 0.0)
