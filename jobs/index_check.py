@@ -135,8 +135,10 @@ def exact_neighbours(parts: pads.Dataset, queries: np.ndarray, own: list[str | N
             for q, row in mine:
                 if start <= q < start + len(scores):
                     scores[q - start, row] = -np.inf  # a stored row's query leaves itself out
-            deep = len(ids) >= DEPTH
-            step = -np.partition(-scores, DEPTH - 1, axis=1)[:, DEPTH - 1] if deep else np.full(len(scores), -np.inf)
+            if len(ids) >= DEPTH:
+                step = -np.partition(-scores, DEPTH - 1, axis=1)[:, DEPTH - 1]
+            else:
+                step = np.full(len(scores), -np.inf)
             for j, row_scores in enumerate(scores):
                 q = start + j
                 kept = np.flatnonzero(row_scores >= max(floor[q], step[j]) - TIE)
@@ -171,7 +173,9 @@ def moved_neighbours(
     return after
 
 
-def save_neighbours(run_dir: WorkPath, queries: np.ndarray, own: list[str | None], neighbours: list[Neighbours]) -> None:
+def save_neighbours(
+    run_dir: WorkPath, queries: np.ndarray, own: list[str | None], neighbours: list[Neighbours]
+) -> None:
     """The check's queries (their vectors as EMBEDDING) and Neighbours, for a copy of this version
     (EXACT_FILE)."""
     table = pa.table(
@@ -203,28 +207,38 @@ def copied_neighbours(
     if stored.shape != searches.shape or not np.allclose(stored, searches, rtol=0, atol=1e-6):
         return None
     removed = {str(i) for i in moved["id"].to_pylist()}
-    keep = [o is None or o not in removed for o in own]
+    keep = [mine is None or mine not in removed for mine in own]
+    columns = (before[name].to_pylist() for name in ("ids", "scores", "bound"))
     lists = [
-        Neighbours(dict(zip(i, s, strict=True)), b)
-        for i, s, b, k in zip(before["ids"].to_pylist(), before["scores"].to_pylist(), before["bound"].to_pylist(), keep, strict=True)
-        if k
+        Neighbours(dict(zip(ids, scores, strict=True)), bound)
+        for ids, scores, bound, kept in zip(*columns, keep, strict=True)
+        if kept
     ]
     added = moved.filter(pc.is_valid(moved[EMBEDDING]))
-    neighbours = moved_neighbours(lists, queries[keep], removed, added["id"].to_pylist(), unit_rows(embeddings_of(added)))
-    return None if neighbours is None else (queries[keep], [o for o, k in zip(own, keep, strict=True) if k], neighbours)
+    vectors = unit_rows(embeddings_of(added))
+    neighbours = moved_neighbours(lists, queries[keep], removed, added["id"].to_pylist(), vectors)
+    if neighbours is None:
+        return None
+    return queries[keep], [mine for mine, k in zip(own, keep, strict=True) if k], neighbours
 
 
 def asked_neighbours(
-    parts: pads.Dataset, staged: int, run_dir: WorkPath, queries: int, searches: np.ndarray, copy_of: WorkPath | None
+    parts: pads.Dataset,
+    staged: int,
+    run_dir: WorkPath,
+    queries: int,
+    searches: np.ndarray,
+    copy_of: WorkPath | None,
 ) -> tuple[np.ndarray, list[str | None], list[Neighbours]]:
     """The check's queries (a seeded sample of `queries` staged rows, then `searches`), their own
     rows and their exact Neighbours: a copy's from its source's (copied_neighbours) while
     KEPT_SAMPLE of a full sample is left, else by scoring every staged row."""
     copied = None if copy_of is None else copied_neighbours(copy_of, run_dir, searches)
-    if copied is not None and sum(mine is not None for mine in copied[1]) >= KEPT_SAMPLE * min(queries, staged):
+    sample = min(queries, staged)
+    if copied is not None and sum(mine is not None for mine in copied[1]) >= KEPT_SAMPLE * sample:
         return copied
-    sample = np.random.default_rng(0).choice(staged, size=min(queries, staged), replace=False)
-    drawn = parts.take(pa.array(sample), columns=["id", EMBEDDING])
+    rows = np.random.default_rng(0).choice(staged, size=sample, replace=False)
+    drawn = parts.take(pa.array(rows), columns=["id", EMBEDDING])
     asked = np.vstack([unit_rows(embeddings_of(drawn)), searches])
     own = [str(i) for i in drawn["id"].to_pylist()] + [None] * len(searches)
     return asked, own, exact_neighbours(parts, asked, own)
@@ -298,8 +312,9 @@ def check_index(
     if count != staged:
         raise IndexCheckError(f"version {version} holds {count} points, {staged} were staged")
     dim = parts.schema.field(EMBEDDING).type.list_size
-    searched = [np.empty((0, dim), np.float32), *(q for q in (opening_queries, user_queries) if q is not None)]
-    asked, own, neighbours = asked_neighbours(parts, staged, run_dir, queries, unit_rows(np.vstack(searched)), copy_of)
+    searched = [q for q in (opening_queries, user_queries) if q is not None]
+    searches = unit_rows(np.vstack([np.empty((0, dim), np.float32), *searched]))
+    asked, own, neighbours = asked_neighbours(parts, staged, run_dir, queries, searches, copy_of)
     save_neighbours(run_dir, asked, own, neighbours)
     canaries = sum(mine is not None for mine in own)
     curve: list[dict[str, Any]] = []

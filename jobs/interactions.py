@@ -94,7 +94,8 @@ def item_positions(column: pa.ChunkedArray, items: pa.Array, undecodable: list[s
     """Each row's item position in `items` (their ids as strings), null where it is not there or
     its bytes are not UTF-8 (cast to text, such a row would fail the whole batch)."""
     if any(undecodable):
-        column = pc.if_else(pa.array([bad is not None for bad in undecodable]), pa.scalar(None, column.type), column)
+        bad = pa.array([reason is not None for reason in undecodable])
+        column = pc.if_else(bad, pa.scalar(None, column.type), column)
     keys = column.cast(pa.large_string()) if pa.types.is_large_binary(column.type) else column
     return pc.index_in(keys.cast(pa.string()), value_set=items)
 
@@ -126,14 +127,14 @@ def tag_rejects(batch: pa.Table, items: pa.Array) -> pa.Table:
     weights = checked[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * len(rows)
     found = positions.take(pa.array(rows, pa.int64())).to_pylist()
     reasons: list[str | None] = [None] * batch.num_rows
-    for row, *values in zip(rows, checked[USER].to_pylist(), checked[ITEM].to_pylist(), weights, found, strict=True):
+    users, items = checked[USER].to_pylist(), checked[ITEM].to_pylist()
+    for row, *values in zip(rows, users, items, weights, found, strict=True):
         reasons[row] = undecodable[row] or row_reason(*values) or bad_times[row]
     reason = pa.array(reasons, pa.string())
-    return (
-        batch.append_column(REASON, reason)
-        .append_column(INDEX, pc.if_else(pc.is_null(reason), pc.cast(positions, pa.int64()), pa.scalar(None, pa.int64())))
-        .append_column(SECONDS, seconds)
-    )
+    no_position = pa.scalar(None, pa.int64())
+    good_positions = pc.if_else(pc.is_null(reason), pc.cast(positions, pa.int64()), no_position)
+    tagged = batch.append_column(REASON, reason).append_column(INDEX, good_positions)
+    return tagged.append_column(SECONDS, seconds)
 
 
 def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[str, str]:

@@ -148,8 +148,9 @@ def record_validation(entry: WorkPath, rows: int, rejects: int, rejects_path: Wo
     if rejects:
         rejects_path.fs.copy_file(rejects_path.path, (entry / REJECTS).path)
     (entry / FIGURES).write_text(json.dumps({"rows": rows, "rejects": rejects, "at": time.time()}))
-    recorded = [(json.loads((e / FIGURES).read_text())["at"], e) for e in entry.parent.folders() if (e / FIGURES).is_file()]
-    for _, old in sorted(recorded, key=lambda pair: pair[0], reverse=True)[KEPT_VALIDATIONS:]:
+    entries = [e for e in entry.parent.folders() if (e / FIGURES).is_file()]
+    recorded = sorted(entries, key=lambda e: json.loads((e / FIGURES).read_text())["at"], reverse=True)
+    for old in recorded[KEPT_VALIDATIONS:]:
         old.rmtree()
 
 

@@ -109,7 +109,8 @@ def load_version(
         store.delete(version, copy.gone)
         with changes_file(run_dir, meta["dim"]) as changes:
             written = write(store, version, parts, payload_columns, copy.changed, changes)
-            changes.write_table(pa.table({"id": copy.gone, EMBEDDING: pa.nulls(len(copy.gone))}, changes.schema))
+            gone = pa.table({"id": copy.gone, EMBEDDING: pa.nulls(len(copy.gone))}, changes.schema)
+            changes.write_table(gone)
     store.finalize(version)
     mode, deleted = ("whole", 0) if copy is None else ("copy", len(copy.gone))
     return Loaded(store.count(version), mode, reason, written, deleted)
@@ -150,8 +151,9 @@ def plan_copy(
 def changes_file(run_dir: WorkPath, dim: int) -> Iterator[pq.ParquetWriter]:
     """The copy's CHANGES, written as its rows are upserted."""
     schema = pa.schema([("id", pa.string()), (EMBEDDING, pa.list_(pa.float32(), dim))])
-    with (run_dir / CHANGES).replaced() as tmp, pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs) as writer:
-        yield writer
+    with (run_dir / CHANGES).replaced() as tmp:
+        with pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs) as writer:
+            yield writer
 
 
 def write(
