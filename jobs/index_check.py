@@ -25,6 +25,7 @@ import json
 import time
 from collections.abc import Set
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -109,9 +110,10 @@ class Neighbours:
     """Every row not in `scores` scores below it: the DEPTH-th best less TIE after a full scan;
     -inf where fewer than DEPTH rows are there (all of them are in `scores`)."""
 
-    @property
+    @cached_property
     def floor(self) -> float:
-        """The K-th best cosine; -inf where fewer than K rows are there to rank."""
+        """The K-th best cosine; -inf where fewer than K rows are there to rank. Cached: measure
+        compares every hit of every rung with it."""
         return sorted(self.scores.values(), reverse=True)[K - 1] if len(self.scores) >= K else -np.inf
 
 
