@@ -6,6 +6,7 @@ import pyarrow as pa
 import ray
 from pydantic import Field
 
+from precompute.jobs.row_groups import ParquetRowGroups
 from precompute.models.datasets import DatasetInput, decoded, input_files, plain_schema
 from precompute.models.reference_texts import TextSample
 from precompute.models.text_columns import TEXT_TYPES
@@ -105,15 +106,18 @@ class InteractionsInput(DatasetInput):
 
 
 def read_input(source: DatasetInput) -> ray.data.Dataset:
-    """The input's rows on Ray, from the same files the driver's checks read (models/datasets.py)."""
+    """The input's rows on Ray, from the same files the driver's checks read (models/datasets.py);
+    Parquet by row groups (jobs/row_groups.py)."""
     files = input_files(source)
+    encoded = files.encoded()
     # The files are chosen already: no extension filter, and partition folders are not columns.
     options = {"filesystem": files.filesystem, "partitioning": None, "file_extensions": None}
-    if files.format == "csv":
+    if files.format == "parquet":
+        dataset = ray.data.read_datasource(ParquetRowGroups(encoded))
+    elif files.format == "csv":
         dataset = ray.data.read_csv(list(files.files), convert_options=files.csv_options(), **options)
     else:
-        reader = {"parquet": ray.data.read_parquet, "json": ray.data.read_json}[files.format]
-        dataset = reader(list(files.files), **options)
-    if plain_schema(schema := files.encoded().schema) != schema:
+        dataset = ray.data.read_json(list(files.files), **options)
+    if plain_schema(encoded.schema) != encoded.schema:
         dataset = dataset.map_batches(decoded, batch_format="pyarrow")
     return dataset
