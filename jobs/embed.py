@@ -33,9 +33,10 @@ from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, reco
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
-from precompute.jobs.validate import REJECTS, VALIDATED, payload_columns, validated_corpus
+from precompute.jobs.validate import REJECTS, VALIDATED, payload_columns, validated_corpus, validation_key
 from precompute.jobs.vector_load import load_version
 from precompute.models import Engine, load_encoder
+from precompute.models.datasets import input_files
 from precompute.stores.vector_settings import Quantization
 from precompute.stores.vectors import GRAPH_KEY, VectorStore
 
@@ -115,11 +116,15 @@ def run_embed_job(
     current = store.current()
     published = None if current is None else work_dir.run_dir(settings.work_dir, output, current)
     start = time.perf_counter()
-    inputs = inputs_digest(corpus, corpus.model_dump_json(), engine.model_dump_json())
+    files = input_files(corpus).digest()
+    inputs = inputs_digest(files, corpus.model_dump_json(), engine.model_dump_json())
     unchanged = same_night(inputs, published)
     seconds = {"digest": time.perf_counter() - start}
     if unchanged is None:
-        night, computed, embedded = embed_corpus(run, cache, corpus, settings, engine, output, inputs)
+        validation = settings.work_dir / VALIDATED / validation_key(files, corpus)
+        night, computed, embedded = embed_corpus(
+            run, cache, corpus, settings, engine, output, inputs, validation
+        )
         record_night(run, night)
         seconds.update(embedded)
     else:
@@ -160,9 +165,11 @@ def embed_corpus(
     engine: Engine,
     output: str,
     inputs: str,
+    validation: work_dir.WorkPath,
 ) -> tuple[Night, int, dict[str, float]]:
-    """Validate the corpus, then embed the rows the cache lacks into `run`'s staged parts:
-    (the night, with its rows, rejects and engine report; rows computed; seconds by stage)."""
+    """Validate the corpus (or take its `validation`: jobs/validate.py), then embed the rows the
+    cache lacks into `run`'s staged parts: (the night, with its rows, rejects and engine report;
+    rows computed; seconds by stage)."""
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
@@ -171,7 +178,7 @@ def embed_corpus(
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
         with progress.stage(output, "validate"):
-            good, rows, rejects = validated_corpus(corpus, run / REJECTS, settings.work_dir / VALIDATED)
+            good, rows, rejects = validated_corpus(corpus, run / REJECTS, validation)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

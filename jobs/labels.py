@@ -45,9 +45,10 @@ from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_di
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, is_committed
-from precompute.jobs.validate import REJECTS, VALIDATED, validated_corpus
+from precompute.jobs.validate import REJECTS, VALIDATED, validated_corpus, validation_key
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
+from precompute.models.datasets import input_files
 from precompute.models.label_head import LabelTask
 from precompute.models.labels import LabelerReport, load_labeler, open_labeler
 from precompute.stores.key_value_sink import KeyValueSink
@@ -163,17 +164,19 @@ def run_labels_job(
     """
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
-    inputs = inputs_digest(corpus, corpus.model_dump_json(), engine.model_dump_json(), labels.model_dump_json())
+    files = input_files(corpus).digest()
+    inputs = inputs_digest(files, corpus.model_dump_json(), engine.model_dump_json(), labels.model_dump_json())
     night = same_night(inputs, None if previous is None else previous.run_dir)
     seconds = {"digest": time.perf_counter() - start}
     if night is not None and previous is not None and night.figures["items"] in previous.records:
         return unchanged_night(night, previous, work_dir, before_write, seconds)
+    validation = settings.work_dir / VALIDATED / validation_key(files, corpus)
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
         start = time.perf_counter()
         with progress.stage(output, "validate"):
-            good, rows, rejects = validated_corpus(corpus, rejects_path, settings.work_dir / VALIDATED)
+            good, rows, rejects = validated_corpus(corpus, rejects_path, validation)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

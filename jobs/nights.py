@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 
 from precompute.jobs.work_dir import WorkPath
-from precompute.models.datasets import DatasetInput, input_files
 
 NIGHT = "night.json"
 
 
-def inputs_digest(source: DatasetInput, *described: str | bytes | np.ndarray) -> str:
-    """The input's files (names and bytes) and everything else a run is made from, `described`
-    as text, bytes or arrays (settings as JSON, a model's hash, vectors), hashed together."""
+def inputs_digest(files: str, *described: str | bytes | np.ndarray) -> str:
+    """The input's `files` (their digest: models/datasets.py InputFiles.digest, computed once per
+    job, as it reads every byte) and everything else a run is made from, `described` as text,
+    bytes or arrays (settings as JSON, a model's hash, vectors), hashed together."""
     digest = hashlib.blake2b(digest_size=16)
-    for part in (input_files(source).digest(), *described):
+    for part in (files, *described):
         data = part.encode() if isinstance(part, str) else part
         if isinstance(data, np.ndarray):
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)

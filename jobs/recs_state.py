@@ -47,6 +47,7 @@ from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, same_nigh
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath
+from precompute.models.datasets import input_files
 from precompute.models.settings import EngineSettings
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def inputs_digest(
     described = [interactions, settings, engine or EngineSettings()]
     towers = [] if own is None else [own.items, own.user_vectors, "\n".join(map(str, own.user_ids))]
     return nights.inputs_digest(
-        interactions,
+        input_files(interactions).digest(),
         items_model,
         recipe,
         *(part.model_dump_json() for part in described),

@@ -122,10 +122,10 @@ def check_ratio(count: int, rows: int, max_ratio: float, path: WorkPath, noun: s
         )
 
 
-def validation_key(corpus: CorpusInput) -> str:
-    """The corpus's files, byte for byte, and the rules its rows are checked by."""
+def validation_key(files: str, corpus: CorpusInput) -> str:
+    """The corpus's `files` (their digest) and the rules its rows are checked by."""
     rules = {"id": corpus.id, "text": corpus.text, "max_text_bytes": corpus.max_text_bytes}
-    return inputs_digest(corpus, json.dumps(rules, sort_keys=True))
+    return inputs_digest(files, json.dumps(rules, sort_keys=True))
 
 
 def known_validation(entry: WorkPath, rejects_path: WorkPath, max_ratio: float) -> tuple[int, int] | None:
@@ -166,12 +166,13 @@ def payload_columns(corpus: CorpusInput) -> list[str]:
 
 
 def validated_corpus(
-    corpus: CorpusInput, rejects_path: WorkPath, validations: WorkPath | None = None
+    corpus: CorpusInput, rejects_path: WorkPath, entry: WorkPath | None = None
 ) -> tuple[ray.data.Dataset, int, int]:
     """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first.
-    `validations`: the work directory's earlier ones (VALIDATED), where a validation of the same
-    files by the same rules (the night's other text job, a night whose corpus did not move) is
-    taken, its rejects copied, instead of reading every row to quarantine them again."""
+    `entry`: this validation's folder among the work directory's (VALIDATED / validation_key),
+    where one of the same files by the same rules (the night's other text job, a night whose
+    corpus did not move) is taken, its rejects copied, instead of reading every row to
+    quarantine them again."""
     source = arrow_dataset(corpus)
     renames = canonical_columns(corpus)
     schema = pa.schema(
@@ -188,7 +189,6 @@ def validated_corpus(
             "max_text_bytes": corpus.max_text_bytes,
         },
     )
-    entry = None if validations is None else validations / validation_key(corpus)
     known = None if entry is None else known_validation(entry, rejects_path, corpus.max_reject_ratio)
     if known is not None:
         rows, rejects = known

@@ -19,6 +19,7 @@ from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
+from precompute.models.datasets import InputFiles
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import VectorStore, open_vector_store
 
@@ -83,7 +84,7 @@ def vectors_by_id(job: JobSettings, version: str) -> dict[str, np.ndarray]:
 
 
 def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
-    ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path
+    ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path, monkeypatch
 ) -> None:
     first = run_embed_job("v1", store, corpus, job, settings)
     # A part no completed write returned (a killed write task's): neither the cache nor a reader sees it.
@@ -97,7 +98,11 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     changed = tmp_path / "changed.parquet"
     pq.write_table(pa.Table.from_pylist(table), changed)
     changed_corpus = corpus.model_copy(update={"path": str(changed)})
+    digested: list[str] = []  # the corpus's bytes are read once for the night's and the validation's digests
+    digest = InputFiles.digest
+    monkeypatch.setattr(InputFiles, "digest", lambda files: digested.append(digest(files)) or digested[-1])
     second = run_embed_job("v2", store, changed_corpus, job, settings)
+    assert len(digested) == 1
     assert (second.computed, second.reused, second.loaded) == (3, first.loaded - 3, first.loaded)
     assert computed_ids(job, "v2") == {table[i]["id"] for i in (10, 11, 12)}
 

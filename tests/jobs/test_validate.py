@@ -24,8 +24,10 @@ from precompute.jobs.validate import (
     row_reason,
     tag_rejects,
     validated_corpus,
+    validation_key,
 )
 from precompute.jobs.work_dir import WorkPath
+from precompute.models.datasets import input_files
 
 ROWS = 200
 
@@ -144,21 +146,26 @@ def test_a_validation_of_the_same_files_by_the_same_rules_is_taken_not_repeated(
     pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": ["one", " ", "three", "four"]}), path)
     corpus = CorpusInput(path=str(path), max_reject_ratio=0.5)
     validations = WorkPath.of(tmp_path / "validated")
+
+    def entry(corpus: CorpusInput) -> WorkPath:
+        return validations / validation_key(input_files(corpus).digest(), corpus)
+
     first = WorkPath.of(tmp_path / "run-1" / "rejects.parquet")
-    assert validated_corpus(corpus, first, validations)[1:] == (4, 1)
+    assert validated_corpus(corpus, first, entry(corpus))[1:] == (4, 1)
 
     monkeypatch.setattr(validate, "quarantine", None)  # a second pass over the rows would raise
     second = WorkPath.of(tmp_path / "run-2" / "rejects.parquet")
-    good, rows, rejects = validated_corpus(corpus, second, validations)
+    good, rows, rejects = validated_corpus(corpus, second, entry(corpus))
     assert (rows, rejects) == (4, 1) and sorted(r["id"] for r in good.take_all()) == ["a", "c", "d"]
     assert pq.read_table(second.path).to_pylist() == pq.read_table(first.path).to_pylist()
     with pytest.raises(RejectRatioExceededError, match=r"1 of 4 rows rejected, over max_reject_ratio=0\.2"):
-        validated_corpus(corpus.model_copy(update={"max_reject_ratio": 0.2}), second, validations)
+        validated_corpus(corpus.model_copy(update={"max_reject_ratio": 0.2}), second, entry(corpus))
 
     monkeypatch.undo()
-    assert validated_corpus(corpus.model_copy(update={"max_text_bytes": 4}), second, validations)[1:] == (4, 2)
+    bytes_4 = corpus.model_copy(update={"max_text_bytes": 4})
+    assert validated_corpus(bytes_4, second, entry(bytes_4))[1:] == (4, 2)
     pq.write_table(pa.table({"id": ["a", "b"], "text": ["one", "two"]}), path)
-    assert validated_corpus(corpus, second, validations)[1:] == (2, 0)
+    assert validated_corpus(corpus, second, entry(corpus))[1:] == (2, 0)
     assert len(validations.folders()) == 3
 
 
@@ -167,6 +174,8 @@ def test_the_newest_validations_are_kept(ray_local, tmp_path: Path) -> None:
     for n in range(validate.KEPT_VALIDATIONS + 2):
         path = tmp_path / f"corpus-{n}.parquet"
         pq.write_table(pa.table({"id": [str(n)], "text": [f"text {n}"]}), path)
-        validated_corpus(CorpusInput(path=str(path)), WorkPath.of(tmp_path / "rejects.parquet"), validations)
+        corpus = CorpusInput(path=str(path))
+        entry = validations / validation_key(input_files(corpus).digest(), corpus)
+        validated_corpus(corpus, WorkPath.of(tmp_path / "rejects.parquet"), entry)
     kept = {json.loads((e / validate.FIGURES).read_text())["rows"] for e in validations.folders()}
     assert len(validations.folders()) == validate.KEPT_VALIDATIONS and kept == {1}
