@@ -30,10 +30,19 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import ray
+from pyarrow.fs import FileSystem
 from ray import ObjectRef
 
-from precompute.jobs.staging import COMPUTED, committed_dataset, is_committed, read_committed
+from precompute.jobs.staging import (
+    COMPUTED,
+    committed_dataset,
+    committed_parts,
+    is_committed,
+    part_name,
+    read_committed,
+)
 from precompute.jobs.work_dir import WorkPath
 
 POINTER = "CURRENT"
@@ -71,21 +80,54 @@ def previous_run(cache_dir: WorkPath) -> WorkPath | None:
     return run_dir
 
 
+class Kept(NamedTuple):
+    """The previous run's staged rows that are this run's exactly: its committed parts less
+    the `stale` ids, marked not computed."""
+
+    run_dir: WorkPath
+    stale: ObjectRef
+    """The ids of its rows that are not kept (a pyarrow array: ids_ref)."""
+
+    def dataset(self) -> ray.data.Dataset:
+        rows = read_committed(self.run_dir)
+        return rows.map_batches(kept_rows, fn_kwargs={"ids": self.stale}, batch_format="pyarrow")
+
+    def stage(self, target: WorkPath) -> list[ObjectRef]:
+        """Start writing the kept rows into `target` as parts of its own, one Ray task per part;
+        each task returns its part's manifest entry (StagingSink's `kept`). A task reads and
+        writes its Parquet directly: through Ray Data the same rows took 2.4 times as long
+        (990,000 rows of 384-d vectors, 2 CPUs), carried through its object store twice."""
+        target.mkdir()
+        parts = committed_parts(self.run_dir)
+        return [keep_part.remote(self.run_dir.fs, part, target, [self.stale]) for part in parts]
+
+
+@ray.remote
+def keep_part(fs: FileSystem, part: str, target: WorkPath, stale: list[ObjectRef]) -> dict[str, int | str]:
+    """One committed part (`part` on `fs`) less the `stale` rows, written into `target` under a
+    name of its own. `stale` is wrapped in a list so that Ray passes the reference, not the ids."""
+    kept = kept_rows(pq.read_table(part, filesystem=fs), stale[0])
+    name = part_name()
+    pq.write_table(kept, (target / name).path, filesystem=target.fs)
+    return {"name": name, "rows": kept.num_rows, "computed": 0}
+
+
 class Reuse(NamedTuple):
     fresh: ray.data.Dataset | None
     """The rows the model sees: those to compute, and those whose payload alone moved, joined
     to their cached `columns`; None when there is none."""
-    kept: ray.data.Dataset | None
-    """The cache's staged rows that are this run's exactly, marked not computed."""
+    kept: Kept | None
+    """The cache's staged rows that are this run's exactly; None when there is none."""
     count: int
     """Rows in `kept`."""
 
     def rows(self, compute: Callable[[ray.data.Dataset], ray.data.Dataset]) -> ray.data.Dataset:
         """The run's staged rows: the kept ones, and `compute` over the fresh ones."""
         computed = None if self.fresh is None else compute(self.fresh)
-        if self.kept is None or computed is None:
-            return self.kept if computed is None else computed
-        return self.kept.union(computed)
+        kept = None if self.kept is None else self.kept.dataset()
+        if kept is None or computed is None:
+            return kept if computed is None else computed
+        return kept.union(computed)
 
 
 def reuse_previous(
@@ -109,10 +151,7 @@ def reuse_previous(
     matched = now_rows.join(before_rows, on=["id", KEY], suffix="_before")
     same = matched.filter(pl.col(DIGEST) == pl.col(f"{DIGEST}_before") if same_payload else pl.lit(False))
     fresh_ids, stale_ids = now_rows.join(same, on="id", how="anti"), before_rows.join(same, on="id", how="anti")
-    kept = None
-    if not same.is_empty():
-        stale = ids_ref(stale_ids, now)
-        kept = read_committed(previous).map_batches(kept_rows, fn_kwargs={"ids": stale}, batch_format="pyarrow")
+    kept = None if same.is_empty() else Kept(previous, ids_ref(stale_ids, now))
     if fresh_ids.is_empty():
         return Reuse(None, kept, len(same))
     fresh = rows if kept is None else rows.map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")

@@ -186,22 +186,23 @@ def embed_corpus(
         seconds["engine"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        sink = StagingSink(run / STAGED)
         keyed = good.map_batches(
             with_content_keys, fn_kwargs={"identity": engine.model.hash}, batch_format="pyarrow"
         )
         with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
             reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus))
             progress.add(counter, reuse.count)
-            reuse.rows(
-                lambda fresh: fresh.map_batches(
+            sink = StagingSink(run / STAGED, None if reuse.kept is None else reuse.kept.stage(run / STAGED))
+            if reuse.fresh is None:
+                sink.commit([])
+            else:
+                reuse.fresh.map_batches(
                     EmbedActor,
                     fn_constructor_kwargs={"engine": engine, "counter": counter},
                     batch_size=settings.rows_per_batch,
                     batch_format="pyarrow",
                     **actor_pool(settings.actors, gpus),
-                )
-            ).write_datasink(sink)
+                ).write_datasink(sink)
         seconds["embed"] = time.perf_counter() - start
     night = Night(inputs, {"rows": rows, "rejects": rejects, "engine": engine_report})
     return night, sink.computed, seconds

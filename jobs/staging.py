@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray
+from ray import ObjectRef
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
@@ -37,11 +38,19 @@ class UncommittedError(Exception):
     """A run folder whose write never completed: it has no manifest."""
 
 
-class StagingSink(Datasink[list[dict[str, Any]]]):
-    """Writes each block as a Parquet part of `run_dir` and commits the parts that were returned."""
+def part_name() -> str:
+    """A new part's file name: unique, so that a retried task never overwrites a committed part."""
+    return f"part-{uuid.uuid4().hex}.parquet"
 
-    def __init__(self, run_dir: WorkPath) -> None:
+
+class StagingSink(Datasink[list[dict[str, Any]]]):
+    """Writes each block as a Parquet part of `run_dir` and commits the parts that were returned,
+    with those `kept`: parts other tasks write into `run_dir` (their manifest entries, awaited
+    before the commit: jobs/content_cache.py Kept)."""
+
+    def __init__(self, run_dir: WorkPath, kept: list[ObjectRef] | None = None) -> None:
         self.run_dir = run_dir
+        self.kept = kept or []
         self.rows = self.computed = 0
         """Rows committed, and of them those with `computed` true; set by on_write_complete."""
 
@@ -54,14 +63,19 @@ class StagingSink(Datasink[list[dict[str, Any]]]):
             table = BlockAccessor.for_block(block).to_arrow()
             if not table.num_rows:
                 continue
-            name = f"part-{uuid.uuid4().hex}.parquet"
+            name = part_name()
             pq.write_table(table, (self.run_dir / name).path, filesystem=self.run_dir.fs)
             computed = int(pc.sum(table[COMPUTED]).as_py() or 0) if COMPUTED in table.column_names else 0
             parts.append({"name": name, "rows": table.num_rows, "computed": computed})
         return parts
 
     def on_write_complete(self, write_result: WriteResult[list[dict[str, Any]]]) -> None:
-        parts = [part for returned in write_result.write_returns for part in returned]
+        self.commit(write_result.write_returns)
+
+    def commit(self, write_returns: list[list[dict[str, Any]]]) -> None:
+        """Commit the parts the write tasks returned and the kept ones (a run that computed no
+        row commits with no write: `commit([])`)."""
+        parts = [*ray.get(self.kept), *(part for returned in write_returns for part in returned)]
         commit(self.run_dir, parts)
         self.rows = sum(p["rows"] for p in parts)
         self.computed = sum(p["computed"] for p in parts)
