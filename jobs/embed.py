@@ -2,9 +2,11 @@
 
     rejects pass:  read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     main pass:     read -> tag_rejects -> good rows -> content keys -> (id, key, payload) to the
-                   driver, compared with the previous run's (jobs/content_cache.py) -> its staged
-                   rows where all three match, the EmbedActor pool's (it encodes the rest) for the
-                   others -> StagingSink (Parquet parts, committed by a manifest)
+                   driver, compared with the previous run's (jobs/content_cache.py) -> the
+                   EmbedActor pool encodes the rows that moved -> StagingSink (Parquet parts,
+                   committed by a manifest)
+    kept rows:     the previous run's parts less the rows that moved, one Ray task a part,
+                   committed in the same manifest
     driver:        committed parts -> vector store version (a copy of the published one with the
                    rows that moved, else a bulk load: jobs/vector_load.py; index, count) -> promote as cache
 

@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import ray
 
+from precompute.jobs.content_cache import Kept
 from precompute.jobs.staging import (
     MANIFEST,
     StagingSink,
@@ -43,3 +45,30 @@ def test_a_folder_without_a_manifest_is_never_read(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": ["a"]}), tmp_path / "part-0.parquet")
     with pytest.raises(UncommittedError, match=r"no manifest\.json: its write never completed"):
         committed_dataset(WorkPath.of(tmp_path))
+
+
+def test_kept_rows_are_staged_beside_the_computed_ones_in_one_manifest(ray_local, tmp_path: Path) -> None:
+    """A night's kept rows (the previous run's parts less the stale ids, written by tasks of their
+    own) and its computed rows commit together; a night that computed none commits its kept
+    rows alone; a kept part a retried task left behind is deleted like a write's."""
+    previous = WorkPath.of(tmp_path / "previous")
+    before = pa.table({"id": [str(i) for i in range(1000)], "computed": [True] * 1000})
+    ray.data.from_arrow(before).repartition(3).write_datasink(StagingSink(previous))
+    kept = Kept(previous, ray.put(pa.array([str(i) for i in range(0, 1000, 10)])))
+
+    run = WorkPath.of(tmp_path / "run")
+    sink = StagingSink(run, kept.stage(run))
+    pq.write_table(before.slice(0, 10), (run / "part-orphan.parquet").path)
+    fresh = pa.table({"id": [f"new-{i}" for i in range(50)], "computed": [True] * 50})
+    ray.data.from_arrow(fresh).write_datasink(sink)
+    staged = committed_dataset(run).to_table()
+    assert (sink.rows, sink.computed) == (950, 50) and not (tmp_path / "run" / "part-orphan.parquet").exists()
+    assert sorted(staged.filter(pc.invert(staged["computed"]))["id"].to_pylist()) == sorted(
+        str(i) for i in range(1000) if i % 10
+    )
+    assert len(committed_parts(run)) == 4
+
+    alone = WorkPath.of(tmp_path / "alone")
+    sink = StagingSink(alone, kept.stage(alone))
+    sink.commit([])
+    assert (sink.rows, sink.computed) == (900, 0) and committed_dataset(alone).count_rows() == 900
