@@ -92,9 +92,11 @@ def version_meta(engine: Engine) -> dict[str, Any]:
     return {"model": engine.model.model_dump(mode="json"), "reference": engine.reference.model_dump(mode="json")}
 
 
-@ray.remote
+@ray.remote(max_calls=1)
 def prepare_engine(engine: Engine) -> dict[str, Any]:
-    """Build (or find cached) and gate the engine once, before the actors fan out."""
+    """Build (or find cached) and gate the engine once, before the actors fan out. Its worker
+    exits after it (`max_calls=1`): reused, it carried the engine's and PyTorch's pages into the
+    read and write tasks that ran in it next."""
     with load_encoder(engine) as encoder:
         return asdict(encoder.report)
 

@@ -130,9 +130,10 @@ class LabelActor:
         )
 
 
-@ray.remote
+@ray.remote(max_calls=1)
 def prepare_labeler(labels: LabelTask, engine: Engine) -> tuple[LabelerReport, list[str]]:
-    """Train the head (on a cache miss), build the engine and gate the labeler once; (report, vocabulary)."""
+    """Train the head (on a cache miss), build the engine and gate the labeler once; (report,
+    vocabulary). Its worker exits after it, as prepare_engine's (jobs/embed.py)."""
     with load_labeler(labels, engine) as labeler:
         return labeler.report, labeler.labels
 
