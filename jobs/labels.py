@@ -166,7 +166,8 @@ def run_labels_job(
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
     files = input_files(corpus).digest()
-    inputs = inputs_digest(files, corpus.model_dump_json(), engine.model_dump_json(), labels.model_dump_json())
+    described = (corpus.model_dump_json(), engine.model_dump_json(), labels.model_dump_json())
+    inputs = inputs_digest(files, *described)
     night = same_night(inputs, None if previous is None else previous.run_dir)
     seconds = {"digest": time.perf_counter() - start}
     if night is not None and previous is not None and night.figures["items"] in previous.records:

@@ -12,6 +12,7 @@ stay one task each, as before, and one large file becomes many.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -43,9 +44,9 @@ class ParquetRowGroups(Datasource):
         tasks = []
         for fragment in self.dataset.get_fragments():
             for ids, rows, size in runs(fragment.metadata):
-                metadata = BlockMetadata(num_rows=rows, size_bytes=size, input_files=[fragment.path], exec_stats=None)
+                metadata = BlockMetadata(rows, size, exec_stats=None, input_files=[fragment.path])
                 part = fragment.subset(row_group_ids=ids)
-                tasks.append(ReadTask(lambda part=part: batches(part, schema), metadata, schema, per_task_row_limit))
+                tasks.append(ReadTask(partial(batches, part, schema), metadata, schema, per_task_row_limit))
         return tasks
 
 

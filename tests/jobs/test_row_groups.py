@@ -42,7 +42,8 @@ def test_consecutive_row_groups_are_packed_up_to_a_tasks_bytes(
     assert 2 < len(packed) < file.num_row_groups
     no_group = pq.ParquetWriter(tmp_path / "c.parquet", pa.schema({"text": pa.string()}))
     no_group.close()
-    assert [(ids, rows) for ids, rows, _ in runs(pq.ParquetFile(tmp_path / "c.parquet").metadata)] == [([], 0)]
+    empty = pq.ParquetFile(tmp_path / "c.parquet").metadata
+    assert [(ids, rows) for ids, rows, _ in runs(empty)] == [([], 0)]
 
 
 def test_one_large_file_is_read_by_several_tasks_with_every_row_once(
