@@ -35,7 +35,7 @@ from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, reco
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
-from precompute.jobs.validate import REJECTS, VALIDATED, payload_columns, validated_corpus, validation_key
+from precompute.jobs.validate import REJECTS, payload_columns, validated_corpus, validation_entry
 from precompute.jobs.vector_load import load_version
 from precompute.models import Engine, load_encoder
 from precompute.models.datasets import input_files
@@ -125,7 +125,7 @@ def run_embed_job(
     unchanged = same_night(inputs, published)
     seconds = {"digest": time.perf_counter() - start}
     if unchanged is None:
-        validation = settings.work_dir / VALIDATED / validation_key(files, corpus)
+        validation = validation_entry(settings.work_dir, files, corpus)
         night, computed, embedded = embed_corpus(
             run, cache, corpus, settings, engine, output, inputs, validation
         )

@@ -45,7 +45,7 @@ from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_di
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, is_committed
-from precompute.jobs.validate import REJECTS, VALIDATED, validated_corpus, validation_key
+from precompute.jobs.validate import REJECTS, validated_corpus, validation_entry
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.datasets import input_files
@@ -172,7 +172,7 @@ def run_labels_job(
     seconds = {"digest": time.perf_counter() - start}
     if night is not None and previous is not None and night.figures["items"] in previous.records:
         return unchanged_night(night, previous, work_dir, before_write, seconds)
-    validation = settings.work_dir / VALIDATED / validation_key(files, corpus)
+    validation = validation_entry(settings.work_dir, files, corpus)
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py

@@ -26,7 +26,7 @@ from precompute.models.tokenize import check_text
 REASON = "reject_reason"
 VALIDATED = "validated"
 """<work_dir>/validated/<key>/: a corpus's validation (FIGURES, and its REJECTS), by the digest of
-its files and rules (validation_key)."""
+its files and rules (validation_entry)."""
 FIGURES = "figures.json"
 KEPT_VALIDATIONS = 8
 """Validations kept: a night's corpus or two, for several outputs and a few nights."""
@@ -122,10 +122,11 @@ def check_ratio(count: int, rows: int, max_ratio: float, path: WorkPath, noun: s
         )
 
 
-def validation_key(files: str, corpus: CorpusInput) -> str:
-    """The corpus's `files` (their digest) and the rules its rows are checked by."""
+def validation_entry(work_dir: WorkPath, files: str, corpus: CorpusInput) -> WorkPath:
+    """The folder of the corpus's validation under `work_dir`: keyed by its `files` (their digest)
+    and the rules its rows are checked by."""
     rules = {"id": corpus.id, "text": corpus.text, "max_text_bytes": corpus.max_text_bytes}
-    return inputs_digest(files, json.dumps(rules, sort_keys=True))
+    return work_dir / VALIDATED / inputs_digest(files, json.dumps(rules, sort_keys=True))
 
 
 def known_validation(entry: WorkPath, rejects_path: WorkPath, max_ratio: float) -> tuple[int, int] | None:
@@ -169,7 +170,7 @@ def validated_corpus(
     corpus: CorpusInput, rejects_path: WorkPath, entry: WorkPath | None = None
 ) -> tuple[ray.data.Dataset, int, int]:
     """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first.
-    `entry`: this validation's folder among the work directory's (VALIDATED / validation_key),
+    `entry`: this validation's folder among the work directory's (validation_entry),
     where one of the same files by the same rules (the night's other text job, a night whose
     corpus did not move) is taken, its rejects copied, instead of reading every row to
     quarantine them again."""

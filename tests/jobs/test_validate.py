@@ -24,7 +24,7 @@ from precompute.jobs.validate import (
     row_reason,
     tag_rejects,
     validated_corpus,
-    validation_key,
+    validation_entry,
 )
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import input_files
@@ -145,10 +145,10 @@ def test_a_validation_of_the_same_files_by_the_same_rules_is_taken_not_repeated(
     path = tmp_path / "corpus.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": ["one", " ", "three", "four"]}), path)
     corpus = CorpusInput(path=str(path), max_reject_ratio=0.5)
-    validations = WorkPath.of(tmp_path / "validated")
+    validations = WorkPath.of(tmp_path / validate.VALIDATED)
 
     def entry(corpus: CorpusInput) -> WorkPath:
-        return validations / validation_key(input_files(corpus).digest(), corpus)
+        return validation_entry(WorkPath.of(tmp_path), input_files(corpus).digest(), corpus)
 
     first = WorkPath.of(tmp_path / "run-1" / "rejects.parquet")
     assert validated_corpus(corpus, first, entry(corpus))[1:] == (4, 1)
@@ -170,12 +170,12 @@ def test_a_validation_of_the_same_files_by_the_same_rules_is_taken_not_repeated(
 
 
 def test_the_newest_validations_are_kept(ray_local, tmp_path: Path) -> None:
-    validations = WorkPath.of(tmp_path / "validated")
+    validations = WorkPath.of(tmp_path / validate.VALIDATED)
     for n in range(validate.KEPT_VALIDATIONS + 2):
         path = tmp_path / f"corpus-{n}.parquet"
         pq.write_table(pa.table({"id": [str(n)], "text": [f"text {n}"]}), path)
         corpus = CorpusInput(path=str(path))
-        entry = validations / validation_key(input_files(corpus).digest(), corpus)
+        entry = validation_entry(WorkPath.of(tmp_path), input_files(corpus).digest(), corpus)
         validated_corpus(corpus, WorkPath.of(tmp_path / "rejects.parquet"), entry)
     kept = {json.loads((e / validate.FIGURES).read_text())["rows"] for e in validations.folders()}
     assert len(validations.folders()) == validate.KEPT_VALIDATIONS and kept == {1}
