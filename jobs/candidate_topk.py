@@ -25,6 +25,7 @@ import faiss
 import numpy as np
 import torch
 
+from precompute.jobs.kept_graph import KeptGraph
 from precompute.jobs.recs_models import Seen, Towers, users_subset
 from precompute.jobs.topk import BlockedTopK
 
@@ -36,7 +37,9 @@ GRAPH_BUILD_USERS = 10_000
 """auto scores exactly when at most this many users are ranked, whatever the catalogue: building
 the graph costs about as much as scoring 9,500 users exactly (80 µs an item against 8.4 ns a
 user-item, figures above), and both grow with the items. An incremental night that rescores 1%
-of 1M users scores them exactly rather than build a graph for them."""
+of 1M users scores them exactly rather than build a graph for them, unless it keeps the graph of
+an earlier night (jobs/kept_graph.py); then only the recall check's CHECK_USERS exact scores
+must be repaid."""
 GRAPH_NEIGHBOURS = 32
 """HNSW's M: links per item in the graph."""
 EF_LADDER = (64, 128, 256, 512, 1024)
@@ -66,8 +69,13 @@ class Ranking:
     """Each efSearch tried: its recall and its search time per sample user (ms)."""
     sample_users: int = 0
     build_s: float = 0.0
+    """Seconds to build the graph, or to give a kept one tonight's vectors."""
+    kept_from: str | None = None
+    """The version whose run built the graph, when it was kept (jobs/kept_graph.py)."""
     index: np.ndarray | None = field(default=None, repr=False)
     """The graph, serialized (faiss.serialize_index): what the actors search."""
+    moved: np.ndarray | None = field(default=None, repr=False)
+    """A kept graph's items moved since its build, scored exactly for every user."""
 
     def report(self) -> dict[str, object]:
         return {
@@ -78,17 +86,27 @@ class Ranking:
             "curve": self.curve,
             "sample_users": self.sample_users,
             "build_s": self.build_s,
+            "kept_from": self.kept_from,
+            "moved": 0 if self.moved is None else len(self.moved),
         }
 
 
 class CandidateTopK:
     """Top-k of user . item + prior, the user's seen items excluded, from the graph's candidates
-    and the HEAD_ITEMS head, rescored exactly. A user whose candidates run short of k unseen
-    items (a long history) is searched again 4x deeper, and past the whole catalogue scored
-    exactly."""
+    and the items scored exactly for every user (the HEAD_ITEMS head, and those `moved` since a
+    kept graph was built: jobs/kept_graph.py), rescored exactly. A user whose candidates run
+    short of k unseen items (a long history) is searched again 4x deeper, and past the whole
+    catalogue scored exactly."""
 
     def __init__(
-        self, index: faiss.Index, item_vectors: np.ndarray, k: int, block: int, prior: np.ndarray | None, ef: int
+        self,
+        index: faiss.Index,
+        item_vectors: np.ndarray,
+        k: int,
+        block: int,
+        prior: np.ndarray | None,
+        ef: int,
+        moved: np.ndarray | None = None,
     ) -> None:
         faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))  # Ray sets OMP_NUM_THREADS=1
         self.index, self.ef, self.block = index, ef, block
@@ -96,8 +114,12 @@ class CandidateTopK:
         self.prior = prior
         self.k = min(k, len(self.items))
         norms = np.einsum("ij,ij->i", self.items, self.items) + (0 if prior is None else prior**2)  # no [items, dim] temporary
-        self.head = np.argsort(-norms, kind="stable")[:HEAD_ITEMS]
-        self.head_items = self.items[self.head].T  # gathered once, not per block of users
+        head = np.argsort(-norms, kind="stable")[:HEAD_ITEMS]
+        self.exact = np.union1d(head, np.zeros(0, np.int64) if moved is None else moved)
+        self.column = np.full(len(self.items), -1, np.int64)
+        self.column[self.exact] = np.arange(len(self.exact))
+        self.exact_items = self.items[self.exact].T  # gathered once, not per block of users
+        self.exact_prior = None if prior is None else prior[self.exact]
 
     def __call__(self, user_vectors: torch.Tensor, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
         """(indices, scores) as BlockedTopK gives them."""
@@ -119,41 +141,49 @@ class CandidateTopK:
         return indices, scores
 
     def _search(self, users: np.ndarray, seen: Seen, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The graph's `depth` candidates and the head rescored, seen ones dropped: (indices,
-        scores, short), short where fewer than k of the graph's candidates are unseen (its
-        search did not reach past the user's own items)."""
+        """The graph's `depth` candidates rescored, merged with the top k of the items scored
+        exactly, seen ones dropped: (indices, scores, short), short where fewer than k of the
+        graph's candidates are unseen (its search did not reach past the user's own items)."""
         query = users if self.prior is None else np.hstack([users, np.ones((len(users), 1), np.float32)])
         params = faiss.SearchParametersHNSW(efSearch=max(self.ef, depth))
         _, found = self.index.search(query, depth, params=params)
-        in_head = np.isin(found, self.head)  # scored once, in the head's columns
-        safe = np.maximum(found, 0)
-        graph_scores = np.matmul(self.items[safe], users[:, :, None])[:, :, 0]
-        head_scores = users @ self.head_items
-        candidates = np.hstack([found, np.broadcast_to(self.head, (len(users), len(self.head)))])
-        exact = np.hstack([graph_scores, head_scores])
-        if self.prior is not None:
-            exact += self.prior[np.maximum(candidates, 0)]
         rows = np.repeat(np.arange(len(users)), np.diff(seen.offsets))
         seen_keys = rows * len(self.items) + seen.items
-        keys = np.arange(len(users))[:, None] * len(self.items) + candidates
-        drop = (candidates < 0) | np.isin(keys, seen_keys)
-        short = (~drop[:, : found.shape[1]]).sum(axis=1) < self.k  # the graph's own, the head's aside
-        drop[:, : found.shape[1]] |= in_head
-        exact[drop] = -np.inf
-        order = np.argsort(-exact, axis=1, kind="stable")[:, : self.k]
-        top, top_scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(exact, order, 1)
+        keys = np.arange(len(users))[:, None] * len(self.items) + found
+        drop = (found < 0) | np.isin(keys, seen_keys)
+        short = (~drop).sum(axis=1) < self.k  # the graph's own, the exactly scored aside
+        safe = np.maximum(found, 0)
+        drop |= self.column[safe] >= 0  # scored once, with the exactly scored items
+        graph_scores = np.matmul(self.items[safe], users[:, :, None])[:, :, 0]
+        exact_scores = users @ self.exact_items
+        if self.prior is not None:
+            graph_scores += self.prior[safe]
+            exact_scores += self.exact_prior
+        graph_scores[drop] = -np.inf
+        columns = self.column[seen.items]
+        inside = columns >= 0
+        exact_scores[rows[inside], columns[inside]] = -np.inf
+        best = np.argpartition(-exact_scores, min(self.k, len(self.exact)) - 1, axis=1)[:, : self.k]
+        candidates = np.hstack([found, self.exact[best]])
+        candidate_scores = np.hstack([graph_scores, np.take_along_axis(exact_scores, best, 1)])
+        order = np.argsort(-candidate_scores, axis=1, kind="stable")[:, : self.k]
+        top, top_scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(candidate_scores, order, 1)
         top[np.isneginf(top_scores)] = -1
         return top, top_scores, short
 
 
+def graph_data(item_vectors: np.ndarray, prior: np.ndarray | None) -> np.ndarray:
+    """What the graph indexes: the items, the prior as one more coordinate."""
+    data = np.asarray(item_vectors, np.float32)
+    return np.ascontiguousarray(data if prior is None else np.hstack([data, prior[:, None].astype(np.float32)]))
+
+
 def build_graph(item_vectors: np.ndarray, prior: np.ndarray | None) -> faiss.Index:
     """An inner-product HNSW graph over the items, the prior as one more coordinate."""
-    data = np.asarray(item_vectors, np.float32)
-    if prior is not None:
-        data = np.hstack([data, prior[:, None].astype(np.float32)])
+    data = graph_data(item_vectors, prior)
     faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))
     index = faiss.IndexHNSWFlat(data.shape[1], GRAPH_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
-    index.add(np.ascontiguousarray(data))
+    index.add(data)
     return index
 
 
@@ -184,10 +214,11 @@ def choose_ranking(
     min_recall: float,
     gpus: bool,
     users: int,
+    kept: KeptGraph | None = None,
 ) -> Ranking:
-    """The ranking the actors use for `users` users: exact, or the graph at the first efSearch of
-    EF_LADDER whose top k keeps min_recall of the exact top k on CHECK_USERS users sampled from
-    `histories` (every user's; exact if none does)."""
+    """The ranking the actors use for `users` users: exact, or the graph (`kept`, else built
+    tonight) at the first efSearch of EF_LADDER whose top k keeps min_recall of the exact top k
+    on CHECK_USERS users sampled from `histories` (every user's; exact if none does)."""
     items = len(towers.items)
     if not users:
         return Ranking("exact", "exact: no user to rank")
@@ -195,32 +226,38 @@ def choose_ranking(
         return Ranking("exact", "exact: a GPU scores")
     if method == "auto" and items <= HNSW_MIN_ITEMS:
         return Ranking("exact", f"exact: {items:,} items")
-    if method == "auto" and users <= GRAPH_BUILD_USERS:
+    if method == "auto" and kept is None and users <= GRAPH_BUILD_USERS:
         return Ranking("exact", f"exact: {users:,} users to rank, too few to repay a graph's build")
+    if method == "auto" and users <= CHECK_USERS:
+        return Ranking("exact", f"exact: {users:,} users to rank, too few to repay the graph's recall check")
     if method == "exact":
         return Ranking("exact", "exact: asked for")
     start = time.perf_counter()
-    index = build_graph(towers.items, prior)
+    index = build_graph(towers.items, prior) if kept is None else kept.over(graph_data(towers.items, prior))
     build_s = round(time.perf_counter() - start, 2)
+    moved = None if kept is None else kept.moved
+    graph = "" if kept is None else f", the graph kept from {kept.version} ({len(kept.moved):,} moved since)"
     sample = sample_users(histories, CHECK_USERS)
     vectors = torch.from_numpy(towers.users(sample))
     truth, _ = BlockedTopK(towers.items, k, block, prior)(vectors, sample)
     curve = []
     for ef in EF_LADDER:
         start = time.perf_counter()
-        found, _ = CandidateTopK(index, towers.items, k, block, prior, ef)(vectors, sample)
+        found, _ = CandidateTopK(index, towers.items, k, block, prior, ef, moved)(vectors, sample)
         per_user_ms = 1e3 * (time.perf_counter() - start) / max(len(truth), 1)
         curve.append({"ef": ef, "recall": round(recall(found, truth), 4), "ms_per_user": round(per_user_ms, 3)})
         if curve[-1]["recall"] >= min_recall:
             return Ranking(
                 "hnsw",
-                f"hnsw: {items:,} items; efSearch {ef} keeps {curve[-1]['recall']:.4f} of the exact top {k}",
+                f"hnsw: {items:,} items{graph}; efSearch {ef} keeps {curve[-1]['recall']:.4f} of the exact top {k}",
                 ef,
                 curve[-1]["recall"],
                 curve,
                 len(truth),
                 build_s,
+                None if kept is None else kept.version,
                 faiss.serialize_index(index),
+                moved,
             )
     return Ranking(
         "exact",
@@ -239,7 +276,7 @@ def ranker_of(
     if ranking.method == "exact":
         return BlockedTopK(item_vectors, k, block, prior)
     assert ranking.index is not None  # choose_ranking serializes the graph it chose
-    return CandidateTopK(read_in_place(ranking.index), item_vectors, k, block, prior, ranking.ef)
+    return CandidateTopK(read_in_place(ranking.index), item_vectors, k, block, prior, ranking.ef, ranking.moved)
 
 
 def read_in_place(serialized: np.ndarray) -> faiss.Index:

@@ -36,7 +36,7 @@ from ray.actor import ActorHandle
 from ray.data.expressions import col
 
 from precompute.jobs import progress
-from precompute.jobs.candidate_topk import choose_ranking, ranker_of
+from precompute.jobs.candidate_topk import choose_ranking, ranker_of, read_in_place
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import (
     INDEX,
@@ -45,6 +45,7 @@ from precompute.jobs.interactions import (
     read_interactions,
     tag_rejects,
 )
+from precompute.jobs.kept_graph import keep_graph, kept_graph
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.recs_kept import interactions_sketch, kept_als, save_als
@@ -278,9 +279,13 @@ def run_recs_job(
         seconds["group"] = time.perf_counter() - start
 
         start = time.perf_counter()
+        dims = towers.items.shape[1] + (prior is not None)
+        graph = kept_graph(planned.previous if mode == "incremental" else None, items.keys, dims)
         ranking = choose_ranking(
-            settings.topk, towers, prior, settings.k, job.users_per_block, seen, settings.min_recall, gpus, rescored
+            settings.topk, towers, prior, settings.k, job.users_per_block, seen, settings.min_recall, gpus, rescored, graph
         )
+        if ranking.index is not None:
+            keep_graph(work_dir / STATE, read_in_place(ranking.index), items.keys, graph if ranking.kept_from else None)
         seconds["index"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -19,7 +19,7 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.nights import Previous
 from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.recs_state import Items, model_fingerprint, plan
+from precompute.jobs.recs_state import GRAPH_FILE, STATE, Items, model_fingerprint, plan
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value import KeyValueStore
@@ -45,7 +45,7 @@ def recs_run(
     run_dir: Path,
     previous: Previous | None = None,
     model: str = "content",
-    **spec: float,
+    **spec: float | str,
 ) -> Run:
     plans: list[CopyPlan | None] = []
     report = run_recs_job(
@@ -300,3 +300,27 @@ def test_the_copy_plan_carried_out_in_redis_serves_copied_users_as_before_and_re
     assert {user: after[user] for user in unchanged} == {user: before[user] for user in unchanged}  # copied
     _, _, fresh = redis_run(items, moved, tmp_path / "full", redis)
     assert_same_values({user: after[user] for user in (changed, "u-new")}, {u: fresh[u] for u in (changed, "u-new")})
+
+
+def test_an_incremental_night_searches_the_graph_its_published_run_built(
+    items: Items, interactions: Path, tmp_path: Path
+) -> None:
+    """The graph's links and the content keys it was built over stay in the run's state; the
+    next night under the same model searches them with tonight's vectors and carries them on."""
+    first = recs_run(items, interactions, tmp_path / "first", topk="hnsw")
+    assert first.report.ranking["kept_from"] is None and (tmp_path / "first" / STATE / GRAPH_FILE).is_file()
+    edited = len(items.ids) // 2
+    keys = [*items.keys]
+    keys[edited] = content_keys(MODEL, ["a new description"])[0]
+    vectors = items.vectors.copy()
+    vectors[edited] = vectors[edited - 1]
+    tonight = Items(items.ids, vectors, keys)
+    previous = Previous("20261124T030000Z-dddddd", WorkPath.of(tmp_path / "first"), range(10**6))
+
+    rerun = recs_run(tonight, interactions, tmp_path / "second", previous, topk="hnsw")
+
+    assert rerun.report.mode == "incremental" and rerun.report.rescored > 0
+    assert (rerun.report.ranking["kept_from"], rerun.report.ranking["moved"]) == (previous.version, 1)
+    assert (tmp_path / "second" / STATE / GRAPH_FILE).is_file()
+    full = recs_run(tonight, interactions, tmp_path / "full", topk="exact")
+    assert_same_values(rerun.written, {user: full.written[user] for user in rerun.written})
