@@ -23,7 +23,6 @@ import hashlib
 import logging
 import math
 import posixpath
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -95,10 +94,6 @@ class Kept(NamedTuple):
     stale: ObjectRef
     """The ids of its rows that are not kept (a pyarrow array: ids_ref)."""
 
-    def dataset(self) -> ray.data.Dataset:
-        rows = read_committed(self.run_dir)
-        return rows.map_batches(kept_rows, fn_kwargs={"ids": self.stale}, batch_format="pyarrow")
-
     def stage(self, target: WorkPath) -> list[ObjectRef]:
         """Start writing the kept rows into `target` as parts of its own, one Ray task per part;
         each task returns its part's manifest entry (StagingSink's `kept`). A task reads and
@@ -127,14 +122,8 @@ class Reuse(NamedTuple):
     """The cache's staged rows that are this run's exactly; None when there is none."""
     count: int
     """Rows in `kept`."""
-
-    def rows(self, compute: Callable[[ray.data.Dataset], ray.data.Dataset]) -> ray.data.Dataset:
-        """The run's staged rows: the kept ones, and `compute` over the fresh ones."""
-        computed = None if self.fresh is None else compute(self.fresh)
-        kept = None if self.kept is None else self.kept.dataset()
-        if kept is None or computed is None:
-            return kept if computed is None else computed
-        return kept.union(computed)
+    gone: list[str]
+    """The ids of the cache's rows that this run lacks (as strings)."""
 
 
 def reuse_previous(
@@ -148,10 +137,10 @@ def reuse_previous(
     previous = None if cache_dir is None else previous_run(cache_dir)
     now = None if previous is None else to_driver(rows, ["id", KEY, *payload])
     if previous is None or now is None:
-        return Reuse(rows, None, 0)
+        return Reuse(rows, None, 0, [])
     staged = committed_dataset(previous)
     if staged.schema.field("id").type != now.schema.field("id").type:
-        return Reuse(rows, None, 0)  # the id column's type moved: no id is the same
+        return Reuse(rows, None, 0, [])  # the id column's type moved: no id is the same
     same_payload = payload_types(staged.schema, {"id", KEY, COMPUTED, *columns}) == payload_types(now.schema, {"id", KEY})
     before = staged.to_table(columns=["id", KEY, *(payload if same_payload else [])])
     now_rows, before_rows = digests(now, payload), digests(before, payload if same_payload else [])
@@ -159,8 +148,9 @@ def reuse_previous(
     same = matched.filter(pl.col(DIGEST) == pl.col(f"{DIGEST}_before") if same_payload else pl.lit(False))
     fresh_ids, stale_ids = now_rows.join(same, on="id", how="anti"), before_rows.join(same, on="id", how="anti")
     kept = None if same.is_empty() else Kept(previous, ids_ref(stale_ids, now))
+    gone = [str(i) for i in stale_ids.join(now_rows, on="id", how="anti")["id"].to_list()]
     if fresh_ids.is_empty():
-        return Reuse(None, kept, len(same))
+        return Reuse(None, kept, len(same), gone)
     fresh = rows if kept is None else rows.map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")
     moved = matched.join(same, on="id", how="anti")  # the same text, another payload
     if not moved.is_empty():
@@ -172,7 +162,7 @@ def reuse_previous(
         )
     if kept is not None and len(fresh_ids) <= GATHERED_ROWS:
         fresh = fresh.materialize()
-    return Reuse(fresh, kept, len(same))
+    return Reuse(fresh, kept, len(same), gone)
 
 
 def to_driver(rows: ray.data.Dataset, columns: list[str]) -> pa.Table | None:

@@ -3,8 +3,9 @@
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     main pass:    good rows -> content keys -> the previous run's staged rows where (id, key)
                   match (jobs/content_cache.py), the LabelActor pool's for the rest -> values
-                  -> StagingSink (the next run's cache) and the caller's sink: a copy of the
-                  published version with the values that moved, where a copy holds the rows
+                  -> StagingSink (the next run's cache; the kept rows' parts copied by tasks
+                  beside it) and the caller's sink: a copy of the published version with the
+                  rows labelled again, where the kept rows are its values and a copy holds them
 
 The labeler is trained, built and gated once in a Ray task before the actors fan out, as
 in jobs/embed.py. A value is the item's top labels as `stores.records` pairs; the label
@@ -30,21 +31,12 @@ import ray
 from ray.actor import ActorHandle
 
 from precompute.jobs import progress
-from precompute.jobs.content_cache import (
-    KEY,
-    changes,
-    digests,
-    ids_ref,
-    reuse_previous,
-    to_driver,
-    with_content_keys,
-    with_ids,
-)
+from precompute.jobs.content_cache import KEY, Reuse, reuse_previous, with_content_keys
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_digest, record_night, same_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, is_committed
+from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, read_committed
 from precompute.jobs.validate import REJECTS, validated_corpus, validation_entry
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
@@ -159,7 +151,7 @@ def run_labels_job(
     cache_dir: the cache whose unchanged rows are reused; None labels every row.
     output: the output's name, for the progress lines (jobs/progress.py).
     previous: the published version. A copy of it, where one holds this run's items, starts the
-    new version, and only the values that moved are written; when this run's corpus, engine
+    new version, and only the rows labelled again are written (copy_plan); when this run's corpus, engine
     and task are exactly its run's (jobs/nights.py), it is copied whole and nothing is
     validated, built or labelled.
     """
@@ -192,34 +184,34 @@ def run_labels_job(
             batch_format="pyarrow",
         )
         reuse = reuse_previous(keyed, cache_dir, [VALUE], [])
+        staging = StagingSink(work_dir / STAGED, None if reuse.kept is None else reuse.kept.stage(work_dir / STAGED))
         with progress.stage(output, "label", rows - rejects, counted=True) as counter:
             progress.add(counter, reuse.count)
-            values = reuse.rows(
-                lambda fresh: fresh.map_batches(
+            computed = None
+            if reuse.fresh is not None:
+                computed = reuse.fresh.map_batches(
                     LabelActor,
-                    fn_constructor_kwargs={
-                        "labels": labels,
-                        "engine": engine,
-                        "report": report,
-                        "counter": counter,
-                    },
+                    fn_constructor_kwargs={"labels": labels, "engine": engine, "report": report, "counter": counter},
                     batch_size=settings.rows_per_batch,
                     batch_format="pyarrow",
                     **actor_pool(settings.actors, gpus),
-                )
-            ).materialize()
+                ).materialize()
         seconds["label"] = time.perf_counter() - start
-        samples = {str(row["id"]): row[VALUE] for row in values.take(SAMPLES)}
 
         start = time.perf_counter()
-        staging = StagingSink(work_dir / STAGED)
         with progress.stage(output, "write"):
-            values.write_datasink(staging)
-            copy, written, count = changed_values(values, previous, rows - rejects)
+            if computed is None:
+                staging.commit([])
+            else:
+                computed.write_datasink(staging)
+            copy = copy_plan(previous, reuse, rows - rejects)
+            written, count = (computed, staging.computed) if copy is not None else (read_committed(work_dir / STAGED), rows - rejects)
             if before_write:
                 before_write(rows - rejects, copy)
-            sink.routed(written.select_columns(["id", VALUE]), count).write_datasink(sink)
+            if written is not None and count:
+                sink.routed(written.select_columns(["id", VALUE]), count).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
+    sampled = committed_dataset(work_dir / STAGED).head(SAMPLES, columns=["id", VALUE]).to_pylist()
     figures = {"rows": rows, "rejects": rejects, "items": rows - rejects, "labeler": asdict(report), "vocabulary": vocabulary}
     record_night(work_dir, Night(inputs, figures))
     return LabelsJobReport(
@@ -233,28 +225,20 @@ def run_labels_job(
         seconds={stage: round(value, 2) for stage, value in seconds.items()},
         labeler=asdict(report),
         vocabulary=vocabulary,
-        samples=samples,
+        samples={str(row["id"]): row[VALUE] for row in sampled},
     )
 
 
-def changed_values(
-    values: ray.data.Dataset, previous: Previous | None, items: int
-) -> tuple[CopyPlan | None, ray.data.Dataset, int]:
-    """What the new version copies and what it writes: a copy of the published version, less the
-    ids this run lost, and the values that moved (a new id, text, labeler or value), where a copy
-    of it holds `items` well and at most half the values moved (a new labeler moves them all);
-    else no copy and every value. (copy, the values to write, how many)."""
-    if previous is None or items not in previous.records or not is_committed(previous.run_dir / STAGED):
-        return None, values, items
-    now = to_driver(values, ["id", KEY, VALUE])
-    before = committed_dataset(previous.run_dir / STAGED).to_table(columns=["id", KEY, VALUE])
-    if now is None or before.schema.field("id").type != now.schema.field("id").type:
-        return None, values, items
-    moved, gone = changes(digests(now, [VALUE]), digests(before, [VALUE]))
-    if len(moved) > items // 2:
-        return None, values, items
-    written = values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow")
-    return CopyPlan(previous.version, [str(i) for i in gone["id"].to_list()]), written, len(moved)
+def copy_plan(previous: Previous | None, reuse: Reuse, items: int) -> CopyPlan | None:
+    """A copy of the published version, less the ids this run lacks, where the rows this run
+    kept from the cache are that version's values (the cache is its run's staged parts), a copy
+    of it holds `items` well and at most half the rows were labelled again (a new labeler
+    labels them all): then only the labelled rows are written. Else None: every value is."""
+    if previous is None or reuse.kept is None or items not in previous.records:
+        return None
+    if reuse.kept.run_dir != previous.run_dir / STAGED or items - reuse.count > items // 2:
+        return None
+    return CopyPlan(previous.version, reuse.gone)
 
 
 def unchanged_night(

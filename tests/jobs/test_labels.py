@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.demo_data import DEMO_CORPUS
-from precompute.jobs.content_cache import promote
+from precompute.jobs.content_cache import Kept, Reuse, promote
 from precompute.jobs.inputs import CorpusInput
-from precompute.jobs.labels import STAGED, LabelsJobReport, labeler_identity, run_labels_job
+from precompute.jobs.labels import STAGED, LabelsJobReport, copy_plan, labeler_identity, run_labels_job
 from precompute.jobs.nights import Previous
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import RejectRatioExceededError
@@ -25,7 +25,7 @@ from precompute.models.labels import LabelerReport, load_labeler
 from precompute.models.reference_texts import TextSample
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
-from precompute.stores.key_value_versions import NewVersion
+from precompute.stores.key_value_versions import CopyPlan, NewVersion
 from precompute.stores.records import decode_ranked
 from precompute.stores.redis_settings import RedisSettings
 
@@ -188,3 +188,20 @@ def test_the_labelers_identity_covers_its_head_and_vocabulary_not_the_gated_prec
     assert identity(head_dir="/engines/label-head-bbbb") != same  # other training data, column or recipe
     assert identity(vocabulary=("a", "c")) != same
     assert identity(precision="fp32") == same
+
+
+def test_a_copy_is_planned_only_where_the_kept_rows_are_the_published_versions_values(tmp_path: Path) -> None:
+    """Only the labelled rows are written over a copy, so the rows kept from the cache must be the
+    published version's: the cache is its run's staged parts (a run that published but failed
+    before promoting its cache leaves an older one)."""
+    published = Previous("v1", WorkPath.of(tmp_path / "v1"), range(10**6))
+
+    def reuse(run: str, kept: int) -> Reuse:
+        return Reuse(None, Kept(WorkPath.of(tmp_path / run / STAGED), None), kept, ["gone"])
+
+    assert copy_plan(published, reuse("v1", 90), 100) == CopyPlan("v1", ["gone"])
+    assert copy_plan(published, reuse("v0", 90), 100) is None  # an older run's values
+    assert copy_plan(published, reuse("v1", 49), 100) is None  # most rows labelled again
+    assert copy_plan(Previous("v1", published.run_dir, range(0)), reuse("v1", 90), 100) is None  # past its buckets
+    assert copy_plan(published, Reuse(None, None, 0, []), 100) is None
+    assert copy_plan(None, reuse("v1", 90), 100) is None
