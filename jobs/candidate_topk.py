@@ -167,7 +167,8 @@ class CandidateTopK:
         candidates = np.hstack([found, self.exact[best]])
         candidate_scores = np.hstack([graph_scores, np.take_along_axis(exact_scores, best, 1)])
         order = np.argsort(-candidate_scores, axis=1, kind="stable")[:, : self.k]
-        top, top_scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(candidate_scores, order, 1)
+        top = np.take_along_axis(candidates, order, 1)
+        top_scores = np.take_along_axis(candidate_scores, order, 1)
         top[np.isneginf(top_scores)] = -1
         return top, top_scores, short
 
@@ -175,7 +176,9 @@ class CandidateTopK:
 def graph_data(item_vectors: np.ndarray, prior: np.ndarray | None) -> np.ndarray:
     """What the graph indexes: the items, the prior as one more coordinate."""
     data = np.asarray(item_vectors, np.float32)
-    return np.ascontiguousarray(data if prior is None else np.hstack([data, prior[:, None].astype(np.float32)]))
+    if prior is not None:
+        data = np.hstack([data, prior[:, None].astype(np.float32)])
+    return np.ascontiguousarray(data)
 
 
 def build_graph(item_vectors: np.ndarray, prior: np.ndarray | None) -> faiss.Index:
@@ -249,7 +252,8 @@ def choose_ranking(
         if curve[-1]["recall"] >= min_recall:
             return Ranking(
                 "hnsw",
-                f"hnsw: {items:,} items{graph}; efSearch {ef} keeps {curve[-1]['recall']:.4f} of the exact top {k}",
+                f"hnsw: {items:,} items{graph}; efSearch {ef} keeps {curve[-1]['recall']:.4f} "
+                f"of the exact top {k}",
                 ef,
                 curve[-1]["recall"],
                 curve,
@@ -276,7 +280,8 @@ def ranker_of(
     if ranking.method == "exact":
         return BlockedTopK(item_vectors, k, block, prior)
     assert ranking.index is not None  # choose_ranking serializes the graph it chose
-    return CandidateTopK(read_in_place(ranking.index), item_vectors, k, block, prior, ranking.ef, ranking.moved)
+    index = read_in_place(ranking.index)
+    return CandidateTopK(index, item_vectors, k, block, prior, ranking.ef, ranking.moved)
 
 
 def read_in_place(serialized: np.ndarray) -> faiss.Index:

@@ -37,37 +37,41 @@ class KeptGraph:
     """The published version whose run kept the graph."""
     state: WorkPath
     """That run's recs state folder, which holds it."""
-    links: np.ndarray
-    """The graph serialized without its vectors (uint8)."""
     moved: np.ndarray
     """Positions of the items whose content key changed since the graph was built."""
 
     def over(self, data: np.ndarray) -> faiss.Index:
         """The graph searching `data` (tonight's items, with the prior as a column) as its vectors."""
-        index = faiss.read_index(
-            faiss.ZeroCopyIOReader(faiss.swig_ptr(self.links), self.links.nbytes), faiss.IO_FLAG_SKIP_STORAGE
-        )
+        links = saved(self.state, "links")
+        reader = faiss.ZeroCopyIOReader(faiss.swig_ptr(links), links.nbytes)
+        index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_STORAGE)
         storage = faiss.IndexFlatIP(data.shape[1])
         storage.add(np.ascontiguousarray(data, np.float32))
         index.storage, index.own_fields = storage, False
-        index.referenced_objects = [storage, self.links]
+        index.referenced_objects = [storage, links]
         return index
+
+
+def saved(state: WorkPath, name: str) -> np.ndarray:
+    """One array of the graph's file, read alone: the keys without the links' 270 MB (at 1M items)."""
+    with state.fs.open_input_file((state / GRAPH_FILE).path) as file, np.load(file) as arrays:
+        return arrays[name]
 
 
 def kept_graph(previous: Previous | None, keys: list[bytes], dims: int) -> KeptGraph | None:
     """The graph the published version's run kept, when it has one over `dims` columns and at
     most MOVED_SHARE of `keys` (tonight's content keys, in the vocabulary's order) moved since
     it was built. `previous` is the version an incremental night copies: None in a full run."""
-    if previous is None or not (file := (state := previous.run_dir / STATE) / GRAPH_FILE).is_file():
+    if previous is None or not (previous.run_dir / STATE / GRAPH_FILE).is_file():
         return None
-    with np.load(io.BytesIO(file.read_bytes())) as saved:
-        links, built, built_dims = saved["links"], saved["keys"], int(saved["dims"])
-    if len(built) != len(keys) or built_dims != dims:
+    state = previous.run_dir / STATE
+    built = saved(state, "keys")
+    if len(built) != len(keys) or int(saved(state, "dims")) != dims:
         return None
     moved = np.flatnonzero(built != np.array(keys, dtype="S16"))
     if len(moved) > MOVED_SHARE * len(keys):
         return None
-    return KeptGraph(previous.version, state, links, moved)
+    return KeptGraph(previous.version, state, moved)
 
 
 def keep_graph(state: WorkPath, index: faiss.Index, keys: list[bytes], kept: KeptGraph | None) -> None:

@@ -282,10 +282,20 @@ def run_recs_job(
         dims = towers.items.shape[1] + (prior is not None)
         graph = kept_graph(planned.previous if mode == "incremental" else None, items.keys, dims)
         ranking = choose_ranking(
-            settings.topk, towers, prior, settings.k, job.users_per_block, seen, settings.min_recall, gpus, rescored, graph
+            settings.topk,
+            towers,
+            prior,
+            settings.k,
+            job.users_per_block,
+            seen,
+            settings.min_recall,
+            gpus,
+            rescored,
+            graph,
         )
         if ranking.index is not None:
-            keep_graph(work_dir / STATE, read_in_place(ranking.index), items.keys, graph if ranking.kept_from else None)
+            kept = graph if ranking.kept_from else None
+            keep_graph(work_dir / STATE, read_in_place(ranking.index), items.keys, kept)
         seconds["index"] = time.perf_counter() - start
 
         start = time.perf_counter()

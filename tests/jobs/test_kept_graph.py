@@ -54,7 +54,8 @@ def test_a_kept_graph_ranks_the_next_nights_vectors_at_the_recall_the_gate_asks(
     kept = kept_graph(published(tmp_path / "first", "v1"), keys_of(ITEMS, edited), DIM + 1)
     assert kept is not None and kept.version == "v1" and sorted(kept.moved) == sorted(edited)
 
-    second = choose_ranking("hnsw", ContentTowers(tonight), prior, K, 128, histories, 0.99, False, USERS, kept)
+    towers = ContentTowers(tonight)
+    second = choose_ranking("hnsw", towers, prior, K, 128, histories, 0.99, False, USERS, kept)
 
     assert second.method == "hnsw" and second.kept_from == "v1" and second.recall >= 0.99
     assert f"the graph kept from v1 ({len(edited)} moved since)" in second.reason
@@ -92,7 +93,7 @@ def test_an_item_moved_since_the_build_is_found_where_its_old_links_do_not_lead(
 
     assert 7 not in blind[0]
     assert found[0, 0] == 7
-    np.testing.assert_allclose(scores[0], items[found[0]] @ user[0], rtol=1e-5)  # every candidate's exact score
+    np.testing.assert_allclose(scores[0], items[found[0]] @ user[0], rtol=1e-5)  # each one's exact score
 
 
 def test_auto_searches_a_kept_graph_for_few_users_but_not_fewer_than_its_check(tmp_path: Path) -> None:
