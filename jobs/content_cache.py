@@ -39,8 +39,8 @@ from precompute.jobs.staging import (
     committed_dataset,
     committed_parts,
     is_committed,
-    part_name,
     read_committed,
+    write_part,
 )
 from precompute.jobs.work_dir import WorkPath
 
@@ -86,83 +86,85 @@ def previous_run(cache_dir: WorkPath) -> WorkPath | None:
     return run_dir
 
 
-class Kept(NamedTuple):
-    """The previous run's staged rows that are this run's exactly: its committed parts less
-    the `stale` ids, marked not computed."""
-
-    run_dir: WorkPath
-    stale: ObjectRef
-    """The ids of its rows that are not kept (a pyarrow array: ids_ref)."""
-
-    def stage(self, target: WorkPath) -> list[ObjectRef]:
-        """Start writing the kept rows into `target` as parts of its own, one Ray task per part;
-        each task returns its part's manifest entry (StagingSink's `kept`). A task reads and
-        writes its Parquet directly: through Ray Data the same rows took 2.4 times as long
-        (990,000 rows of 384-d vectors, 2 CPUs), carried through its object store twice."""
-        target.mkdir()
-        parts = committed_parts(self.run_dir)
-        return [keep_part.remote(self.run_dir.fs, part, target, [self.stale]) for part in parts]
+def stage_kept(run_dir: WorkPath, stale: ObjectRef, target: WorkPath) -> list[ObjectRef]:
+    """Start writing the previous run's staged rows that are this run's exactly (`run_dir`'s
+    committed parts less the `stale` ids: ids_ref) into `target` as parts of its own, marked not
+    computed, one Ray task per part; each task returns its part's manifest entry (StagingSink's
+    `kept`). A task reads and writes its Parquet directly: through Ray Data the same rows took
+    2.4 times as long (990,000 rows of 384-d vectors, 2 CPUs), carried through its object store
+    twice."""
+    target.mkdir()
+    return [keep_part.remote(run_dir.fs, part, target, [stale]) for part in committed_parts(run_dir)]
 
 
 @ray.remote
 def keep_part(fs: FileSystem, part: str, target: WorkPath, stale: list[ObjectRef]) -> dict[str, int | str]:
     """One committed part (`part` on `fs`) less the `stale` rows, written into `target` under a
     name of its own. `stale` is wrapped in a list so that Ray passes the reference, not the ids."""
-    kept = kept_rows(pq.read_table(part, filesystem=fs), stale[0])
-    name = part_name()
-    pq.write_table(kept, (target / name).path, filesystem=target.fs)
-    return {"name": name, "rows": kept.num_rows, "computed": 0}
+    return write_part(kept_rows(pq.read_table(part, filesystem=fs), stale[0]), target)
 
 
 class Reuse(NamedTuple):
     fresh: ray.data.Dataset | None
     """The rows the model sees: those to compute, and those whose payload alone moved, joined
     to their cached `columns`; None when there is none."""
-    kept: Kept | None
-    """The cache's staged rows that are this run's exactly; None when there is none."""
+    kept: list[ObjectRef]
+    """The manifest entries of the kept rows' parts, being written (stage_kept)."""
     count: int
-    """Rows in `kept`."""
+    """Rows kept."""
     gone: list[str]
     """The ids of the cache's rows that this run lacks (as strings)."""
+    source: WorkPath | None = None
+    """The cache's run whose rows were kept; None when none was."""
 
 
 def reuse_previous(
-    rows: ray.data.Dataset, cache_dir: WorkPath | None, columns: list[str], payload: list[str]
+    rows: ray.data.Dataset,
+    cache_dir: WorkPath | None,
+    columns: list[str],
+    payload: list[str],
+    staged: WorkPath,
 ) -> Reuse:
     """Split `rows` (with `id`, content keys and `payload` columns) by what the previous run
     staged with its `columns` of values: see the module's docstring. Reads `rows`' keys and
     payload to the driver once. No cache (`cache_dir` None, or nothing promoted): every row is
     fresh. Both sides are chosen by the ids that moved (this run's fresh ones, the cache's stale
-    ones), few on a nightly run: each block looks its rows up in a small set."""
+    ones), few on a nightly run: each block looks its rows up in a small set. The kept rows'
+    parts start being written into `staged` (this run's staging folder) before the fresh rows
+    are gathered, which reads the corpus again on one CPU while they take the other."""
     previous = None if cache_dir is None else previous_run(cache_dir)
     now = None if previous is None else to_driver(rows, ["id", KEY, *payload])
     if previous is None or now is None:
-        return Reuse(rows, None, 0, [])
-    staged = committed_dataset(previous)
-    if staged.schema.field("id").type != now.schema.field("id").type:
-        return Reuse(rows, None, 0, [])  # the id column's type moved: no id is the same
-    same_payload = payload_types(staged.schema, {"id", KEY, COMPUTED, *columns}) == payload_types(now.schema, {"id", KEY})
-    before = staged.to_table(columns=["id", KEY, *(payload if same_payload else [])])
+        return Reuse(rows, [], 0, [])
+    cached = committed_dataset(previous)
+    if cached.schema.field("id").type != now.schema.field("id").type:
+        return Reuse(rows, [], 0, [])  # the id column's type moved: no id is the same
+    cached_payload = payload_types(cached.schema, {"id", KEY, COMPUTED, *columns})
+    same_payload = cached_payload == payload_types(now.schema, {"id", KEY})
+    before = cached.to_table(columns=["id", KEY, *(payload if same_payload else [])])
     now_rows, before_rows = digests(now, payload), digests(before, payload if same_payload else [])
     matched = now_rows.join(before_rows, on=["id", KEY], suffix="_before")
     same = matched.filter(pl.col(DIGEST) == pl.col(f"{DIGEST}_before") if same_payload else pl.lit(False))
     fresh_ids, stale_ids = now_rows.join(same, on="id", how="anti"), before_rows.join(same, on="id", how="anti")
-    kept = None if same.is_empty() else Kept(previous, ids_ref(stale_ids, now))
+    kept = [] if same.is_empty() else stage_kept(previous, ids_ref(stale_ids, now), staged)
+    source = previous if kept else None
     gone = [str(i) for i in stale_ids.join(now_rows, on="id", how="anti")["id"].to_list()]
     if fresh_ids.is_empty():
-        return Reuse(None, kept, len(same), gone)
-    fresh = rows if kept is None else rows.map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")
+        return Reuse(None, kept, len(same), gone, source)
+    fresh = rows
+    if kept:
+        fresh = rows.map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")
     moved = matched.join(same, on="id", how="anti")  # the same text, another payload
     if not moved.is_empty():
         values = read_committed(previous).select_columns(["id", KEY, *columns])
-        if kept is not None:  # else every cached row may match
+        if kept:  # else every cached row may match
             values = values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow")
         fresh = fresh.join(
             values, "left_outer", num_partitions=max(1, math.ceil(len(fresh_ids) / JOIN_ROWS_PER_PARTITION)), on=("id", KEY)
         )
-    if kept is not None and len(fresh_ids) <= GATHERED_ROWS:
+    if kept and len(fresh_ids) <= GATHERED_ROWS:
         fresh = fresh.materialize()
-    return Reuse(fresh, kept, len(same), gone)
+    return Reuse(fresh, kept, len(same), gone, source)
 
 
 def to_driver(rows: ray.data.Dataset, columns: list[str]) -> pa.Table | None:

@@ -194,9 +194,9 @@ def embed_corpus(
             with_content_keys, fn_kwargs={"identity": engine.model.hash}, batch_format="pyarrow"
         )
         with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
-            reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus))
+            reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus), run / STAGED)
             progress.add(counter, reuse.count)
-            sink = StagingSink(run / STAGED, None if reuse.kept is None else reuse.kept.stage(run / STAGED))
+            sink = StagingSink(run / STAGED, reuse.kept)
             if reuse.fresh is None:
                 sink.commit([])
             else:

@@ -183,15 +183,20 @@ def run_labels_job(
             fn_kwargs={"identity": labeler_identity(labels, engine, report, vocabulary)},
             batch_format="pyarrow",
         )
-        reuse = reuse_previous(keyed, cache_dir, [VALUE], [])
-        staging = StagingSink(work_dir / STAGED, None if reuse.kept is None else reuse.kept.stage(work_dir / STAGED))
+        reuse = reuse_previous(keyed, cache_dir, [VALUE], [], work_dir / STAGED)
+        staging = StagingSink(work_dir / STAGED, reuse.kept)
         with progress.stage(output, "label", rows - rejects, counted=True) as counter:
             progress.add(counter, reuse.count)
             computed = None
             if reuse.fresh is not None:
                 computed = reuse.fresh.map_batches(
                     LabelActor,
-                    fn_constructor_kwargs={"labels": labels, "engine": engine, "report": report, "counter": counter},
+                    fn_constructor_kwargs={
+                        "labels": labels,
+                        "engine": engine,
+                        "report": report,
+                        "counter": counter,
+                    },
                     batch_size=settings.rows_per_batch,
                     batch_format="pyarrow",
                     **actor_pool(settings.actors, gpus),
@@ -205,7 +210,10 @@ def run_labels_job(
             else:
                 computed.write_datasink(staging)
             copy = copy_plan(previous, reuse, rows - rejects)
-            written, count = (computed, staging.computed) if copy is not None else (read_committed(work_dir / STAGED), rows - rejects)
+            if copy is None:
+                written, count = read_committed(work_dir / STAGED), rows - rejects
+            else:
+                written, count = computed, staging.computed
             if before_write:
                 before_write(rows - rejects, copy)
             if written is not None and count:
@@ -234,9 +242,9 @@ def copy_plan(previous: Previous | None, reuse: Reuse, items: int) -> CopyPlan |
     kept from the cache are that version's values (the cache is its run's staged parts), a copy
     of it holds `items` well and at most half the rows were labelled again (a new labeler
     labels them all): then only the labelled rows are written. Else None: every value is."""
-    if previous is None or reuse.kept is None or items not in previous.records:
+    if previous is None or reuse.source is None or items not in previous.records:
         return None
-    if reuse.kept.run_dir != previous.run_dir / STAGED or items - reuse.count > items // 2:
+    if reuse.source != previous.run_dir / STAGED or items - reuse.count > items // 2:
         return None
     return CopyPlan(previous.version, reuse.gone)
 

@@ -43,10 +43,24 @@ def part_name() -> str:
     return f"part-{uuid.uuid4().hex}.parquet"
 
 
+def write_part(table: pa.Table, run_dir: WorkPath) -> dict[str, Any]:
+    """`table` as a new part of `run_dir` (not yet committed); returns its manifest entry.
+
+    No dictionary for list columns: an embedding's floats never repeat, and pyarrow's attempt to
+    build one, before it falls back to plain pages, took half the time of writing a part (4,650
+    rows of 384 floats: 26.7 ms against 12.7 with it off, by hand) and slowed reading it back."""
+    name = part_name()
+    lists = (pa.types.is_list, pa.types.is_fixed_size_list)
+    flat = [f.name for f in table.schema if not any(is_list(f.type) for is_list in lists)]
+    pq.write_table(table, (run_dir / name).path, filesystem=run_dir.fs, use_dictionary=flat)
+    computed = int(pc.sum(table[COMPUTED]).as_py() or 0) if COMPUTED in table.column_names else 0
+    return {"name": name, "rows": table.num_rows, "computed": computed}
+
+
 class StagingSink(Datasink[list[dict[str, Any]]]):
     """Writes each block as a Parquet part of `run_dir` and commits the parts that were returned,
     with those `kept`: parts other tasks write into `run_dir` (their manifest entries, awaited
-    before the commit: jobs/content_cache.py Kept)."""
+    before the commit: jobs/content_cache.py stage_kept)."""
 
     def __init__(self, run_dir: WorkPath, kept: list[ObjectRef] | None = None) -> None:
         self.run_dir = run_dir
@@ -61,12 +75,8 @@ class StagingSink(Datasink[list[dict[str, Any]]]):
         parts = []
         for block in blocks:
             table = BlockAccessor.for_block(block).to_arrow()
-            if not table.num_rows:
-                continue
-            name = part_name()
-            pq.write_table(table, (self.run_dir / name).path, filesystem=self.run_dir.fs)
-            computed = int(pc.sum(table[COMPUTED]).as_py() or 0) if COMPUTED in table.column_names else 0
-            parts.append({"name": name, "rows": table.num_rows, "computed": computed})
+            if table.num_rows:
+                parts.append(write_part(table, self.run_dir))
         return parts
 
     def on_write_complete(self, write_result: WriteResult[list[dict[str, Any]]]) -> None:

@@ -152,7 +152,8 @@ def changes_file(run_dir: WorkPath, dim: int) -> Iterator[pq.ParquetWriter]:
     """The copy's CHANGES, written as its rows are upserted."""
     schema = pa.schema([("id", pa.string()), (EMBEDDING, pa.list_(pa.float32(), dim))])
     with (run_dir / CHANGES).replaced() as tmp:
-        with pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs) as writer:
+        # No dictionary for the vectors, as staging.write_part.
+        with pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs, use_dictionary=["id"]) as writer:
             yield writer
 
 

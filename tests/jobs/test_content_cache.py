@@ -29,11 +29,16 @@ def test_a_nights_few_fresh_rows_are_gathered_before_the_model_and_many_stream(
     texts = [f"text {i}" for i in range(100)]
     cache, run = WorkPath.of(tmp_path / "cache"), WorkPath.of(tmp_path / "runs" / "v1")
     before = keyed(texts).select(["id", KEY]).append_column("value", pa.array(range(100)))
+    before = before.append_column("computed", pa.array([True] * 100))
     ray.data.from_arrow(before).write_datasink(StagingSink(run))
     promote(cache, run)
 
     texts[5], texts[50], texts[70] = "moved", "moved too", "moved again"
-    reuse = reuse_previous(ray.data.from_arrow(keyed(texts)), cache, ["value"], [])
-    assert reuse.count == 97 and reuse.kept is not None
+    staged = WorkPath.of(tmp_path / "runs" / "v2")
+    tonight = ray.data.from_arrow(keyed(texts[:-1]))  # and 99 gone
+    reuse = reuse_previous(tonight, cache, ["value"], [], staged)
+    assert (reuse.count, reuse.gone, reuse.source) == (96, ["99"], run)
+    assert sum(part["rows"] for part in ray.get(reuse.kept)) == 96  # their parts written into `staged`
+    assert all((staged / part["name"]).is_file() for part in ray.get(reuse.kept))
     assert sorted(row["id"] for row in reuse.fresh.take_all()) == ["5", "50", "70"]
     assert isinstance(reuse.fresh, MaterializedDataset) == (gathered == 3)

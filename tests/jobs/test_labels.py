@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.demo_data import DEMO_CORPUS
-from precompute.jobs.content_cache import Kept, Reuse, promote
+from precompute.jobs.content_cache import Reuse, promote
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.labels import STAGED, LabelsJobReport, copy_plan, labeler_identity, run_labels_job
 from precompute.jobs.nights import Previous
@@ -197,11 +197,12 @@ def test_a_copy_is_planned_only_where_the_kept_rows_are_the_published_versions_v
     published = Previous("v1", WorkPath.of(tmp_path / "v1"), range(10**6))
 
     def reuse(run: str, kept: int) -> Reuse:
-        return Reuse(None, Kept(WorkPath.of(tmp_path / run / STAGED), None), kept, ["gone"])
+        return Reuse(None, [], kept, ["gone"], WorkPath.of(tmp_path / run / STAGED))
 
     assert copy_plan(published, reuse("v1", 90), 100) == CopyPlan("v1", ["gone"])
     assert copy_plan(published, reuse("v0", 90), 100) is None  # an older run's values
     assert copy_plan(published, reuse("v1", 49), 100) is None  # most rows labelled again
-    assert copy_plan(Previous("v1", published.run_dir, range(0)), reuse("v1", 90), 100) is None  # past its buckets
+    full = Previous("v1", published.run_dir, range(0))  # a copy would not hold 100 records well
+    assert copy_plan(full, reuse("v1", 90), 100) is None
     assert copy_plan(published, Reuse(None, None, 0, []), 100) is None
     assert copy_plan(None, reuse("v1", 90), 100) is None
