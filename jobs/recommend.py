@@ -3,8 +3,9 @@
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     driver:       good rows -> item counts (the ranker's prior); training; each user's history
                   and fingerprint (jobs/user_histories.py) -> users to rescore
-    main pass:    their histories, in blocks -> TopKActor pool
-                  (exact: blocked matmul, mask, topk; or graph candidates rescored) -> values -> sink
+    main pass:    their histories, in blocks -> TopKActor pool, or the driver for at most
+                  topk_driver_users users (jobs/settings.py; exact: blocked matmul, mask, topk;
+                  or graph candidates rescored) -> values -> sink
 
 Two towers (jobs/recs_models.py): content (the item tower is the corpus encoder, whose
 embeddings the caller passes), a collaborative model trained here on the night's interactions,
@@ -36,7 +37,7 @@ from ray.actor import ActorHandle
 from ray.data.expressions import col
 
 from precompute.jobs import progress
-from precompute.jobs.candidate_topk import choose_ranking, ranker_of, read_in_place
+from precompute.jobs.candidate_topk import CandidateTopK, choose_ranking, ranker_of, read_in_place
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import (
     INDEX,
@@ -52,10 +53,12 @@ from precompute.jobs.recs_kept import interactions_sketch, kept_als, save_als
 from precompute.jobs.recs_models import (
     ALSTowers,
     OwnTowers,
+    Seen,
     Towers,
     rows_of,
     seen_by_user,
     user_ids,
+    users_subset,
 )
 from precompute.jobs.recs_quality import RecsQuality, evaluate, quality_of
 from precompute.jobs.recs_spec import RecsSpec
@@ -75,7 +78,7 @@ from precompute.jobs.recs_state import (
 from precompute.jobs.sequence_towers import SequenceTowers
 from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.topk import popularity_prior, recommend_users
+from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.user_histories import history_blocks, seen_of, user_rows
 from precompute.jobs.validate import REASON, REJECTS, quarantine
 from precompute.jobs.work_dir import WorkPath
@@ -154,9 +157,32 @@ class TopKActor:
         self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        indices, scores = recommend_users(self.towers, self.ranker, seen_of(batch))
+        values = ranked(self.towers, self.ranker, seen_of(batch))
         progress.add(self.counter, batch.num_rows)
-        return pa.table({"id": batch["id"], "value": pa.array(ranked_values(indices, scores), pa.binary())})
+        return values
+
+
+def ranked(towers: Towers, ranker: BlockedTopK | CandidateTopK, seen: Seen) -> pa.Table:
+    """(id, value) of the users in `seen`: their tower, their top k, the value as written."""
+    indices, scores = recommend_users(towers, ranker, seen)
+    values = pa.array(ranked_values(indices, scores), pa.binary())
+    return pa.table({"id": pa.array(seen.ids, pa.string()), "value": values})
+
+
+def rank_in_driver(
+    towers: Towers,
+    ranker: BlockedTopK | CandidateTopK,
+    seen: Seen,
+    users: np.ndarray,
+    block: int,
+    counter: ActorHandle | None,
+) -> list[pa.Table]:
+    """The values of `users` (positions in `seen`), `block` users at a time, as TopKActor ranks them."""
+    tables = []
+    for start in range(0, len(users), block):
+        tables.append(ranked(towers, ranker, users_subset(seen, users[start : start + block])))
+        progress.add(counter, tables[-1].num_rows)
+    return tables
 
 
 def run_recs_job(
@@ -294,28 +320,33 @@ def run_recs_job(
             graph,
         )
         if ranking.index is not None:
-            kept = graph if ranking.kept_from else None
-            keep_graph(work_dir / STATE, read_in_place(ranking.index), items.keys, kept)
+            carried = graph if ranking.kept_from else None
+            keep_graph(work_dir / STATE, read_in_place(ranking.index), items.keys, carried)
         seconds["index"] = time.perf_counter() - start
 
         start = time.perf_counter()
         values = None
         if rescored:
+            chosen, block = np.flatnonzero(rescoring), job.users_per_block
             with progress.stage(output, "top-k", rescored, counted=True) as counter:
-                values = history_blocks(seen, np.flatnonzero(rescoring), job.users_per_block).map_batches(
-                    TopKActor,
-                    fn_constructor_kwargs={
-                        "towers": ray.put(towers),
-                        "prior": prior,
-                        "k": settings.k,
-                        "block": job.users_per_block,
-                        "ranking": ray.put(ranking),
-                        "counter": counter,
-                    },
-                    batch_size=job.users_per_block,
-                    batch_format="pyarrow",
-                    **actor_pool(job.topk_actors, gpus),
-                ).materialize()
+                if rescored <= job.topk_driver_users and not gpus:
+                    ranker = ranker_of(towers.items, settings.k, block, prior, ranking)
+                    values = ray.data.from_arrow(rank_in_driver(towers, ranker, seen, chosen, block, counter))
+                else:
+                    values = history_blocks(seen, chosen, block).map_batches(
+                        TopKActor,
+                        fn_constructor_kwargs={
+                            "towers": ray.put(towers),
+                            "prior": prior,
+                            "k": settings.k,
+                            "block": job.users_per_block,
+                            "ranking": ray.put(ranking),
+                            "counter": counter,
+                        },
+                        batch_size=job.users_per_block,
+                        batch_format="pyarrow",
+                        **actor_pool(job.topk_actors, gpus),
+                    ).materialize()
         seconds["recommend"] = time.perf_counter() - start
         samples = {row["id"]: row["value"] for row in values.take(SAMPLES)} if values else {}
 

@@ -72,6 +72,7 @@ def environment(
         "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
         "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
+        "PRECOMPUTE_JOB_TOPK_DRIVER_USERS": "0",  # the top-k actors, not the driver, rank the few users
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from precompute.jobs.candidate_topk import (
-    CHECK_USERS,
     GRAPH_BUILD_USERS,
     HNSW_MIN_ITEMS,
+    MIN_CHECK_USERS,
     CandidateTopK,
     build_graph,
     choose_ranking,
@@ -98,7 +98,8 @@ def test_an_item_moved_since_the_build_is_found_where_its_old_links_do_not_lead(
 
 def test_auto_searches_a_kept_graph_for_few_users_but_not_fewer_than_its_check(tmp_path: Path) -> None:
     """Without a kept graph, an incremental night's few users are scored exactly (a build costs
-    as much as GRAPH_BUILD_USERS users); with one, only the check's CHECK_USERS must be repaid."""
+    as much as GRAPH_BUILD_USERS users); with one, only the check's exact scores must be repaid,
+    a twentieth of the users' and at least MIN_CHECK_USERS: under twice that, all are exact."""
     rng = np.random.default_rng(9)
     histories = seen_by_user(interactions(rng))
     items = clustered(rng, HNSW_MIN_ITEMS + 1, rng.normal(size=(20, 8)))
@@ -108,7 +109,7 @@ def test_auto_searches_a_kept_graph_for_few_users_but_not_fewer_than_its_check(t
 
     few = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, GRAPH_BUILD_USERS, kept)
     assert few.method == "hnsw" and few.kept_from == "v1"
-    fewer = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, CHECK_USERS, kept)
+    fewer = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, 2 * MIN_CHECK_USERS - 1, kept)
     assert fewer.method == "exact" and "too few to repay the graph's recall check" in fewer.reason
     unkept = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, GRAPH_BUILD_USERS)
     assert unkept.method == "exact" and "too few to repay a graph's build" in unkept.reason

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from precompute.jobs.candidate_topk import CHECK_USERS
+from precompute.jobs.candidate_topk import check_users
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recommend import run_recs_job
 from precompute.jobs.recs_models import Seen
@@ -56,18 +56,19 @@ def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int) -> None:
     assert all(not set(row) & set(s) for row, s in zip(indices.tolist(), seen, strict=True))
 
 
-@pytest.mark.parametrize("topk", ["exact", "hnsw"])
+@pytest.mark.parametrize(("topk", "driver_users"), [("exact", 20_000), ("exact", 0), ("hnsw", 0)])
 def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
-    ray_local, items, interactions: Path, tmp_path: Path, topk: str
+    ray_local, items, interactions: Path, tmp_path: Path, topk: str, driver_users: int
 ) -> None:
-    """With the graph too (60 items: every candidate is found, so the top k is the exact one)."""
+    """With the graph too (60 items: every candidate is found, so the top k is the exact one),
+    ranked in the driver (few users: topk_driver_users) or by the top-k actors."""
     ids, vectors, _ = items
     settings = RecsSpec(k=10, popularity_weight=0.4, model="content", topk=topk)
     sized: list[tuple[int, object, bool]] = []
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
         settings,
-        JobSettings(users_per_block=256),
+        JobSettings(users_per_block=256, topk_driver_users=driver_users),
         items,
         ParquetSink(tmp_path / "out"),
         WorkPath.of(tmp_path / "work"),
@@ -123,7 +124,7 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     assert sized == [(len(users), None, False)]
     assert report.ranking is not None and report.ranking["method"] == topk
     if topk == "hnsw":
-        assert report.ranking["recall"] == 1.0 and report.ranking["sample_users"] == min(CHECK_USERS, len(users))
+        assert report.ranking["recall"] == 1.0 and report.ranking["sample_users"] == min(check_users(len(users)), len(users))
     assert report.vocabulary == ids
     stored = dict(zip(written["id"].to_pylist(), written["value"].to_pylist(), strict=True))
     assert len(report.samples) == 5 and report.samples.items() <= stored.items()
@@ -146,7 +147,7 @@ def test_als_scores_its_users_in_the_actors_from_read_only_factors(
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
         RecsSpec(k=10, model="als", topk="hnsw"),
-        JobSettings(users_per_block=256),
+        JobSettings(users_per_block=256, topk_driver_users=0),  # the actors, not the driver
         items,
         ParquetSink(tmp_path / "out"),
         WorkPath.of(tmp_path / "work"),
