@@ -26,6 +26,7 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
 from precompute.jobs.nights import copy_files
+from precompute.jobs.row_groups import ParquetRowGroups
 from precompute.jobs.work_dir import WorkPath
 
 MANIFEST = "manifest.json"
@@ -125,5 +126,7 @@ def committed_dataset(run_dir: WorkPath) -> pads.Dataset:
 
 
 def read_committed(run_dir: WorkPath) -> ray.data.Dataset:
-    """The committed parts as a Ray dataset, read where Ray's tasks run."""
-    return ray.data.read_parquet(committed_parts(run_dir), filesystem=run_dir.fs)
+    """The committed parts as a Ray dataset, read where Ray's tasks run, by row groups as the
+    inputs are (jobs/row_groups.py): through Ray Data's Parquet reader, which gives a task
+    several parts, a reader's USS went 139 -> 173 MB from 100,000 to 1M rows in bench scale."""
+    return ray.data.read_datasource(ParquetRowGroups(committed_dataset(run_dir)))
