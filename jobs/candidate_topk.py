@@ -229,9 +229,10 @@ def choose_ranking(
     users: int,
     kept: KeptGraph | None = None,
 ) -> Ranking:
-    """The ranking the actors use for `users` users: exact, or the graph (`kept`, else built
-    tonight) at the first efSearch of EF_LADDER whose top k keeps min_recall of the exact top k
-    on check_users(users) users sampled from `histories` (every user's; exact if none does)."""
+    """How `users` users are ranked (in the top-k actors or the driver): exact, or by the graph
+    (`kept`, else built tonight) at the first efSearch of EF_LADDER whose top k keeps min_recall
+    of the exact top k on check_users(users) users sampled from `histories` (every user's; exact
+    if none does)."""
     items = len(towers.items)
     if not users:
         return Ranking("exact", "exact: no user to rank")
