@@ -42,7 +42,7 @@ class KeptGraph:
 
     def over(self, data: np.ndarray) -> faiss.Index:
         """The graph searching `data` (tonight's items, with the prior as a column) as its vectors."""
-        links = saved(self.state, "links")
+        (links,) = saved(self.state, "links")
         reader = faiss.ZeroCopyIOReader(faiss.swig_ptr(links), links.nbytes)
         index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_STORAGE)
         storage = faiss.IndexFlatIP(data.shape[1])
@@ -52,21 +52,20 @@ class KeptGraph:
         return index
 
 
-def saved(state: WorkPath, name: str) -> np.ndarray:
-    """One array of the graph's file, read alone: the keys without the links' 270 MB (at 1M items)."""
+def saved(state: WorkPath, *names: str) -> list[np.ndarray]:
+    """The graph file's arrays `names`, read alone: the keys without the links' 270 MB (at 1M items)."""
     with state.fs.open_input_file((state / GRAPH_FILE).path) as file, np.load(file) as arrays:
-        return arrays[name]
+        return [arrays[name] for name in names]
 
 
 def kept_graph(previous: Previous | None, keys: list[bytes], dims: int) -> KeptGraph | None:
     """The graph the published version's run kept, when it has one over `dims` columns and at
     most MOVED_SHARE of `keys` (tonight's content keys, in the vocabulary's order) moved since
     it was built. `previous` is the version an incremental night copies: None in a full run."""
-    if previous is None or not (previous.run_dir / STATE / GRAPH_FILE).is_file():
+    if previous is None or not ((state := previous.run_dir / STATE) / GRAPH_FILE).is_file():
         return None
-    state = previous.run_dir / STATE
-    built = saved(state, "keys")
-    if len(built) != len(keys) or int(saved(state, "dims")) != dims:
+    built, built_dims = saved(state, "keys", "dims")
+    if len(built) != len(keys) or int(built_dims) != dims:
         return None
     moved = np.flatnonzero(built != np.array(keys, dtype="S16"))
     if len(moved) > MOVED_SHARE * len(keys):

@@ -210,9 +210,9 @@ def run_labels_job(
             else:
                 computed.write_datasink(staging)
             copy = copy_plan(previous, reuse, rows - rejects)
-            if copy is None:
+            if copy is None and reuse.kept:  # every value, the kept ones in the staged parts alone
                 written, count = read_committed(work_dir / STAGED), rows - rejects
-            else:
+            else:  # the labelled rows: every row where nothing was kept
                 written, count = computed, staging.computed
             if before_write:
                 before_write(rows - rejects, copy)

@@ -339,11 +339,11 @@ def run_recs_job(
                             "towers": ray.put(towers),
                             "prior": prior,
                             "k": settings.k,
-                            "block": job.users_per_block,
+                            "block": block,
                             "ranking": ray.put(ranking),
                             "counter": counter,
                         },
-                        batch_size=job.users_per_block,
+                        batch_size=block,
                         batch_format="pyarrow",
                         **actor_pool(job.topk_actors, gpus),
                     ).materialize()

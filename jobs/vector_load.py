@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from precompute.jobs.content_cache import KEY, changes, digests
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
-from precompute.jobs.staging import COMPUTED, committed_dataset, is_committed
+from precompute.jobs.staging import COMPUTED, committed_dataset, dictionary_columns, is_committed
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.vector_settings import Quantization
 from precompute.stores.vectors import SEARCH_KEY, VectorStore
@@ -152,8 +152,8 @@ def changes_file(run_dir: WorkPath, dim: int) -> Iterator[pq.ParquetWriter]:
     """The copy's CHANGES, written as its rows are upserted."""
     schema = pa.schema([("id", pa.string()), (EMBEDDING, pa.list_(pa.float32(), dim))])
     with (run_dir / CHANGES).replaced() as tmp:
-        # No dictionary for the vectors, as staging.write_part.
-        with pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs, use_dictionary=["id"]) as writer:
+        dictionary = dictionary_columns(schema)
+        with pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs, use_dictionary=dictionary) as writer:
             yield writer
 
 
