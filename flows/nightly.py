@@ -76,17 +76,24 @@ def one_run_at_a_time(work_dir: WorkPath) -> Iterator[None]:
 
 
 def run_outputs(spec: Pipeline, machine: Machine, keep_versions: int | None) -> dict[str, Any]:
+    """Each output in turn. The first job that needs Ray starts it and the night's end stops it
+    (each start and stop is seconds on a small machine); after an output failed, the next job
+    starts a Ray of its own, so a failure never hands on a broken one."""
+    from precompute.jobs.ray_session import ray_stopped_last, stop_deferred  # Ray: for the jobs
+
     started, run_id = time.time(), new_version()
     run = RunContext(spec, machine, keep_versions)
     failed: dict[str, str] = {}
-    for name in spec.run_order():
-        run.at = "start"  # until its first step: an output it needs was not published (SkippedError)
-        try:
-            run.reports[name] = spec.kind(name).run(run, name)
-        except Exception as e:  # reported, and the flow fails after the other outputs ran
-            log.error("output %s failed at %s", name, run.at, exc_info=e)
-            failed[name] = f"{run.at}: {failure_line(e)}"
-            run.reports[name] = {"kind": spec.outputs[name].kind, "published": False, "error": failed[name]}
+    with ray_stopped_last():
+        for name in spec.run_order():
+            run.at = "start"  # until its first step: an output it needs was not published (SkippedError)
+            try:
+                run.reports[name] = spec.kind(name).run(run, name)
+            except Exception as e:  # reported, and the flow fails after the other outputs ran
+                stop_deferred()
+                log.error("output %s failed at %s", name, run.at, exc_info=e)
+                failed[name] = f"{run.at}: {failure_line(e)}"
+                run.reports[name] = {"kind": spec.outputs[name].kind, "published": False, "error": failed[name]}
     report = {"run": run_id, "pipeline": str(spec.path), "outputs": run.reports, "failed": failed}
     finished = time.time()
     path = write_report(

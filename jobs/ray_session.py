@@ -116,29 +116,55 @@ def ray_session(address: str | None) -> Iterator[None]:
         _deferred.append(stop)
         yield
         return
-    try:
+    with stopped_unless_interrupted([stop]):
         yield
-    finally:
-        stop()
 
 
 @contextmanager
 def ray_stopped_last() -> Iterator[None]:
     """Ray that a job in this block starts stays up until the block exits, so what encloses the
     job inside the block cleans up first: a run stopped by SIGTERM deletes its unpublished
-    version before Ray's shutdown, which takes seconds under load and which the runner's kill,
-    after its grace period, would otherwise cut short with the version still there."""
+    version before Ray goes. Around a night (flows/nightly.py), the first job's Ray serves the
+    jobs after it: a local Ray's start and stop, and its workers' imports, are seconds each."""
     global _deferred
     if _deferred is not None:
         yield
         return
     _deferred = []
     try:
-        yield
+        with stopped_unless_interrupted(_deferred):
+            yield
     finally:
-        stops, _deferred = _deferred, None
-        for stop in stops:
-            stop()
+        _deferred = None
+
+
+def stop_deferred() -> None:
+    """Stop now the Ray sessions a ray_stopped_last block holds: the next job starts its own."""
+    stops = list(_deferred or [])
+    if _deferred is not None:
+        _deferred.clear()
+    for stop in stops:
+        stop()
+
+
+@contextmanager
+def stopped_unless_interrupted(stops: list[Callable[[], None]]) -> Iterator[None]:
+    """Call `stops` when the block ends, unless a termination (what Prefect raises on SIGTERM)
+    or Ctrl-C ends it. Ray's shutdown then raced the threads still winding down the interrupted
+    work (Ray Data's executor, Prefect's task runs): one that touched Ray after it made Ray's core
+    worker end the process on the spot, before Prefect marked the run crashed, and a scheduled
+    run showed Running for ever. The process is ending anyway: Ray's exit handler stops Ray, and
+    a local Ray's processes die with this one if it is killed (Ray's kernel fate sharing)."""
+    interrupted = False
+    try:
+        yield
+    except BaseException as e:
+        interrupted = not isinstance(e, Exception)
+        raise
+    finally:
+        if not interrupted:
+            for stop in stops:
+                stop()
 
 
 ACTOR_RESTARTS = 3

@@ -76,9 +76,14 @@ def test_a_batch_that_kills_its_actor_every_time_fails_the_job_after_bounded_ret
     assert sum(1 for _ in rows.map_batches(lambda b: b).iter_rows()) == 64  # Ray itself carries on
 
 
-def test_ray_a_job_starts_in_a_stopped_last_block_is_stopped_after_what_encloses_the_job_cleaned_up() -> None:
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_ray_a_job_starts_in_a_stopped_last_block_is_stopped_after_what_encloses_the_job_cleaned_up(
+    error: type[BaseException],
+) -> None:
     """A keyed output's version is dropped before Ray's shutdown when its job fails or is
-    stopped (precompute/kinds/keyed.py): the drop sees Ray still up, and Ray is down after."""
+    stopped (precompute/kinds/keyed.py): the drop sees Ray still up. After a failure Ray is
+    down; after an interrupt (Prefect raises one on SIGTERM) it is left to the process's exit,
+    as stopping it raced the threads still winding the interrupted work down."""
     had_local = ray.is_initialized()
     stop_local()
     dropped_with_ray_up = []
@@ -91,12 +96,15 @@ def test_ray_a_job_starts_in_a_stopped_last_block_is_stopped_after_what_encloses
             dropped_with_ray_up.append(ray.is_initialized())
 
     try:
-        with pytest.raises(KeyboardInterrupt), ray_stopped_last(), new_version():
+        with pytest.raises(error), ray_stopped_last(), new_version():
             with ray_session(None):
                 assert ray.get(ray.put(1)) == 1
             assert ray.is_initialized()  # the session handed its shutdown to the block
-            raise KeyboardInterrupt  # as Prefect raises on SIGTERM
-        assert dropped_with_ray_up == [True] and not ray.is_initialized()
+            with ray_session(None):  # the next job's session is the same Ray
+                assert ray.get(ray.put(2)) == 2
+            raise error
+        assert dropped_with_ray_up == [True]
+        assert ray.is_initialized() == (error is KeyboardInterrupt)
     finally:
         stop_local()
         if had_local:
