@@ -23,9 +23,10 @@ from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import GateFailedError, ModelError
 from precompute.models.gate import GateResult, agreement_gate, cosine_gate, few_texts
 from precompute.models.hardware import device_fingerprint
-from precompute.models.reference_texts import reference_texts, texts_digest
+from precompute.models.reference_texts import reference_texts
 from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
 from precompute.models.settings import Engine
+from precompute.models.text_vectors import vectors_of
 from precompute.models.tokenize import TextTokenizer
 
 # The ONNX graph each (device, precision) runs; fp32 runs the export itself.
@@ -40,6 +41,10 @@ ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
 # BERT fusions, for BERT encoders.
 FUSED = {"int8-dynamic": "int8-dynamic-fused"}
 FUSABLE = ("bert",)
+GATE_VECTORS = "gate-vectors.npz"
+"""An engine's outputs of the gate texts, in its cache entry."""
+REFERENCE_VECTORS = "vectors.npz"
+"""The FP32 reference outputs, in the model's `reference` entry."""
 MIXED_SHARES = {"int8-mixed-12": 0.125, "int8-mixed-25": 0.25, "int8-mixed-38": 0.375, "int8-mixed-50": 0.5}
 """The mixed graphs dynamic INT8 falls back to before the next precision, by the share of weight
 MatMuls each keeps in float (quantize.py int8_mixed), fewest first: slower, nearer to FP32."""
@@ -167,24 +172,26 @@ class _Builder:
     def gate(
         self, engine_dir: Path, precision: str, open_runner: Callable[[], Runner], tokenizer: TextTokenizer
     ) -> tuple[GateResult, Runner | None]:
-        """Score the engine on held-out texts; its outputs are cached beside the engine. The engine
-        is opened only to compute them (and returned, to serve if it passes): on a cache hit a
-        graph that fails costs no session (MiniLM's five INT8 graphs on a CPU)."""
+        """Score the engine on held-out texts; its outputs are kept beside the engine by text
+        (text_vectors). The engine is opened only to encode texts it has not seen (and returned,
+        to serve if it passes): on a night whose gate texts did not move, a graph that fails
+        costs no session (MiniLM's five INT8 graphs on a CPU)."""
         texts = self.gate_texts()
-        scored = engine_dir / f"gate-{texts_digest(texts)}.npy"
-        runner = None
-        if not scored.exists():
-            runner = open_runner()
-            tmp = scored.with_suffix(".tmp.npy")
-            np.save(tmp, encode_texts(runner, tokenizer, texts, self.spec.max_batch))
-            os.replace(tmp, scored)
-        outputs, reference = np.load(scored), reference_embeddings(self.config, texts)
+        opened: list[Runner] = []
+
+        def encode(missing: list[str]) -> np.ndarray:
+            opened.append(open_runner())
+            return encode_texts(opened[0], tokenizer, missing, self.spec.max_batch)
+
+        outputs = vectors_of(engine_dir / GATE_VECTORS, texts, encode)
+        reference = reference_embeddings(self.config, texts)
         policy, texts_from = self.config.policy, self.config.reference.path
         if self.config.model.task == "classify":
             result = agreement_gate(precision, outputs, reference, policy.gate_agreement, texts_from)
         else:
             thresholds = (policy.gate_mean_cosine, policy.gate_min_cosine, policy.gate_min_overlap)
             result = cosine_gate(precision, outputs, reference, thresholds, texts_from)
+        runner = opened[0] if opened else None
         return replace(result, texts=len(texts), note=few_texts(len(texts), policy.gate_texts)), runner
 
     def gate_texts(self) -> list[str]:
@@ -198,16 +205,16 @@ def gate_texts(engine: Engine) -> list[str]:
 
 
 def reference_embeddings(engine: Engine, texts: list[str]) -> np.ndarray:
-    """FP32 PyTorch outputs of `texts`, computed once per model and text set: every
-    gate (cosine or agreement here, label agreement in labels.py) scores against the same reference."""
+    """FP32 PyTorch outputs of `texts`, kept per model by text (text_vectors): every gate (cosine
+    or agreement here, label agreement in labels.py) scores against the same reference, and a
+    night whose gate texts moved by a few computes only those."""
 
-    def compute(directory: Path) -> None:
-        from precompute.models.backends.torch import TorchRunner
+    def encode(missing: list[str]) -> np.ndarray:
+        from precompute.models.backends.torch import TorchRunner  # torch: on a miss only
 
-        tokenizer = TextTokenizer(engine.model)
         with TorchRunner(engine.model, "cpu", 1) as reference:
-            np.save(directory / "embeddings.npy", encode_texts(reference, tokenizer, texts, 32))
+            return encode_texts(reference, TextTokenizer(engine.model), missing, 32)
 
-    key = {"model": engine.model.hash, "texts": texts_digest(texts)}
-    entry = EngineCache(engine.machine.cache_dir).get_or_build("reference", key, compute)
-    return np.load(entry.path / "embeddings.npy")
+    # The entry is only the model's folder: its vectors file grows by text, after the entry exists.
+    entry = EngineCache(engine.machine.cache_dir).get_or_build("reference", {"model": engine.model.hash}, lambda d: None)
+    return vectors_of(entry.path / REFERENCE_VECTORS, texts, encode)

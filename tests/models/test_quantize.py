@@ -11,6 +11,7 @@ import pytest
 
 from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
 from precompute.models.encoder import encode_texts
+from precompute.models.engine import reference_embeddings
 from precompute.models.gate import row_cosine
 from precompute.models.quantize import QUANTIZERS
 from precompute.models.reference_texts import reference_texts
@@ -20,10 +21,9 @@ from precompute.models.tokenize import TextTokenizer
 
 
 @pytest.fixture(scope="module")
-def gate_set(settings: Engine, bundled_cache: dict[str, Path]) -> tuple[list[str], np.ndarray]:
+def gate_set(settings: Engine) -> tuple[list[str], np.ndarray]:
     texts = reference_texts(settings.reference, "gate", settings.policy.gate_texts)
-    reference = np.load(bundled_cache["reference"] / "embeddings.npy")
-    return texts, reference
+    return texts, reference_embeddings(settings, texts)
 
 
 def quantized(settings: Engine, export: Path, variant: str, tmp_path: Path) -> Path:

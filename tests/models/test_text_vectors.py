@@ -1,0 +1,71 @@
+"""Gate and reference vectors kept by text: a night whose gate texts moved by a few encodes those few."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from precompute.models import Engine, load_encoder
+from precompute.models import engine as engine_module
+from precompute.models.reference_texts import TextSample, reference_texts
+from precompute.models.text_vectors import KEPT, read, text_digest, vectors_of
+
+
+class Counting:
+    """An encoder of texts as their lengths, that records what it was asked to encode."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.asked.append(texts)
+        return np.array([[len(t), 1.0] for t in texts], dtype=np.float32)
+
+
+def test_only_texts_not_held_are_encoded_and_every_text_gets_its_own_vector(tmp_path: Path) -> None:
+    path, encode = tmp_path / "vectors.npz", Counting()
+    assert vectors_of(path, ["a", "bb", "a"], encode).tolist() == [[1, 1], [2, 1], [1, 1]]
+    assert vectors_of(path, ["ccc", "bb"], encode).tolist() == [[3, 1], [2, 1]]
+    assert vectors_of(path, ["bb", "a", "ccc"], encode).tolist() == [[2, 1], [1, 1], [3, 1]]
+    assert encode.asked == [["a", "bb"], ["ccc"]]
+
+
+def test_the_file_keeps_the_latest_texts_first_and_at_most_kept(tmp_path: Path) -> None:
+    path, encode = tmp_path / "vectors.npz", Counting()
+    vectors_of(path, [f"old {i}" for i in range(KEPT)], encode)
+    vectors_of(path, ["new"], encode)
+    held = list(read(path))
+    assert len(held) == KEPT and held[0] == text_digest("new") and text_digest(f"old {KEPT - 1}") not in held
+
+
+def test_an_unreadable_file_is_encoded_again(tmp_path: Path) -> None:
+    path, encode = tmp_path / "vectors.npz", Counting()
+    path.write_bytes(b"not a zip")
+    assert vectors_of(path, ["a"], encode).tolist() == [[1, 1]]
+    assert encode.asked == [["a"]] and list(read(path)) == [text_digest("a")]
+
+
+def test_a_gate_text_that_moved_is_the_only_one_each_graph_and_the_reference_encode(
+    encoder, settings: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundled model's ladder on the demo corpus with one of its 256 gate texts edited: every
+    graph gated and the FP32 reference encode that text alone, and the gate still passes FP32."""
+    moved = reference_texts(settings.reference, "gate", settings.policy.gate_texts)[0]
+    corpus = pq.read_table(settings.reference.path)
+    edited = pc.if_else(pc.equal(corpus["text"], moved), moved + " (edited)", corpus["text"])
+    pq.write_table(corpus.set_column(corpus.schema.get_field_index("text"), "text", edited), tmp_path / "c.parquet")
+    asked: list[int] = []
+
+    def counted(runner, tokenizer, texts, batch_size, pool=None) -> np.ndarray:
+        asked.append(len(texts))
+        return real(runner, tokenizer, texts, batch_size, pool)
+
+    real = engine_module.encode_texts
+    monkeypatch.setattr(engine_module, "encode_texts", counted)
+    with load_encoder(settings.replace(reference=TextSample(path=str(tmp_path / "c.parquet")))) as again:
+        assert again.report.precision == encoder.report.precision
+    assert asked == [1] * (len(again.report.gates) + 1), again.report.gates  # each graph, and the reference
