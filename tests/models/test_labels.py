@@ -64,7 +64,9 @@ def test_exported_head_is_the_softmax_or_sigmoid_of_the_affine_map(settings, tmp
 
 
 def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) -> None:
-    """INT8 labels agree with FP32 on most, not all, held-out texts: the gate decides what labels."""
+    """INT8 labels agree with FP32 on most, not all, held-out texts: the gate decides what labels.
+    On 256 of them, the default: on the suite's 64, INT8 on an AVX2-only CPU agreed on all."""
+    settings = settings.replace(gate_texts=256)
     with load_labeler(SECTIONS, settings.replace(gate_agreement=0.5)) as lenient:
         [int8] = lenient.report.gates
         assert (int8.precision, int8.passed, int8.recheck_margin) == ("int8", True, None)
