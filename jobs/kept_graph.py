@@ -61,7 +61,9 @@ def saved(state: WorkPath, *names: str) -> list[np.ndarray]:
 def kept_graph(previous: Previous | None, keys: list[bytes], dims: int) -> KeptGraph | None:
     """The graph the published version's run kept, when it has one over `dims` columns and at
     most MOVED_SHARE of `keys` (tonight's content keys, in the vocabulary's order) moved since
-    it was built. `previous` is the version an incremental night copies: None in a full run."""
+    it was built. `previous`: the published version whose model tonight's is (recs_state.plan),
+    also on a night that rescores every user because a copy would not hold them; None when the
+    model changed, whose item vectors the graph was not built over."""
     if previous is None or not ((state := previous.run_dir / STATE) / GRAPH_FILE).is_file():
         return None
     built, built_dims = saved(state, "keys", "dims")

@@ -306,7 +306,7 @@ def run_recs_job(
 
         start = time.perf_counter()
         dims = towers.items.shape[1] + (prior is not None)
-        graph = kept_graph(planned.previous if mode == "incremental" else None, items.keys, dims)
+        graph = kept_graph(planned.previous, items.keys, dims)
         ranking = choose_ranking(
             settings.topk,
             towers,

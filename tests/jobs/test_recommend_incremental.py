@@ -302,11 +302,13 @@ def test_the_copy_plan_carried_out_in_redis_serves_copied_users_as_before_and_re
     assert_same_values({user: after[user] for user in (changed, "u-new")}, {u: fresh[u] for u in (changed, "u-new")})
 
 
-def test_an_incremental_night_searches_the_graph_its_published_run_built(
-    items: Items, interactions: Path, tmp_path: Path
+@pytest.mark.parametrize("copy_holds", [True, False], ids=["incremental", "full"])
+def test_a_night_under_the_same_model_searches_the_graph_its_published_run_built(
+    copy_holds: bool, items: Items, interactions: Path, tmp_path: Path
 ) -> None:
     """The graph's links and the content keys it was built over stay in the run's state; the
-    next night under the same model searches them with tonight's vectors and carries them on."""
+    next night under the same model searches them with tonight's vectors and carries them on,
+    also when it rescores every user because a copy of the published version would not hold them."""
     first = recs_run(items, interactions, tmp_path / "first", topk="hnsw")
     assert first.report.ranking["kept_from"] is None and (tmp_path / "first" / STATE / GRAPH_FILE).is_file()
     edited = len(items.ids) // 2
@@ -315,11 +317,12 @@ def test_an_incremental_night_searches_the_graph_its_published_run_built(
     vectors = items.vectors.copy()
     vectors[edited] = vectors[edited - 1]
     tonight = Items(items.ids, vectors, keys)
-    previous = Previous("20261124T030000Z-dddddd", WorkPath.of(tmp_path / "first"), range(10**6))
+    records = range(10**6) if copy_holds else range(0)
+    previous = Previous("20261124T030000Z-dddddd", WorkPath.of(tmp_path / "first"), records)
 
     rerun = recs_run(tonight, interactions, tmp_path / "second", previous, topk="hnsw")
 
-    assert rerun.report.mode == "incremental" and rerun.report.rescored > 0
+    assert rerun.report.mode == ("incremental" if copy_holds else "full") and rerun.report.rescored > 0
     assert (rerun.report.ranking["kept_from"], rerun.report.ranking["moved"]) == (previous.version, 1)
     assert (tmp_path / "second" / STATE / GRAPH_FILE).is_file()
     full = recs_run(tonight, interactions, tmp_path / "full", topk="exact")
