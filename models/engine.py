@@ -216,5 +216,6 @@ def reference_embeddings(engine: Engine, texts: list[str]) -> np.ndarray:
             return encode_texts(reference, TextTokenizer(engine.model), missing, 32)
 
     # The entry is only the model's folder: its vectors file grows by text, after the entry exists.
-    entry = EngineCache(engine.machine.cache_dir).get_or_build("reference", {"model": engine.model.hash}, lambda d: None)
+    cache = EngineCache(engine.machine.cache_dir)
+    entry = cache.get_or_build("reference", {"model": engine.model.hash}, lambda directory: None)
     return vectors_of(entry.path / REFERENCE_VECTORS, texts, encode)
