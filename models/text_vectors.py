@@ -59,6 +59,10 @@ def write(path: Path, order: list[str], held: dict[str, np.ndarray]) -> None:
     """The first KEPT of `order` (digests, repeats ignored), replacing the file at once: a reader,
     another job's actor, sees the old file or the new one."""
     kept = list(dict.fromkeys(order))[:KEPT]
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        np.savez(tmp, digests=np.array(kept), vectors=np.stack([held[d] for d in kept]))
-    os.replace(tmp.name, path)
+    tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)
+    try:
+        with tmp:
+            np.savez(tmp, digests=np.array(kept), vectors=np.stack([held[d] for d in kept]))
+        os.replace(tmp.name, path)
+    finally:
+        Path(tmp.name).unlink(missing_ok=True)  # a write that failed leaves no file behind

@@ -49,6 +49,14 @@ def test_an_unreadable_file_is_encoded_again(tmp_path: Path) -> None:
     assert encode.asked == [["a"]] and list(read(path)) == [text_digest("a")]
 
 
+def test_a_failed_write_leaves_the_file_as_it_was_and_nothing_beside_it(tmp_path: Path) -> None:
+    path = tmp_path / "vectors.npz"
+    vectors_of(path, ["a"], Counting())
+    with pytest.raises(ValueError):
+        vectors_of(path, ["a", "b"], lambda texts: np.ones((len(texts), 3), np.float32))  # another width
+    assert list(read(path)) == [text_digest("a")] and [p.name for p in tmp_path.iterdir()] == ["vectors.npz"]
+
+
 def test_a_gate_text_that_moved_is_the_only_one_each_graph_and_the_reference_encode(
     encoder, settings: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
