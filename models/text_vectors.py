@@ -39,7 +39,7 @@ def vectors_of(path: Path, texts: list[str], encode: Callable[[list[str]], np.nd
     missing = {d: t for d, t in zip(digests, texts, strict=True) if d not in held}
     if missing:
         held.update(zip(missing, encode(list(missing.values())), strict=True))
-        write(path, [*dict.fromkeys(digests), *held], held)
+        write(path, [*digests, *held], held)
     return np.stack([held[d] for d in digests]).astype(np.float32, copy=False)
 
 

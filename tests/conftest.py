@@ -65,13 +65,13 @@ def encoder(settings: Engine) -> Encoder:
 
 @pytest.fixture(scope="session")
 def bundled_cache(encoder: Encoder, settings: Engine) -> dict[str, Path]:
-    """The bundled model's FP32 export and reference outputs in the shared engine cache, found by
-    their keys: tests of other models add entries of the same kinds to that cache."""
+    """The bundled model's FP32 export in the shared engine cache, found by its key: tests of
+    other models add entries of the same kind to that cache."""
     entries = {}
     for key_file in settings.machine.cache_dir.glob("*/key.json"):
         kind = key_file.parent.name.rsplit("-", 1)[0]
         if (
-            kind in ("export", "reference")
+            kind == "export"
             and json.loads(key_file.read_text())["model"] == settings.model.hash
         ):
             entries[kind] = key_file.parent
