@@ -23,13 +23,14 @@ from typing import Any
 import numpy as np
 
 from precompute.models.encoder import Encoder, EngineReport
-from precompute.models.engine import gate_texts, load_encoder, reference_embeddings
+from precompute.models.engine import GATE_VECTORS, gate_texts, load_encoder, reference_embeddings
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import GateFailedError
 from precompute.models.label_head import LabelHead, LabelPolicy, LabelTask, labeling_engine, load_head
 from precompute.models.reference_texts import reference_texts, texts_digest
 from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
 from precompute.models.settings import Engine
+from precompute.models.text_vectors import vectors_of
 
 GATES_FILE = "gates.json"
 
@@ -71,16 +72,29 @@ def top_two_margin(probabilities: np.ndarray) -> np.ndarray:
     return two[:, 1] - two[:, 0]
 
 
+class KeptOutputs:
+    """An encoder whose outputs are kept beside its engine by text (text_vectors), where its
+    cosine gate keeps its outputs of the same gate texts: the label gate asks those and the
+    calibration texts every night, and a night whose texts moved by a few encodes those few."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.encoder = encoder
+        self.path = Path(encoder.report.engine_dir) / GATE_VECTORS
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return vectors_of(self.path, texts, self.encoder.encode)
+
+
 class Labeler:
     """Texts in, top labels out: a gated classifier; or a gated encoder, then the trained head,
     near ties again at FP32 if so gated."""
 
     def __init__(
         self,
-        encoder: Encoder,
+        encoder: Encoder | KeptOutputs,
         head: LabelHead | None,
         policy: LabelPolicy,
-        recheck: Encoder | None = None,
+        recheck: Encoder | KeptOutputs | None = None,
         margin: float = 0.0,
     ) -> None:
         self.encoder = encoder
@@ -119,9 +133,11 @@ class Labeler:
         return indices, scores, np.take_along_axis(given, indices, axis=1)
 
     def close(self) -> None:
-        self.encoder.close()
-        if self.recheck is not None:
-            self.recheck.close()
+        """Closes what load_labeler or open_labeler opened (an Encoder; a gate's KeptOutputs
+        are closed by the gate)."""
+        for encoder in (self.encoder, self.recheck):
+            if isinstance(encoder, Encoder):
+                encoder.close()
 
     def __enter__(self) -> Labeler:
         return self
@@ -130,7 +146,7 @@ class Labeler:
         self.close()
 
 
-def recheck_margin(head: LabelHead, quantized: Encoder, fp32: Encoder, texts: list[str]) -> float:
+def recheck_margin(head: LabelHead, quantized: KeptOutputs, fp32: KeptOutputs, texts: list[str]) -> float:
     """Just above the widest margin at which `quantized` flipped a calibration text's top label."""
     quick = head.probabilities(quantized.encode(texts), texts)
     exact = head.probabilities(fp32.encode(texts), texts)
@@ -160,19 +176,21 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
 
     def evaluate(encoder: Encoder, directory: Path) -> None:
         """A rung's gates: its precision alone, then with the near ties rechecked at FP32."""
-        precision = encoder.report.precision
-        tried = [agreement_gate(Labeler(encoder, head, policy), precision)]
+        precision, quick = encoder.report.precision, KeptOutputs(encoder)
+        tried = [agreement_gate(Labeler(quick, head, policy), precision)]
         if not tried[0].passed and precision != "fp32":
             with load_encoder(engine.replace(precision="fp32")) as fp32:
                 # As many as a small corpus has: the gate still judges the margin they set.
                 calibration = reference_texts(engine.reference, "calibration", policy.recheck_texts, at_least=0)
-                margin = recheck_margin(head, encoder, fp32, calibration)
-                recheck = Labeler(encoder, head, policy, fp32, margin)
+                exact = KeptOutputs(fp32)
+                margin = recheck_margin(head, quick, exact, calibration)
+                recheck = Labeler(quick, head, policy, exact, margin)
                 tried.append(agreement_gate(recheck, f"{precision}+fp32-recheck"))
         (directory / GATES_FILE).write_text(json.dumps([asdict(g) for g in tried]))
 
     # A rung's gates are cached like the engine's own, by head, engine and gate texts: a nightly
-    # run on an unchanged corpus opens its labeler without encoding the gate's texts again.
+    # run on an unchanged corpus opens its labeler without gating again, and one whose texts moved
+    # scores the head over the kept outputs of the texts that did not (KeptOutputs).
     cache = EngineCache(engine.machine.cache_dir)
     gates: list[LabelGate] = []
     backend = resolve_backend(engine.machine, device).name

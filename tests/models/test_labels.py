@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from precompute.demo_data import DEMO_CORPUS
+from precompute.models.encoder import Encoder
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
 from precompute.models.label_head import (
@@ -23,7 +25,7 @@ from precompute.models.label_head import (
     load_head,
 )
 from precompute.models.labels import Labeler, load_labeler, top_of
-from precompute.models.reference_texts import TextSample, split_slot
+from precompute.models.reference_texts import TextSample, reference_texts, split_slot
 
 EMBEDDING_DIM = 384
 
@@ -98,6 +100,36 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
         assert not alone.passed and not rechecked.passed and rechecked.rechecked == 0.0
         assert rechecked.reason == f"label agreement {int8.agreement:.4f} < 1.0"
         assert (fp32.precision, fp32.agreement, exact.report.engine.precision) == ("fp32", 1.0, "fp32")
+
+
+def test_a_gate_text_that_moved_is_the_only_one_the_label_gate_encodes(
+    settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One of the 256 gate texts edited, and a gate that walks every try (INT8 alone, INT8 with
+    its near ties rechecked at FP32 after calibration, FP32): each engine's cosine gate encodes
+    that text into the file its outputs are kept in (test_text_vectors), so the label gate scores
+    kept outputs alone (KeptOutputs) and encodes nothing itself; the same gates decide."""
+    few = SECTIONS.model_copy(update={"policy": LabelPolicy(train_texts=TRAIN_TEXTS, recheck_texts=10, fine_tune_seconds=0)})
+    strict = settings.replace(gate_texts=256, gate_agreement=1.0)
+    with load_labeler(few, strict) as before:
+        assert [g.precision for g in before.report.gates] == ["int8", "int8+fp32-recheck", "fp32"]
+    moved = reference_texts(strict.reference, "gate", 256)[0]
+    corpus = pq.read_table(DEMO_CORPUS)
+    edited = pc.if_else(pc.equal(corpus["text"], moved), moved + " (edited)", corpus["text"])
+    pq.write_table(corpus.set_column(corpus.schema.get_field_index("text"), "text", edited), tmp_path / "c.parquet")
+    asked: list[str] = []
+    real = Encoder.encode
+
+    def counted(self: Encoder, texts: list[str]) -> np.ndarray:
+        asked.extend(texts)
+        return real(self, texts)
+
+    monkeypatch.setattr(Encoder, "encode", counted)
+    with load_labeler(few, strict.replace(reference=TextSample(path=str(tmp_path / "c.parquet")))) as after:
+        assert [(g.precision, g.passed) for g in after.report.gates] == [
+            (g.precision, g.passed) for g in before.report.gates
+        ]
+    assert asked == []
 
 
 def test_a_bad_label_column_is_named(settings, tmp_path: Path) -> None:
