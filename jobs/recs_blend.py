@@ -20,6 +20,7 @@ import copy
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 if TYPE_CHECKING:  # recs_models imports this module
     from precompute.jobs.recs_models import ContentTowers, Seen, Towers
@@ -28,15 +29,17 @@ SCALE_USERS = 2000
 """Training users whose scores set a part's scale (a median: stable at this size)."""
 SCALE_RANK = 100
 """The scale is the gap between a user's best score and this rank's (or the catalogue's last)."""
-SCALE_SCORES_BYTES = 256 * 2**20
-"""The scale's users are scored a block at a time, each block's [users, items] scores at most
-this: all 2,000 at once were 2.4 GB at 300,000 items (and a partitioned copy beside them), and
-would be 16 GB at 1M."""
+SCALE_BLOCK = 512
+"""Users scored at once (BlockedTopK's block)."""
 
 
 def spread_scale(towers: Towers, train: Seen) -> float:
     """The median over (up to SCALE_USERS) training users of their best score less their
-    SCALE_RANK-th best: the unit a part's scores are divided by (1 where it is zero)."""
+    SCALE_RANK-th best: the unit a part's scores are divided by (1 where it is zero). Scored as
+    the job scores (jobs/topk.py BlockedTopK: blocks of users, bounded tiles of items, only the
+    columns a block uses), every item counted, seen or not."""
+    from precompute.jobs.topk import BlockedTopK  # it imports recs_models, which imports this module
+
     users = min(SCALE_USERS, len(train.offsets) - 1)
     end = train.offsets[users]
     head = train._replace(
@@ -49,13 +52,11 @@ def spread_scale(towers: Towers, train: Seen) -> float:
     if not len(vectors) or not items:
         return 1.0
     rank = min(SCALE_RANK, items) - 1
-    rows = max(1, SCALE_SCORES_BYTES // (4 * items))
-    spreads = []
-    for start in range(0, len(vectors), rows):
-        scores = vectors[start : start + rows] @ towers.items.T
-        ordered = np.partition(scores, [items - 1 - rank, items - 1], axis=1)
-        spreads.append(ordered[:, -1] - ordered[:, -1 - rank])
-    spread = np.concatenate(spreads)
+    # Seen items count here: no user's items are masked.
+    empty = head.items[:0]
+    unmasked = head._replace(offsets=np.zeros_like(head.offsets), items=empty, weights=head.weights[:0])
+    scores = BlockedTopK(towers.items, rank + 1, SCALE_BLOCK)(torch.from_numpy(vectors), unmasked)[1]
+    spread = scores[:, 0] - scores[:, rank]
     spread = spread[spread > 0]
     return float(np.median(spread)) if len(spread) else 1.0
 

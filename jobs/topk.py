@@ -22,6 +22,13 @@ of scores (262,144 items at 512 users a block), so the buffer stops growing with
 generous (README, "Figures behind the defaults")."""
 
 
+ACTIVE_SHARE = 0.5
+"""Past this share of a block's columns in use, the whole block is scored: gathering the item
+matrix's columns costs more than the zero terms it saves."""
+GATHERED_BYTES = 128 * 2**20
+"""The bound on a tile's gathered item columns (active_columns): 6,700 items of 5,000 columns."""
+
+
 class BlockedTopK:
     """Exact top-k of user . item + prior over every item, the user's seen items excluded.
 
@@ -61,21 +68,27 @@ class BlockedTopK:
             offsets = seen.offsets[start : stop + 1]
             rows = np.repeat(np.arange(stop - start), np.diff(offsets))
             cols = seen.items[offsets[0] : offsets[-1]]
-            top_scores, top_indices = self._block(user_vectors[start:stop].to(self.device), rows, cols)
+            block, columns = active_columns(user_vectors[start:stop].to(self.device))
+            top_scores, top_indices = self._block(block, columns, rows, cols)
             scores[start:stop] = top_scores.cpu().numpy()
             indices[start:stop] = top_indices.cpu().numpy()
         indices[np.isneginf(scores)] = -1
         return indices, scores
 
     def _block(
-        self, users: torch.Tensor, rows: np.ndarray, cols: np.ndarray
+        self, users: torch.Tensor, columns: torch.Tensor | None, rows: np.ndarray, cols: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top k of one block of users (seen items at rows, cols), a tile of items at a time."""
+        """Top k of one block of users (seen items at rows, cols), a tile of items at a time; only
+        the item matrix's `columns` where given (active_columns)."""
         best: tuple[torch.Tensor, torch.Tensor] | None = None
-        for first in range(0, len(self.items), self.tile):
-            last = min(first + self.tile, len(self.items))
+        tile = self.tile
+        if columns is not None:
+            tile = max(1, min(tile, GATHERED_BYTES // (4 * max(1, len(columns)))))
+        for first in range(0, len(self.items), tile):
+            last = min(first + tile, len(self.items))
             scores = self.buffer[: len(users) * (last - first)].view(len(users), last - first)
-            torch.mm(users, self.items[first:last].T, out=scores)
+            items = self.items[first:last] if columns is None else self.items[first:last, columns]
+            torch.mm(users, items.T, out=scores)
             if self.prior is not None:
                 scores += self.prior[first:last]
             inside = (cols >= first) & (cols < last)
@@ -92,6 +105,17 @@ class BlockedTopK:
             best = tile_scores, tile_indices
         assert best is not None  # at least one item: checked at construction
         return best
+
+
+def active_columns(users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the block's columns that are not zero for every user, their positions), where they are
+    at most ACTIVE_SHARE of the columns, else (the block, None). An item-item model's user vector
+    is the user's history, one column per item (jobs/recs_models.py RowTowers), so a block of
+    users touches few of them: scoring only those is the same sum without its zero terms."""
+    active = torch.nonzero(users.any(dim=0)).squeeze(1)
+    if len(active) > ACTIVE_SHARE * users.shape[1]:
+        return users, None
+    return users[:, active], active
 
 
 def shared_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from precompute.jobs.candidate_topk import check_users
 from precompute.jobs.inputs import InteractionsInput
@@ -14,7 +15,7 @@ from precompute.jobs.recommend import run_recs_job
 from precompute.jobs.recs_models import Seen
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.topk import top_k
+from precompute.jobs.topk import active_columns, top_k
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.records import decode_ranked
@@ -35,10 +36,19 @@ def csr(seen: list[list[int]]) -> Seen:
     return Seen(offsets, items, np.ones(len(items), np.float32))
 
 
+@pytest.mark.parametrize("users_are", ["dense", "histories"])
 @pytest.mark.parametrize("tile", [1024, 64, 2], ids=["one-tile", "items-in-tiles", "tiles-under-k"])
-def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int) -> None:
+def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int, users_are: str) -> None:
+    """`histories`: user vectors as a blend of an item-item model and content makes them, a few of
+    the item columns beside dense ones, which a block scores on the columns it uses alone."""
     rng = np.random.default_rng(7)
     users, items = rng.normal(size=(50, 32)), rng.normal(size=(200, 32))
+    if users_are == "histories":
+        taken = np.zeros((50, 200))
+        taken[np.arange(50)[:, None], rng.integers(0, 200, (50, 3))] = 1.0
+        users, items = np.hstack([users, taken]), np.hstack([items, rng.normal(size=(200, 200))])
+        block, columns = active_columns(torch.from_numpy(users[:16].astype(np.float32)))
+        assert columns is not None and block.shape == (16, len(columns)) and len(columns) <= 32 + 16 * 3
     users /= np.linalg.norm(users, axis=1, keepdims=True)
     items /= np.linalg.norm(items, axis=1, keepdims=True)
     prior = rng.uniform(0, 0.3, 200)

@@ -50,7 +50,7 @@ def test_the_scale_is_the_same_when_its_users_are_scored_a_few_at_a_time(monkeyp
     rng = np.random.default_rng(1)
     towers = Fixed("a", rng.normal(size=(ITEMS, 4)), rng.normal(size=(30, 4)))
     whole = spread_scale(towers, seen(30))
-    monkeypatch.setattr("precompute.jobs.recs_blend.SCALE_SCORES_BYTES", 7 * 4 * ITEMS)  # 7 users a block
+    monkeypatch.setattr("precompute.jobs.recs_blend.SCALE_BLOCK", 7)
     assert spread_scale(towers, seen(30)) == whole
 
 
