@@ -161,7 +161,7 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
         return load_classifier(task, engine)
     head = load_head(task, engine)
     engine = labeling_engine(head, engine)  # a fine-tuned encoder is gated like any other
-    texts = gate_texts(engine)
+    texts = gate_texts(engine).texts
     reference = np.argmax(head.probabilities(reference_embeddings(engine, texts), texts), axis=1)
     device = resolve_device(engine.machine)
     policy, threshold = task.policy, engine.policy.gate_agreement

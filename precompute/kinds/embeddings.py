@@ -85,7 +85,7 @@ def check_queries(output: EmbeddingsSpec, engine: Engine) -> tuple[np.ndarray, n
     from precompute.models import load_encoder
     from precompute.models.engine import gate_texts
 
-    held_out = gate_texts(engine)[:CHECK_QUERIES]
+    held_out = gate_texts(engine).texts[:CHECK_QUERIES]
     opening = [" ".join(text.split()[: OPENING_WORDS[n % len(OPENING_WORDS)]]) for n, text in enumerate(held_out)]
     users = None
     if output.queries is not None:

@@ -13,6 +13,7 @@ import pytest
 
 from precompute.demo_data import DEMO_CORPUS
 from precompute.models.encoder import Encoder
+from precompute.models.engine import MOVED_SHARE
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
 from precompute.models.label_head import (
@@ -102,20 +103,23 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
         assert (fp32.precision, fp32.agreement, exact.report.engine.precision) == ("fp32", 1.0, "fp32")
 
 
-def test_a_gate_text_that_moved_is_the_only_one_the_label_gate_encodes(
+def test_gate_texts_that_moved_are_encoded_by_the_engines_gates_alone_not_again_by_the_label_gate(
     settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One of the 256 gate texts edited, and a gate that walks every try (INT8 alone, INT8 with
-    its near ties rechecked at FP32 after calibration, FP32): each engine's cosine gate encodes
-    that text into the file its outputs are kept in (test_text_vectors), so the label gate scores
-    kept outputs alone (KeptOutputs) and encodes nothing itself; the same gates decide."""
+    """More of the 256 gate texts edited than a gate leaves out (engine.MOVED_SHARE), and a gate
+    that walks every try (INT8 alone, INT8 with its near ties rechecked at FP32 after
+    calibration, FP32): each engine's cosine gate encodes the edited texts into the file its
+    outputs are kept in (test_text_vectors), so the label gate scores kept outputs alone
+    (KeptOutputs) and encodes nothing itself; the same gates decide."""
     few = SECTIONS.model_copy(update={"policy": LabelPolicy(train_texts=TRAIN_TEXTS, recheck_texts=10, fine_tune_seconds=0)})
     strict = settings.replace(gate_texts=256, gate_agreement=1.0)
     with load_labeler(few, strict) as before:
         assert [g.precision for g in before.report.gates] == ["int8", "int8+fp32-recheck", "fp32"]
-    moved = reference_texts(strict.reference, "gate", 256)[0]
+    moved = reference_texts(strict.reference, "gate", 256)[: int(MOVED_SHARE * 256) + 1]
     corpus = pq.read_table(DEMO_CORPUS)
-    edited = pc.if_else(pc.equal(corpus["text"], moved), moved + " (edited)", corpus["text"])
+    chosen = pc.is_in(corpus["text"], pa.array(moved))
+    relabelled = pc.binary_join_element_wise(corpus["text"], " (edited for labels)", "")  # not test_text_vectors' edit
+    edited = pc.if_else(chosen, relabelled, corpus["text"])
     pq.write_table(corpus.set_column(corpus.schema.get_field_index("text"), "text", edited), tmp_path / "c.parquet")
     asked: list[str] = []
     real = Encoder.encode
@@ -129,6 +133,7 @@ def test_a_gate_text_that_moved_is_the_only_one_the_label_gate_encodes(
         assert [(g.precision, g.passed) for g in after.report.gates] == [
             (g.precision, g.passed) for g in before.report.gates
         ]
+        assert after.report.engine.gates[-1].texts == 256
     assert asked == []
 
 
