@@ -13,7 +13,9 @@ collaborative part alone). Item texts (title, year, genres) are embedded by the 
 Speed, on the last data set: BlockedTopK of EASE's towers over every user, a
 block at a time (matmul into the reused score buffer, prior, seen items masked, topk), against
 one torch.mm of the same [users, d] x [d, items] shapes into a preallocated output, no top-k:
-the ceiling for any exact scorer here. Both count 2·U·I·d flops and take turns in each repeat.
+the ceiling for any exact scorer that multiplies every column. Both count 2·U·I·d flops and take
+turns in each repeat; ours scores a block of users on the columns its histories use
+(jobs/topk.py active_columns), so its GFLOP/s are the dense product's flops over its time.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
 FUSED = {"int8-dynamic": "int8-dynamic-fused"}
 FUSABLE = ("bert",)
 GATE_VECTORS = "gate-vectors.npz"
-"""An engine's outputs of the gate texts, in its cache entry."""
+"""An engine's outputs of the gate texts (and the label gate's calibration texts), in its cache
+entry, by text."""
 REFERENCE_VECTORS = "vectors.npz"
 """The FP32 reference outputs, in the model's `reference` entry."""
 MOVED_SHARE = 0.1

@@ -133,8 +133,8 @@ class Labeler:
         return indices, scores, np.take_along_axis(given, indices, axis=1)
 
     def close(self) -> None:
-        """Closes what load_labeler or open_labeler opened (an Encoder; a gate's KeptOutputs
-        are closed by the gate)."""
+        """Closes what load_labeler or open_labeler opened: Encoders (a gate's KeptOutputs wrap
+        encoders that the gate closes)."""
         for encoder in (self.encoder, self.recheck):
             if isinstance(encoder, Encoder):
                 encoder.close()
