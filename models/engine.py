@@ -24,16 +24,17 @@ from precompute.models.errors import GateFailedError, ModelError
 from precompute.models.gate import GateResult, agreement_gate, cosine_gate, few_texts
 from precompute.models.hardware import device_fingerprint
 from precompute.models.reference_texts import reference_texts
-from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
+from precompute.models.runtime import BF16, resolve_backend, resolve_device, rung_backend, text_ladder
 from precompute.models.settings import Engine
 from precompute.models.text_vectors import read, text_digest, vectors_of
 from precompute.models.tokenize import TextTokenizer
 
-# The ONNX graph each (device, precision) runs; fp32 runs the export itself.
+# The ONNX graph each (device, precision) runs; fp32 runs the export itself, bf16 (PyTorch) none.
 ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
     ("cpu", "int8"): "int8-dynamic",
     ("cuda", "int8"): "int8-qdq",
     ("cuda", "fp16"): "fp16",
+    ("cpu", "bf16"): "bf16",
     ("cpu", "fp32"): "fp32",
     ("cuda", "fp32"): "fp32",
 }
@@ -57,34 +58,38 @@ MatMuls each keeps in float (quantize.py int8_mixed), fewest first: slower, near
 def peer_independent(engine: Engine) -> Engine:
     """`engine` as an engine whose output for one row never depends on the other rows of its
     batch, as micro-batched queries need: CPU INT8 is dynamic (activation scales per batch: a
-    query's vector moved by up to 0.03 per component beside other queries), so on CPUs FP32;
-    every GPU rung is static (Q/DQ, FP16, FP32)."""
-    if resolve_device(engine.machine) != "cpu" or engine.policy.precision == "fp32":
+    query's vector moved by up to 0.03 per component beside other queries), so on CPUs the
+    ladder from BF16 where auto climbs it (text_ladder), else FP32; every GPU rung is static
+    (Q/DQ, FP16, FP32)."""
+    if resolve_device(engine.machine) != "cpu" or engine.policy.precision in (BF16, "fp32"):
         return engine
     if engine.policy.precision == "int8":
         raise ModelError(
             "precision='int8' on CPU is dynamic INT8, whose answers depend on batch peers; "
-            "batched queries need precision='fp32' (or auto)"
+            "batched queries need precision='bf16', 'fp32' or auto"
         )
-    return engine.replace(precision="fp32")
+    backend = resolve_backend(engine.machine, "cpu").name
+    return engine.replace(precision=BF16 if BF16 in text_ladder("auto", "cpu", backend) else "fp32")
 
 
 def load_encoder(engine: Engine) -> Encoder:
     """The fastest engine of `engine.model` for this machine that passes the accuracy gate."""
     device = resolve_device(engine.machine)
-    runner_cls = resolve_backend(engine.machine, device)
-    runner_cls.check_available(device)
+    backend = resolve_backend(engine.machine, device)
+    backend.check_available(device)
     machine = engine.machine
     cpus = len(os.sched_getaffinity(0))
-    streams = machine.streams or (cpus if device == "cpu" else 1)
     batch_size = machine.batch_size or (16 if device == "cpu" else 256)
-    threads = machine.threads or max(1, cpus // streams)
     source = engine.model
-    build = _Builder(engine, device, runner_cls, BuildSpec(batch_size, source.max_seq_length))
+    build = _Builder(engine, device, backend, BuildSpec(batch_size, source.max_seq_length))
     tokenizer = TextTokenizer(source)
 
     gates: list[GateResult] = []
-    for precision in precision_ladder(engine.policy.precision, device, runner_cls.name):
+    for precision in text_ladder(engine.policy.precision, device, backend.name):
+        runner_cls = build.backend(precision)
+        # ONNX Runtime on a CPU: a single-threaded stream per core; PyTorch: one over every core.
+        streams = machine.streams or (cpus if device == "cpu" and runner_cls.name != "torch" else 1)
+        threads = machine.threads or max(1, cpus // streams)
         for variant in build.variants(precision):
             engine_dir, hit = build.engine(precision, variant)
             open_runner = partial(runner_cls.open, engine_dir, device, threads, source, precision)
@@ -154,23 +159,28 @@ class _Builder:
         first = FUSED[variant] if self.config.machine.graph == "query" and variant in FUSED and fusable else variant
         return [first, *(MIXED_SHARES if variant == "int8-dynamic" else ())]
 
+    def backend(self, precision: str) -> type[Runner]:
+        """The machine's backend, or PyTorch where it runs the rung (runtime.rung_backend)."""
+        return rung_backend(self.runner_cls, self.device, precision)
+
     def engine(self, precision: str, variant: str) -> tuple[Path, bool]:
         """The backend's engine for this precision's graph: (its cache entry, whether it was a hit)."""
+        runner_cls = self.backend(precision)
         key = {
             "model": self.model,
             "precision": precision,
             "graph": variant,
-            "backend": self.runner_cls.name,
-            "runtime": self.runner_cls.runtime_version(),
+            "backend": runner_cls.name,
+            "runtime": runner_cls.runtime_version(),
             "device": device_fingerprint(self.device),
             "max_batch": str(self.spec.max_batch),
         }
 
         def build(directory: Path) -> None:
-            if self.runner_cls.engine_file:
-                self.runner_cls.build(self.onnx(variant), directory / self.runner_cls.engine_file, self.spec)
+            if runner_cls.engine_file:
+                runner_cls.build(self.onnx(variant), directory / runner_cls.engine_file, self.spec)
 
-        entry = self.cache.get_or_build(f"{self.runner_cls.name}-{precision}", key, build)
+        entry = self.cache.get_or_build(f"{runner_cls.name}-{precision}", key, build)
         return entry.path, entry.hit
 
     def gate(
@@ -252,7 +262,7 @@ def reference_embeddings(engine: Engine, texts: list[str]) -> np.ndarray:
     def encode(missing: list[str]) -> np.ndarray:
         from precompute.models.backends.torch import TorchRunner  # torch: on a miss only
 
-        with TorchRunner(engine.model, "cpu", 1) as reference:
+        with TorchRunner(engine.model, "cpu", len(os.sched_getaffinity(0))) as reference:
             return encode_texts(reference, TextTokenizer(engine.model), missing, 32)
 
     return vectors_of(reference_file(engine), texts, encode)

@@ -28,7 +28,7 @@ from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import GateFailedError
 from precompute.models.label_head import LabelHead, LabelPolicy, LabelTask, labeling_engine, load_head
 from precompute.models.reference_texts import reference_texts, texts_digest
-from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
+from precompute.models.runtime import resolve_backend, resolve_device, text_ladder
 from precompute.models.settings import Engine
 from precompute.models.text_vectors import vectors_of
 
@@ -194,7 +194,7 @@ def load_labeler(task: LabelTask, engine: Engine) -> Labeler:
     cache = EngineCache(engine.machine.cache_dir)
     gates: list[LabelGate] = []
     backend = resolve_backend(engine.machine, device).name
-    for rung in precision_ladder(engine.policy.precision, device, backend):
+    for rung in text_ladder(engine.policy.precision, device, backend):
         if any(g.precision == rung for g in gates):
             continue
         # Its precision is lower than `rung` if the cosine gate failed it. Neighbours are not what

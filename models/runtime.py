@@ -14,7 +14,7 @@ from pathlib import Path
 from precompute.models.backends import BACKENDS, BuildSpec, ConcreteDevice, Runner
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
-from precompute.models.hardware import detect_device, device_fingerprint, onnxruntime_cuda
+from precompute.models.hardware import detect_device, device_fingerprint, native_bf16, onnxruntime_cuda
 from precompute.models.settings import EngineSettings, Precision
 
 LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
@@ -24,6 +24,10 @@ LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {
 """Precisions by device, fastest first; the last is the reference every other is gated against."""
 TORCH_LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp16", "fp32")}
 """PyTorch runs the module as it is (FP32), or cast to FP16 on a GPU; it quantizes nothing."""
+BF16 = "bf16"
+"""A text model's rung on CPUs (text_ladder): PyTorch runs the module cast to BF16, since ONNX
+Runtime's CPU provider has no BF16 kernels. It keeps FP32's exponent, so no activation outlier
+saturates it as one does INT8 (MPNet's FFN: README, "A second real model")."""
 
 
 def resolve_device(machine: EngineSettings) -> ConcreteDevice:
@@ -50,8 +54,27 @@ def resolve_graph_backend(machine: EngineSettings, device: ConcreteDevice) -> ty
 
 
 def precision_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
-    """Precisions to try, fastest first, from `precision` up (auto: all of them)."""
+    """A graph's precisions to try, fastest first, from `precision` up (auto: all of them)."""
+    return _climb(precision, (TORCH_LADDERS if backend == "torch" else LADDERS)[device], device, backend)
+
+
+def text_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
+    """A text model's precisions, from `precision` up: a graph's, and on a CPU BF16 before FP32.
+
+    auto climbs to BF16 only where the CPU multiplies BF16 in hardware (native_bf16); elsewhere
+    PyTorch emulates it slower than FP32, and only precision='bf16' asks for it."""
     ladder = (TORCH_LADDERS if backend == "torch" else LADDERS)[device]
+    if device == "cpu" and (precision == BF16 or (precision == "auto" and native_bf16())):
+        ladder = (*ladder[:-1], BF16, ladder[-1])
+    return _climb(precision, ladder, device, backend)
+
+
+def rung_backend(runner_cls: type[Runner], device: ConcreteDevice, precision: str) -> type[Runner]:
+    """The backend that runs a rung of a text model's ladder: the machine's, but PyTorch for BF16."""
+    return BACKENDS["torch"]() if (device, precision) == ("cpu", BF16) else runner_cls
+
+
+def _climb(precision: Precision, ladder: tuple[str, ...], device: ConcreteDevice, backend: str) -> tuple[str, ...]:
     if precision == "auto":
         return ladder
     if precision not in ladder:

@@ -23,7 +23,7 @@ import pytest
 
 from precompute.demo_data import DEMO_CORPUS
 from precompute.kinds import registry
-from precompute.models import Encoder, Engine, EngineSettings, load_encoder
+from precompute.models import Encoder, Engine, EngineSettings, load_encoder, runtime
 from precompute.models.reference_texts import TextSample
 from precompute.models.source import bundled_encoder
 
@@ -55,6 +55,13 @@ def settings(engine_cache: Path) -> Engine:
         reference=TextSample(path=str(DEMO_CORPUS)),
         machine=EngineSettings(cache_dir=engine_cache),
     )
+
+
+@pytest.fixture
+def cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's ladder as on CPUs without AMX-BF16 (int8 -> fp32), whatever this one has, in this
+    process: for tests of what FP32 does after INT8 (the BF16 rung's own: test_engine.py)."""
+    monkeypatch.setattr(runtime, "native_bf16", lambda: False)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from precompute.models.errors import ModelError
 from precompute.models.source import ModelSource
 
 ConcreteDevice = Literal["cpu", "cuda"]
-ConcretePrecision = Literal["int8", "fp16", "fp32"]
+ConcretePrecision = Literal["int8", "fp16", "bf16", "fp32"]
 Feeds = Mapping[str, np.ndarray]
 """A graph's inputs by name, each with the batch as its first axis."""
 

@@ -1,5 +1,5 @@
-"""PyTorch: the FP32 reference every quantized engine is gated against, and the GPU's FP16
-encoder where neither TensorRT nor onnxruntime-gpu is installed."""
+"""PyTorch: the FP32 reference every quantized engine is gated against, the GPU's FP16
+encoder where neither TensorRT nor onnxruntime-gpu is installed, and the CPU's BF16 rung."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from precompute.models.errors import BackendUnavailableError
 from precompute.models.export import load_reference
 from precompute.models.source import INPUT_NAMES, ModelSource
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class TorchRunner(Runner):
@@ -21,7 +21,10 @@ class TorchRunner(Runner):
     engine of a text model (an encoder or a classifier); it builds nothing and reads no engine file.
 
     On CUDA it also runs FP16, gated like any other engine, with PyTorch's fused attention
-    (SDPA: flash or memory-efficient kernels) in place of the eager attention the export needs."""
+    (SDPA: flash or memory-efficient kernels) in place of the eager attention the export needs;
+    on a CPU, BF16 (runtime.BF16), gated too. On a CPU it sets PyTorch's intra-op threads,
+    which are the process's, to `threads`: Ray starts an actor with OMP_NUM_THREADS=1, and the
+    engine's one stream uses every core (engine.load_encoder)."""
 
     name = "torch"
     engine_file = ""
@@ -49,6 +52,8 @@ class TorchRunner(Runner):
         self, source: ModelSource, device: ConcreteDevice, threads: int, precision: ConcretePrecision = "fp32"
     ) -> None:
         super().__init__(Path(), device, threads)
+        if device == "cpu":
+            torch.set_num_threads(threads)
         attention = "sdpa" if device == "cuda" else "eager"
         self._model = load_reference(source, attention).to(device, DTYPES[precision])
 

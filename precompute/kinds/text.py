@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from precompute.models.engine_cache import EngineCache
 from precompute.models.errors import ModelError
-from precompute.models.runtime import precision_ladder, resolve_backend, resolve_device
+from precompute.models.runtime import resolve_backend, resolve_device, rung_backend, text_ladder
 from precompute.models.settings import Engine, EngineSettings
 from precompute.models.source import ModelSource, ModelSpec
 
@@ -40,18 +40,21 @@ def engine_lines(pipeline: Pipeline, name: str, machine: EngineSettings) -> list
         else f"classifier, {source.dim} labels, {'sigmoid' if source.multi_label else 'softmax'}"
     )
     device = resolve_device(machine)
-    backend = resolve_backend(machine, device).name
-    ladder = precision_ladder(engine.policy.precision, device, backend)
+    backend = resolve_backend(machine, device)
+    ladder = text_ladder(engine.policy.precision, device, backend.name)
     built = {
-        key["precision"]
+        (key["backend"], key["precision"])
         for key in EngineCache(machine.cache_dir).keys()
-        if key.get("model") == source.hash and key.get("backend") == backend and "precision" in key
+        if key.get("model") == source.hash and "backend" in key and "precision" in key
     }
-    state = ", ".join(f"{p} {'reused' if p in built else 'built on first run'}" for p in ladder)
+    state = ", ".join(
+        f"{p} {'reused' if (rung_backend(backend, device, p).name, p) in built else 'built on first run'}"
+        for p in ladder
+    )
     policy = engine.policy
     return [
         f"  model   {source.folder} ({source.architecture}, {what}, {source.max_seq_length} tokens, hash {source.hash})",
-        f"  engine  {backend}/{device}, ladder {' > '.join(ladder)}: {state}",
+        f"  engine  {backend.name}/{device}, ladder {' > '.join(ladder)}: {state}",
         f"  gate    {policy.gate_texts} held-out and {policy.calibration_texts} calibration texts "
         f"from {engine.reference.path}",
     ]

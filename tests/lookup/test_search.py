@@ -16,6 +16,7 @@ from precompute.lookup.metrics import Metrics
 from precompute.lookup.query_cache import QueryCache
 from precompute.lookup.search import Encoders, Searcher
 from precompute.lookup.settings import ServiceSettings
+from precompute.models.runtime import BF16, text_ladder
 from precompute.stores.redis_server import free_port
 from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
@@ -129,7 +130,7 @@ def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
     assert ready["versions"] == {"embeddings": V1, "labels": None, "recs": None}
     assert set(ready["engines"]) == {"embeddings"}  # one per embeddings output
     # MiniLM's INT8 graphs fail the 0.98 overlap gate on CPUs (README, "Search fidelity").
-    assert ready["engines"]["embeddings"] in ("onnxruntime/cpu/int8-mixed", "onnxruntime/cpu/fp32")
+    assert ready["engines"]["embeddings"] in ("onnxruntime/cpu/int8-mixed", "torch/cpu/bf16", "onnxruntime/cpu/fp32")
     client.post("/v1/search", json={"query": "editor"})
     metrics = client.get("/metrics").text
     assert 'precompute_request_seconds_bucket{le="0.00025",route="/v1/search",status="200"}' in metrics
@@ -283,7 +284,8 @@ def test_batched_queries_are_embedded_by_a_static_engine(encoder, settings, stor
     write_version(stores, V1, rows, encoder)
     app = app_of(ServiceSettings(warmup_queries=2, query_batch="on"), settings, stores, redis)
     with TestClient(app) as client:
-        assert client.get("/readyz").json()["engines"] == {"embeddings": "onnxruntime/cpu/fp32"}
+        static = "torch/cpu/bf16" if BF16 in text_ladder("auto", "cpu", "onnxruntime") else "onnxruntime/cpu/fp32"
+        assert client.get("/readyz").json()["engines"] == {"embeddings": static}  # not dynamic INT8
         with ThreadPoolExecutor(4) as pool:
             answers = list(
                 pool.map(lambda r: client.post("/v1/search", json={"query": r["title"], "k": 3}), rows[:8])

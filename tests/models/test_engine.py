@@ -14,8 +14,12 @@ from precompute.models import (
     InvalidInputError,
     ModelError,
     load_encoder,
+    runtime,
 )
+from precompute.models.engine import peer_independent, reference_embeddings
 from precompute.models.errors import BackendUnavailableError
+from precompute.models.gate import row_cosine
+from precompute.models.runtime import precision_ladder, text_ladder
 
 
 def test_auto_picks_onnxruntime_on_a_cpu_and_starts_its_ladder_at_int8(encoder) -> None:
@@ -39,9 +43,41 @@ def test_impossible_choices_are_refused_by_name(settings, override, error, messa
 
 
 def test_torch_is_the_ungated_fp32_reference(settings: Engine, corpus_texts) -> None:
-    with load_encoder(settings.replace(backend="torch", device="cpu")) as reference:
+    with load_encoder(settings.replace(backend="torch", device="cpu", precision="fp32")) as reference:
         assert (reference.report.precision, reference.report.gates) == ("fp32", [])
         assert reference.encode(corpus_texts[:2]).shape == (2, 384)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["amx-bf16", "no-bf16"])
+def test_auto_climbs_to_bf16_only_on_cpus_that_multiply_it_in_hardware(
+    monkeypatch: pytest.MonkeyPatch, settings: Engine, native: bool
+) -> None:
+    """Elsewhere PyTorch emulates BF16 slower than FP32: only precision='bf16' asks for it there.
+    Graphs without a PyTorch module (label heads, towers) never have the rung."""
+    monkeypatch.setattr(runtime, "native_bf16", lambda: native)
+    bf16 = ("bf16",) if native else ()
+    assert text_ladder("auto", "cpu", "onnxruntime") == ("int8", *bf16, "fp32")
+    assert text_ladder("auto", "cpu", "torch") == (*bf16, "fp32")
+    assert text_ladder("bf16", "cpu", "onnxruntime") == ("bf16", "fp32")
+    assert text_ladder("auto", "cuda", "onnxruntime") == ("int8", "fp16", "fp32")
+    assert precision_ladder("auto", "cpu", "onnxruntime") == ("int8", "fp32")
+    # BF16 is static, so batched queries (whose rows must not move with their peers) may take it.
+    assert peer_independent(settings).policy.precision == ("bf16" if native else "fp32")
+    with pytest.raises(ModelError, match="precision='bf16' is not available for backend onnxruntime on cuda"):
+        text_ladder("bf16", "cuda", "onnxruntime")
+
+
+def test_the_bf16_rung_runs_the_module_on_pytorch_gated_like_any_other(settings: Engine, corpus_texts) -> None:
+    """One stream over every core (PyTorch's own intra-op threads), and its vectors within the
+    gate of FP32's; a vector of a text alone is the one it gets in a batch."""
+    with load_encoder(settings.replace(precision="bf16", device="cpu")) as bf16:
+        report = bf16.report
+        assert (report.backend, report.device, report.precision, bf16.streams) == ("torch", "cpu", "bf16", 1)
+        assert [(g.precision, g.passed) for g in report.gates] == [("bf16", True)]
+        texts = corpus_texts[:40]
+        vectors = bf16.encode(texts)
+        assert row_cosine(vectors, reference_embeddings(settings, texts)).min() > 0.99
+        np.testing.assert_allclose(bf16.encode_query(texts[3]), vectors[3], atol=0.02)
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

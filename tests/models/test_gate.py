@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from precompute.models import Engine, load_encoder
+from precompute.models import Engine, load_encoder, runtime
 from precompute.models.engine import MIXED_SHARES
 from precompute.models.gate import cosine_gate
 from precompute.models.quantize import QUANTIZERS, int8_dynamic
@@ -103,22 +103,32 @@ def test_degraded_int8_falls_back_to_a_mixed_graph_of_its_most_sensitive_matmuls
     assert set(kept["float"]) <= {node.name for node in graph.graph.node if node.op_type == "MatMul"}
 
 
-def test_an_engine_degraded_at_every_int8_graph_falls_back_to_fp32(
-    settings: Engine, bundled_cache: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("native_bf16", [False, True], ids=["to-fp32", "to-bf16"])
+def test_an_engine_degraded_at_every_int8_graph_falls_back_to_the_next_rung(
+    settings: Engine,
+    bundled_cache: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    native_bf16: bool,
 ) -> None:
+    """FP32, or BF16 on PyTorch where the CPU multiplies it in hardware (here made to say so)."""
     for entry in bundled_cache.values():
         shutil.copytree(entry, tmp_path / entry.name)
     for variant in ("int8-dynamic", *MIXED_SHARES):
         monkeypatch.setitem(QUANTIZERS, variant, degraded_int8)
+    monkeypatch.setattr(runtime, "native_bf16", lambda: native_bf16)
 
     with load_encoder(settings.replace(cache_dir=tmp_path)) as fallback:
         report = fallback.report
-    assert report.precision == "fp32"
     *failed, passed = report.gates
     assert [g.precision for g in failed] == ["int8", *MIXED_SHARES]
     assert not any(g.passed for g in failed) and failed[0].mean_cosine < 0.99
-    assert (passed.precision, passed.passed) == ("fp32", True)
-    assert passed.min_cosine > 0.9999 and passed.overlap == 1.0
+    if native_bf16:
+        assert (report.backend, report.precision, passed.precision, passed.passed) == ("torch", "bf16", "bf16", True)
+        assert passed.min_cosine > 0.999 and passed.overlap >= 0.98
+    else:
+        assert (report.backend, report.precision, passed.precision, passed.passed) == ("onnxruntime", "fp32", "fp32", True)
+        assert passed.min_cosine > 0.9999 and passed.overlap == 1.0
 
 
 def test_the_real_engine_is_the_first_graph_to_keep_minilms_neighbours(encoder) -> None:

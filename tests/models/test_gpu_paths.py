@@ -87,6 +87,6 @@ def test_the_fp16_module_a_gpu_runs_agrees_with_fp32_on_a_cpu(corpus_texts: list
     CPU the same cast runs with eager attention, and must stay within the gate's cosine."""
     source, texts = bundled_encoder(), corpus_texts[:32]
     tokenizer = TextTokenizer(source)
-    with TorchRunner(source, "cpu", 1) as fp32, TorchRunner(source, "cpu", 1, "fp16") as fp16:
+    with TorchRunner(source, "cpu", 2) as fp32, TorchRunner(source, "cpu", 2, "fp16") as fp16:
         want, got = (encode_texts(runner, tokenizer, texts, 8) for runner in (fp32, fp16))
     assert row_cosine(got, want).min() >= 0.999

@@ -66,6 +66,7 @@ def test_exported_head_is_the_softmax_or_sigmoid_of_the_affine_map(settings, tmp
     assert LabelHead(multi, settings).given(sigmoid, 0.0).tolist() == (sigmoid >= 0.5).tolist()
 
 
+@pytest.mark.usefixtures("cpu_without_bf16")
 def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) -> None:
     """INT8 labels agree with FP32 on most, not all, held-out texts: the gate decides what labels.
     On 256 of them, the default: on the suite's 64, INT8 on an AVX2-only CPU agreed on all."""
@@ -103,6 +104,7 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
         assert (fp32.precision, fp32.agreement, exact.report.engine.precision) == ("fp32", 1.0, "fp32")
 
 
+@pytest.mark.usefixtures("cpu_without_bf16")
 def test_gate_texts_that_moved_are_encoded_by_the_engines_gates_alone_not_again_by_the_label_gate(
     settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

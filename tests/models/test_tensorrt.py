@@ -76,7 +76,7 @@ def test_fp32_engine_matches_the_reference(source: ModelSource, engine_path: Pat
     batches = list(TextTokenizer(source).batches(SHORT + LONG, batch_size=MAX_BATCH))
     # A full batch of short texts and a batch of long ones: two profiles run, one at max_batch.
     assert len({_profile(batch.input_ids.shape[1]) for batch in batches}) == 2
-    reference = TorchRunner(source, "cpu", 1)
+    reference = TorchRunner(source, "cpu", 2)
     with TensorRTRunner(engine_path, "cuda", 1) as runner:
         for batch in batches:
             got = runner.infer(batch.feeds)
