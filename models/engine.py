@@ -51,8 +51,9 @@ MOVED_SHARE = 0.1
 """A gate leaves out its sample's texts that no earlier gate of the model scored while they are at
 most this share of it (gate_texts)."""
 MIXED_SHARES = {"int8-mixed-12": 0.125, "int8-mixed-25": 0.25, "int8-mixed-38": 0.375, "int8-mixed-50": 0.5}
-"""The mixed graphs dynamic INT8 falls back to before the next precision, by the share of weight
-MatMuls each keeps in float (quantize.py int8_mixed), fewest first: slower, nearer to FP32."""
+"""The mixed graphs dynamic INT8 falls back to before the next precision on CPUs without BF16, by
+the share of weight MatMuls each keeps in float (quantize.py int8_mixed), fewest first: slower,
+nearer to FP32."""
 
 
 def peer_independent(engine: Engine) -> Engine:
@@ -85,12 +86,13 @@ def load_encoder(engine: Engine) -> Encoder:
     tokenizer = TextTokenizer(source)
 
     gates: list[GateResult] = []
-    for precision in text_ladder(engine.policy.precision, device, backend.name):
+    ladder = text_ladder(engine.policy.precision, device, backend.name)
+    for precision in ladder:
         runner_cls = build.backend(precision)
         # ONNX Runtime on a CPU: a single-threaded stream per core; PyTorch: one over every core.
         streams = machine.streams or (cpus if device == "cpu" and runner_cls.name != "torch" else 1)
         threads = machine.threads or max(1, cpus // streams)
-        for variant in build.variants(precision):
+        for variant in build.variants(precision, mixed=BF16 not in ladder):
             engine_dir, hit = build.engine(precision, variant)
             open_runner = partial(runner_cls.open, engine_dir, device, threads, source, precision)
             mixed = variant in MIXED_SHARES  # its gate names the share, its report "int8-mixed"
@@ -151,13 +153,15 @@ class _Builder:
 
         return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
 
-    def variants(self, precision: str) -> list[str]:
+    def variants(self, precision: str, mixed: bool) -> list[str]:
         """The graphs to gate for this precision, in order: its own (fused for single queries
-        where it can be), then its mixed graphs."""
+        where it can be), then, if `mixed`, its mixed graphs. A ladder with BF16 goes without
+        them: on an AMX CPU BF16 was both nearer FP32 and faster in batches than any of them
+        (README, "A second real model")."""
         variant = ONNX_VARIANTS[(self.device, precision)]
         fusable = self.config.model.task == "embed" and self.config.model.architecture in FUSABLE
         first = FUSED[variant] if self.config.machine.graph == "query" and variant in FUSED and fusable else variant
-        return [first, *(MIXED_SHARES if variant == "int8-dynamic" else ())]
+        return [first, *(MIXED_SHARES if mixed and variant == "int8-dynamic" else ())]
 
     def backend(self, precision: str) -> type[Runner]:
         """The machine's backend, or PyTorch where it runs the rung (runtime.rung_backend)."""

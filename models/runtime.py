@@ -61,10 +61,10 @@ def precision_ladder(precision: Precision, device: ConcreteDevice, backend: str)
 def text_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
     """A text model's precisions, from `precision` up: a graph's, and on a CPU BF16 before FP32.
 
-    auto climbs to BF16 only where the CPU multiplies BF16 in hardware (native_bf16); elsewhere
-    PyTorch emulates it slower than FP32, and only precision='bf16' asks for it."""
+    The ladder has BF16 where the CPU multiplies it in hardware (native_bf16); elsewhere PyTorch
+    emulates it slower than FP32, and only precision='bf16' asks for it."""
     ladder = (TORCH_LADDERS if backend == "torch" else LADDERS)[device]
-    if device == "cpu" and (precision == BF16 or (precision == "auto" and native_bf16())):
+    if device == "cpu" and (precision == BF16 or native_bf16()):
         ladder = (*ladder[:-1], BF16, ladder[-1])
     return _climb(precision, ladder, device, backend)
 

@@ -78,6 +78,7 @@ def degraded_int8(fp32: Path, out: Path, calibration: list[str], source: ModelSo
     noisy_path.unlink()
 
 
+@pytest.mark.usefixtures("cpu_without_bf16")  # a ladder with BF16 has no mixed graphs
 def test_degraded_int8_falls_back_to_a_mixed_graph_of_its_most_sensitive_matmuls_in_float(
     settings: Engine, bundled_cache: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,7 +122,8 @@ def test_an_engine_degraded_at_every_int8_graph_falls_back_to_the_next_rung(
     with load_encoder(settings.replace(cache_dir=tmp_path)) as fallback:
         report = fallback.report
     *failed, passed = report.gates
-    assert [g.precision for g in failed] == ["int8", *MIXED_SHARES]
+    # A ladder with BF16 has no mixed graphs: BF16 is nearer FP32 and faster than each (Builder.variants).
+    assert [g.precision for g in failed] == ["int8", *(() if native_bf16 else MIXED_SHARES)]
     assert not any(g.passed for g in failed) and failed[0].mean_cosine < 0.99
     if native_bf16:
         assert (report.backend, report.precision, passed.precision, passed.passed) == ("torch", "bf16", "bf16", True)
