@@ -16,7 +16,7 @@ from precompute.models import (
     load_encoder,
     runtime,
 )
-from precompute.models.engine import peer_independent, reference_embeddings
+from precompute.models.engine import peer_independent, reference_embeddings, rungs
 from precompute.models.errors import BackendUnavailableError
 from precompute.models.gate import row_cosine
 from precompute.models.runtime import precision_ladder, text_ladder
@@ -64,6 +64,11 @@ def test_the_cpu_ladder_has_bf16_only_where_the_cpu_multiplies_it_in_hardware(
     assert text_ladder("bf16", "cpu", "onnxruntime") == ("bf16", "fp32")
     assert text_ladder("auto", "cuda", "onnxruntime") == ("int8", "fp16", "fp32")
     assert precision_ladder("auto", "cpu", "onnxruntime") == ("int8", "fp32")
+    # The query graph runs one short text per call: ONNX Runtime's rungs, mixed graphs and all.
+    query = settings.replace(graph="query")
+    assert rungs(query, "cpu", "onnxruntime") == ("int8", "fp32")
+    assert rungs(query.replace(precision="bf16"), "cpu", "onnxruntime") == ("bf16", "fp32")
+    assert rungs(settings, "cpu", "onnxruntime") == text_ladder("auto", "cpu", "onnxruntime")
     # BF16 is static, so batched queries (whose rows must not move with their peers) may take it.
     assert peer_independent(settings).policy.precision == ("bf16" if native else "fp32")
     with pytest.raises(ModelError, match="precision='bf16' is not available for backend onnxruntime on cuda"):
@@ -114,10 +119,11 @@ def test_single_queries_on_several_threads_run_at_once_each_with_its_own_vector(
 
 def test_the_query_graph_matches_the_batch_graph(settings: Engine, encoder, corpus_texts) -> None:
     """The service embeds queries on the fused graph, or where that fails the gate on the same mixed
-    graph as the corpus; its vectors must sit where the corpus's do."""
+    graph as the corpus (a corpus on BF16 has none: the query takes ONNX Runtime's, engine.rungs);
+    its vectors must sit where the corpus's do."""
     with load_encoder(settings.replace(graph="query", streams=1, threads=1)) as query:
-        all_int8 = query.report.precision == "int8"
-        assert (query.report.engine_dir != encoder.report.engine_dir) == all_int8 and query.report.gates[-1].passed
+        own_graph = query.report.precision == "int8" or encoder.report.precision == "bf16"
+        assert (query.report.engine_dir != encoder.report.engine_dir) == own_graph and query.report.gates[-1].passed
         titles = [text.split(".")[0][:80] for text in corpus_texts[:20]]
         fused = np.stack([query.encode_query(t) for t in titles])
         assert np.min(np.sum(fused * np.stack([encoder.encode_query(t) for t in titles]), axis=1)) > 0.98
