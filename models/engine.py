@@ -60,7 +60,7 @@ def peer_independent(engine: Engine) -> Engine:
     """`engine` as an engine whose output for one row never depends on the other rows of its
     batch, as micro-batched queries need: CPU INT8 is dynamic (activation scales per batch: a
     query's vector moved by up to 0.03 per component beside other queries), so on CPUs the
-    ladder from BF16 where auto climbs it (text_ladder), else FP32; every GPU rung is static
+    ladder from BF16 where the CPU's has it (text_ladder), else FP32; every GPU rung is static
     (Q/DQ, FP16, FP32)."""
     if resolve_device(engine.machine) != "cpu" or engine.policy.precision in (BF16, "fp32"):
         return engine

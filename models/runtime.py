@@ -74,7 +74,9 @@ def rung_backend(runner_cls: type[Runner], device: ConcreteDevice, precision: st
     return BACKENDS["torch"]() if (device, precision) == ("cpu", BF16) else runner_cls
 
 
-def _climb(precision: Precision, ladder: tuple[str, ...], device: ConcreteDevice, backend: str) -> tuple[str, ...]:
+def _climb(
+    precision: Precision, ladder: tuple[str, ...], device: ConcreteDevice, backend: str
+) -> tuple[str, ...]:
     if precision == "auto":
         return ladder
     if precision not in ladder:

@@ -73,8 +73,8 @@ class EnginePolicy(BaseSettings):
     precision: Precision = "auto"
     """Where the precision ladder starts. auto: int8 (fastest); a precision that fails
     the accuracy gate falls back to the next one up (int8 -> fp16 on GPUs -> fp32; on CPUs with
-    AMX-BF16 int8 -> bf16 -> fp32, BF16 run by PyTorch). On CPUs int8 first tries mixed graphs
-    that keep its most sensitive MatMuls in float."""
+    AMX-BF16 int8 -> bf16 -> fp32, BF16 run by PyTorch). On other CPUs int8 first tries mixed
+    graphs that keep its most sensitive MatMuls in float."""
 
     gate_mean_cosine: float = Field(0.99, gt=0, le=1)
     """Accuracy gate: a quantized encoder is used only if its mean cosine to FP32 reaches this."""

@@ -75,7 +75,9 @@ def test_the_cpu_ladder_has_bf16_only_where_the_cpu_multiplies_it_in_hardware(
         text_ladder("bf16", "cuda", "onnxruntime")
 
 
-def test_the_bf16_rung_runs_the_module_on_pytorch_gated_like_any_other(settings: Engine, corpus_texts) -> None:
+def test_the_bf16_rung_runs_the_module_on_pytorch_gated_like_any_other(
+    settings: Engine, corpus_texts: list[str]
+) -> None:
     """One stream over every core (PyTorch's own intra-op threads), and its vectors within the
     gate of FP32's; a vector of a text alone is the one it gets in a batch."""
     with load_encoder(settings.replace(precision="bf16", device="cpu")) as bf16:
@@ -123,7 +125,8 @@ def test_the_query_graph_matches_the_batch_graph(settings: Engine, encoder, corp
     its vectors must sit where the corpus's do."""
     with load_encoder(settings.replace(graph="query", streams=1, threads=1)) as query:
         own_graph = query.report.precision == "int8" or encoder.report.precision == "bf16"
-        assert (query.report.engine_dir != encoder.report.engine_dir) == own_graph and query.report.gates[-1].passed
+        assert (query.report.engine_dir != encoder.report.engine_dir) == own_graph
+        assert query.report.gates[-1].passed
         titles = [text.split(".")[0][:80] for text in corpus_texts[:20]]
         fused = np.stack([query.encode_query(t) for t in titles])
         assert np.min(np.sum(fused * np.stack([encoder.encode_query(t) for t in titles]), axis=1)) > 0.98
