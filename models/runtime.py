@@ -55,7 +55,7 @@ def resolve_graph_backend(machine: EngineSettings, device: ConcreteDevice) -> ty
 
 def precision_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
     """A graph's precisions to try, fastest first, from `precision` up (auto: all of them)."""
-    return _climb(precision, (TORCH_LADDERS if backend == "torch" else LADDERS)[device], device, backend)
+    return _climb(precision, _backend_ladder(device, backend), device, backend)
 
 
 def text_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
@@ -63,7 +63,7 @@ def text_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> t
 
     The ladder has BF16 where the CPU multiplies it in hardware (native_bf16); elsewhere PyTorch
     emulates it slower than FP32, and only precision='bf16' asks for it."""
-    ladder = (TORCH_LADDERS if backend == "torch" else LADDERS)[device]
+    ladder = _backend_ladder(device, backend)
     if device == "cpu" and (precision == BF16 or native_bf16()):
         ladder = (*ladder[:-1], BF16, ladder[-1])
     return _climb(precision, ladder, device, backend)
@@ -72,6 +72,10 @@ def text_ladder(precision: Precision, device: ConcreteDevice, backend: str) -> t
 def rung_backend(runner_cls: type[Runner], device: ConcreteDevice, precision: str) -> type[Runner]:
     """The backend that runs a rung of a text model's ladder: the machine's, but PyTorch for BF16."""
     return BACKENDS["torch"]() if (device, precision) == ("cpu", BF16) else runner_cls
+
+
+def _backend_ladder(device: ConcreteDevice, backend: str) -> tuple[str, ...]:
+    return (TORCH_LADDERS if backend == "torch" else LADDERS)[device]
 
 
 def _climb(
