@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import platform
+from functools import cache
 from pathlib import Path
 
 import onnxruntime as ort
@@ -35,8 +36,10 @@ def detect_device() -> ConcreteDevice:
     return "cuda" if cuda_visible() else "cpu"
 
 
+@cache
 def cpu_model_and_flags() -> tuple[str, frozenset[str]]:
-    """The CPU's model name and its ISA flags, as /proc/cpuinfo names them (none elsewhere)."""
+    """The CPU's model name and its ISA flags, as /proc/cpuinfo names them (none elsewhere); read
+    once per process: every ladder (native_bf16) and every engine key (device_fingerprint) asks."""
     model, flags = platform.processor() or platform.machine(), frozenset[str]()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
