@@ -3,8 +3,8 @@
     rejects pass:  read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     main pass:     read -> tag_rejects -> good rows -> content keys -> (id, key, payload) to the
                    driver, compared with the previous run's (jobs/content_cache.py) -> the
-                   EmbedActor pool encodes the rows that moved -> StagingSink (Parquet parts,
-                   committed by a manifest)
+                   EmbedActor pool encodes the rows that moved (the driver, when they are few:
+                   JobSettings.driver_rows) -> StagingSink (Parquet parts, committed by a manifest)
     kept rows:     the previous run's parts less the rows that moved, one Ray task a part,
                    committed in the same manifest
     driver:        committed parts -> vector store version (a copy of the published one with the
@@ -32,7 +32,7 @@ from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embedd
 from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, record_night, same_night
-from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.ray_session import map_inference, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
 from precompute.jobs.validate import REJECTS, payload_columns, validated_corpus, validation_entry
@@ -85,6 +85,9 @@ class EmbedActor:
             .append_column(EMBEDDING, embeddings_column(vectors))
             .append_column(COMPUTED, pa.array(missing))
         )
+
+    def close(self) -> None:
+        self.encoder.close()
 
 
 def version_meta(engine: Engine) -> dict[str, Any]:
@@ -200,13 +203,9 @@ def embed_corpus(
             if reuse.fresh is None:
                 sink.commit([])
             else:
-                reuse.fresh.map_batches(
-                    EmbedActor,
-                    fn_constructor_kwargs={"engine": engine, "counter": counter},
-                    batch_size=settings.rows_per_batch,
-                    batch_format="pyarrow",
-                    **actor_pool(settings.actors, gpus),
-                ).write_datasink(sink)
+                kwargs = {"engine": engine, "counter": counter}
+                fresh = rows - rejects - reuse.count
+                map_inference(reuse.fresh, EmbedActor, kwargs, fresh, settings, gpus).write_datasink(sink)
         seconds["embed"] = time.perf_counter() - start
     night = Night(inputs, {"rows": rows, "rejects": rejects, "engine": engine_report})
     return night, sink.computed, seconds

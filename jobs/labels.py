@@ -2,7 +2,8 @@
 
     rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     main pass:    good rows -> content keys -> the previous run's staged rows where (id, key)
-                  match (jobs/content_cache.py), the LabelActor pool's for the rest -> values
+                  match (jobs/content_cache.py), the LabelActor pool's for the rest (the
+                  driver's, when they are few: JobSettings.driver_rows) -> values
                   -> StagingSink (the next run's cache; the kept rows' parts copied by tasks
                   beside it) and the caller's sink: a copy of the published version with the
                   rows labelled again, where the kept rows are its values and a copy holds them
@@ -34,7 +35,7 @@ from precompute.jobs import progress
 from precompute.jobs.content_cache import KEY, Reuse, reuse_previous, with_content_keys
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_digest, record_night, same_night
-from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.ray_session import map_inference, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, read_committed
 from precompute.jobs.validate import REJECTS, validated_corpus, validation_entry
@@ -121,6 +122,9 @@ class LabelActor:
             }
         )
 
+    def close(self) -> None:
+        self.labeler.close()
+
 
 @ray.remote(max_calls=1)
 def prepare_labeler(labels: LabelTask, engine: Engine) -> tuple[LabelerReport, list[str]]:
@@ -189,18 +193,9 @@ def run_labels_job(
             progress.add(counter, reuse.count)
             computed = None
             if reuse.fresh is not None:
-                computed = reuse.fresh.map_batches(
-                    LabelActor,
-                    fn_constructor_kwargs={
-                        "labels": labels,
-                        "engine": engine,
-                        "report": report,
-                        "counter": counter,
-                    },
-                    batch_size=settings.rows_per_batch,
-                    batch_format="pyarrow",
-                    **actor_pool(settings.actors, gpus),
-                ).materialize()
+                kwargs = {"labels": labels, "engine": engine, "report": report, "counter": counter}
+                fresh = rows - rejects - reuse.count
+                computed = map_inference(reuse.fresh, LabelActor, kwargs, fresh, settings, gpus).materialize()
         seconds["label"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -1,5 +1,5 @@
 """Join the Ray cluster named in settings, or start a local Ray for this process; how Ray Data
-reads Parquet; the resources every inference actor pool asks for."""
+reads Parquet; the resources every inference actor pool asks for, and when a few rows skip it."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
+import pyarrow as pa
 import ray
 from ray.data import ActorPoolStrategy, DataContext
+
+from precompute.jobs.settings import JobSettings
 
 TARGET_BLOCK_BYTES = 32 * 1024 * 1024
 """Ray Data's largest block (its default: 128 MiB). A read task builds, and each task and actor
@@ -196,3 +199,38 @@ def actor_pool(size: int, gpus: bool) -> dict[str, Any]:
         "max_restarts": ACTOR_RESTARTS,
         "max_task_retries": -1,
     }
+
+
+class Inference(Protocol):
+    """An inference actor: opens its engine when made, maps a batch, closes the engine."""
+
+    def __call__(self, batch: pa.Table) -> pa.Table: ...
+
+    def close(self) -> None: ...
+
+
+def map_inference(
+    rows: ray.data.Dataset,
+    actor: Callable[..., Inference],
+    kwargs: dict[str, Any],
+    count: int,
+    settings: JobSettings,
+    gpus: bool,
+) -> ray.data.Dataset:
+    """`rows` (`count` of them) through `actor`'s batches: by an actor pool (actor_pool), or in
+    this process where they are at most `settings.driver_rows` and there is no GPU, the
+    night's few changed rows sparing an actor's start."""
+    if count > settings.driver_rows or gpus:
+        return rows.map_batches(
+            actor,
+            fn_constructor_kwargs=kwargs,
+            batch_size=settings.rows_per_batch,
+            batch_format="pyarrow",
+            **actor_pool(settings.actors, gpus),
+        )
+    mapper = actor(**kwargs)
+    try:
+        batches = rows.iter_batches(batch_size=settings.rows_per_batch, batch_format="pyarrow")
+        return ray.data.from_arrow([mapper(batch) for batch in batches])
+    finally:
+        mapper.close()

@@ -35,6 +35,14 @@ class JobSettings(BaseSettings):
     rows mean less padding and fewer calls (`bench pipeline` measures it), at the cost of a
     later first output and 3 MB of vectors a call."""
 
+    driver_rows: int = Field(2048, ge=0)
+    """Embeddings and labels: a night that computes at most this many rows (an incremental one)
+    runs the model on them in the driver, which opens the gated engine from the cache, not in
+    an actor pool, whose start (a process, its imports, the engine opened) took 6.2 s
+    (embeddings) and 9.1 s (labels) of the demo's 1% night, for 50 rows each. 0: always the
+    actors (a cluster whose driver machine should stay idle). Not where there are GPUs, which
+    the actors hold."""
+
     topk_actors: int = Field(1, ge=1)
     """Recommendations: top-k actors, each holding the whole item matrix; one GPU each where
     there are GPUs."""

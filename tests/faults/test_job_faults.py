@@ -236,6 +236,7 @@ def test_flow_killed_mid_embedding_then_rerun(
         EMBEDDINGS.format(corpus=corpus),
         PRECOMPUTE_REDIS_URL=redis_url,
         PRECOMPUTE_JOB_ROWS_PER_BATCH="32",  # 32 parts: the kill lands after the first, mid-job
+        PRECOMPUTE_JOB_DRIVER_ROWS="0",  # the actor pool streams the parts (1,000 rows: else the driver)
         PREFECT_API_URL=prefect_api,
     )
     runs = tmp_path / "work" / "runs" / "docs"

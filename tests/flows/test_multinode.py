@@ -73,6 +73,7 @@ def environment(
         "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
         "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
         "PRECOMPUTE_JOB_TOPK_DRIVER_USERS": "0",  # the top-k actors, not the driver, rank the few users
+        "PRECOMPUTE_JOB_DRIVER_ROWS": "0",  # the actors, not the driver, embed and label the few rows
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)

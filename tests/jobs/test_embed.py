@@ -20,6 +20,7 @@ from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
+from precompute.models import load_encoder
 from precompute.models.datasets import InputFiles
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import VectorStore, open_vector_store
@@ -42,7 +43,12 @@ def corpus(small_corpus: Path) -> CorpusInput:
     return CorpusInput(path=str(small_corpus), max_reject_ratio=0.05)
 
 
-def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job, corpus) -> None:
+@pytest.mark.parametrize("driver_rows", [2048, 0], ids=["in-the-driver", "by-actors"])
+def test_rejects_are_quarantined_with_reasons(
+    ray_local, settings, store, job, corpus, driver_rows: int
+) -> None:
+    """Its 200 rows embedded in the driver (few rows: driver_rows) or by the actor pool."""
+    job = job.model_copy(update={"driver_rows": driver_rows})
     report = run_embed_job("v1", store, corpus, job, settings)
 
     rejects = pq.read_table(report.rejects_path).to_pylist()
@@ -58,6 +64,12 @@ def test_rejects_are_quarantined_with_reasons(ray_local, settings, store, job, c
     *refused, served = report.engine["gates"]  # the fastest graph that passed serves
     assert served["passed"] and not any(gate["passed"] for gate in refused)
     assert served["precision"].startswith(report.engine["precision"])  # int8-mixed-50 is an int8-mixed
+    texts = dict(zip(*(pq.read_table(corpus.path)[c].to_pylist() for c in ("id", "text")), strict=True))
+    ids, vectors = staged_vectors(staged(job, "v1"))
+    with load_encoder(settings) as encoder:
+        expected = encoder.encode([texts[i] for i in ids])
+    # Each row its own text's vector (INT8's scales depend on the batch: not exactly).
+    assert np.sum(vectors * expected, axis=1).min() > 0.98
 
 
 def staged(job: JobSettings, version: str) -> WorkPath:

@@ -41,13 +41,15 @@ def redis(redis_url: str) -> RedisSettings:
     return RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}")
 
 
+@pytest.mark.parametrize("driver_rows", [2048, 0], ids=["in-the-driver", "by-actors"])
 def test_every_valid_item_gets_the_labelers_top_labels(
-    ray_local, settings, small_corpus: Path, redis: RedisSettings, tmp_path: Path
+    ray_local, settings, small_corpus: Path, redis: RedisSettings, tmp_path: Path, driver_rows: int
 ) -> None:
+    """Its 200 rows labelled in the driver (few rows: driver_rows) or by the actor pool."""
     # FP32: dynamic INT8 quantizes each batch with its own scales, and rows near the FP32
     # recheck's margin take either path, so the job's batches and this test's would differ.
     settings = settings.replace(precision="fp32")
-    job = JobSettings(work_dir=tmp_path)
+    job = JobSettings(work_dir=tmp_path, driver_rows=driver_rows)
     with KeyValueStore(redis) as store:
         report = run_labels_job(
             CorpusInput(path=str(small_corpus), max_reject_ratio=0.05),

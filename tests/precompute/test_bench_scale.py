@@ -49,6 +49,7 @@ def test_every_stage_is_timed_with_memory_and_exponents(
     """One size without its rerun (tests/flows and tests/jobs prove reruns recompute only what
     changed); the exponents' and the rerun's arithmetic run on this run's own figures."""
     monkeypatch.setenv("PRECOMPUTE_ENGINE_CACHE_DIR", str(tmp_path / "engines"))
+    monkeypatch.setenv("PRECOMPUTE_JOB_DRIVER_ROWS", "0")  # the actors it measures, not the driver
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the size's process: no Prefect of its own to start
     result = main([ROWS], work_dir=str(tmp_path / "bench"), rerun=False)
 
