@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,15 @@ import numpy as np
 import qdrant_edge as qe
 
 from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
+from precompute.stores.qdrant_edge_requests import (
+    FIELD_SCHEMAS,
+    edge_filter,
+    edge_params,
+    edge_quantization,
+    to_hit,
+)
 from precompute.stores.vector_settings import Quantization, VectorStoreSettings
 from precompute.stores.vectors import (
-    ID_KEY,
     SEARCH_KEY,
     UPSERT_BATCH,
     Filter,
@@ -78,44 +84,17 @@ POINTER = "CURRENT"
 FINALIZED = ".finalized"
 META = ".meta.json"
 INDEXING_THRESHOLD_KB = 1
-FIELD_SCHEMAS = {
-    bool: qe.PayloadSchemaType.Bool,
-    # Lookup only: filters match values exactly. A range index makes the HNSW build add links per
-    # block of values, which grew superlinearly (README, "Corpus embeddings").
-    int: qe.IntegerIndexParams(lookup=True, range=False),
-    str: qe.PayloadSchemaType.Keyword,
-}
 
 
-def edge_filter(filter: Filter | None) -> qe.Filter | None:
-    if not filter:
-        return None
-    return qe.Filter(
-        must=[
-            qe.FieldCondition(key=key, match=qe.MatchValue(np.bool_(v) if isinstance(v, bool) else v))
-            for key, v in filter.items()
-        ]
-    )
+@dataclass
+class Writing:
+    """A version being written: its shard, its payload fields' types (note_field_types), those
+    given an index, and the points written since its last graph build."""
 
-
-def edge_quantization(quantization: str) -> qe.ScalarQuantizationConfig | None:
-    if quantization == "none":
-        return None
-    return qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, quantile=0.99, always_ram=True)
-
-
-def edge_params(params: SearchParams) -> qe.SearchParams:
-    """Rescoring is always asked for: a shard without quantization ignores it."""
-    return qe.SearchParams(
-        hnsw_ef=params.hnsw_ef,
-        exact=params.exact,
-        quantization=qe.QuantizationSearchParams(rescore=True, oversampling=params.oversampling),
-    )
-
-
-def to_hit(point: qe.ScoredPoint) -> Hit:
-    payload = point.payload or {}
-    return Hit(str(payload.pop(ID_KEY, point.id)), point.score, payload)
+    shard: qe.EdgeShard
+    fields: dict[str, type | None] = field(default_factory=dict)
+    indexed: set[str] = field(default_factory=set)
+    unindexed: int = 0
 
 
 class QdrantEdgeStore(VectorStore):
@@ -124,13 +103,12 @@ class QdrantEdgeStore(VectorStore):
     def __init__(self, settings: VectorStoreSettings, name: str, pointer_check_s: float = 0.5) -> None:
         self.root = settings.path / check_name(name)
         self.where = f"qdrant edge: {name}"
-        self.pointer_check_s = pointer_check_s
-        """How stale a reader's view of the published version may be; 0 checks on every search."""
+        self.pointer_check_s = pointer_check_s  # how stale a reader's view may be; 0 re-reads it every search
         self.full_scan_threshold_kb = settings.full_scan_threshold_kb
+        self.graph_points = settings.graph_points
         self.default_search = SearchParams(settings.hnsw_ef)
         self._search = {}
-        self._writers: dict[str, qe.EdgeShard] = {}
-        self._fields: dict[str, dict[str, type | None]] = {}
+        self._writing: dict[str, Writing] = {}
         self._readers: dict[str, qe.EdgeShard] = {}
         self._current: str | None = None
         self._next_check = 0.0
@@ -145,13 +123,13 @@ class QdrantEdgeStore(VectorStore):
         if path.exists():
             raise StoreError(f"version {version!r} already exists at {path}")
         self.root.mkdir(parents=True, exist_ok=True)
-        config = self._config(dim, GraphParams.of(meta or {}), quantization)
-        self._writers[version] = qe.EdgeShard.create(str(path), config)
-        self._fields[version] = {}
+        graph_kb = max(1, self.graph_points * dim * 4 // 1024)  # two whole graphs never merge
+        config = self._config(dim, GraphParams.of(meta or {}), quantization, graph_kb)
+        self._writing[version] = Writing(qe.EdgeShard.create(str(path), config))
         (path / META).write_text(json.dumps({**(meta or {}), "dim": dim}))
 
-    def _config(self, dim: int, graph: GraphParams, quantization: Quantization, merged_kb: int | None = None) -> qe.EdgeConfig:
-        """`merged_kb`: the largest segment a merge may make (max_segment_size; default: by CPUs)."""
+    def _config(self, dim: int, graph: GraphParams, quantization: Quantization, merged_kb: int) -> qe.EdgeConfig:
+        """`merged_kb`: the largest segment a merge may make (max_segment_size)."""
         return qe.EdgeConfig(
             vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
             optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_THRESHOLD_KB, max_segment_size=merged_kb),
@@ -179,10 +157,9 @@ class QdrantEdgeStore(VectorStore):
             shape = self._shard(source).info()
             merged_kb = max(1, shape.points_count * dim * 4 // 1024 // (2 * max(shape.segments_count, 1)))
             config = self._config(dim, GraphParams.of(built), built.get("quantization", "none"), merged_kb)
-            self._writers[version] = qe.EdgeShard.load(str(path), config)
+            self._writing[version] = Writing(qe.EdgeShard.load(str(path), config))
         except Exception as e:
             raise StoreError(f"cannot open the copy of version {source!r} as {version!r}: {e}") from e
-        self._fields[version] = {}
         (path / META).write_text(json.dumps({**meta, "dim": dim}))
 
     def record_search(self, version: str, params: SearchParams) -> None:
@@ -203,8 +180,8 @@ class QdrantEdgeStore(VectorStore):
         self, version: str, ids: Sequence[str], vectors: np.ndarray, payloads: Sequence[Mapping[str, Any]]
     ) -> None:
         check_points(ids, vectors, payloads)
-        shard = self._writer(version)
-        note_field_types(payloads, self._fields[version])
+        writing = self._writer(version)
+        note_field_types(payloads, writing.fields)
         for start in range(0, len(ids), UPSERT_BATCH):
             stop = start + UPSERT_BATCH
             points = [
@@ -214,12 +191,15 @@ class QdrantEdgeStore(VectorStore):
                 )
             ]
             try:
-                shard.update(qe.UpdateOperation.upsert_points(points))
+                writing.shard.update(qe.UpdateOperation.upsert_points(points))
             except Exception as e:
                 raise StoreError(f"upsert into version {version!r} failed: {e}") from e
+            writing.unindexed += len(points)
+            if writing.unindexed >= self.graph_points:
+                self._build_graph(version, writing)
 
     def delete(self, version: str, ids: Sequence[str]) -> None:
-        shard = self._writer(version)
+        shard = self._writer(version).shard
         for start in range(0, len(ids), UPSERT_BATCH):
             batch = [point_id(i) for i in ids[start : start + UPSERT_BATCH]]
             try:
@@ -228,22 +208,39 @@ class QdrantEdgeStore(VectorStore):
                 raise StoreError(f"delete from version {version!r} failed: {e}") from e
 
     def finalize(self, version: str) -> None:
-        shard = self._writer(version)
+        writing = self._writer(version)
+        self._build_graph(version, writing)
         try:
-            for key, kind in self._fields.pop(version).items():
-                if kind is not None:
-                    shard.update(qe.UpdateOperation.create_field_index(key, FIELD_SCHEMAS[kind]))
-            shard.optimize()
-            shard.flush()
+            writing.shard.flush()
         except Exception as e:
             raise StoreError(f"finalize of version {version!r} failed: {e}") from e
-        shard.close()
-        del self._writers[version]
+        writing.shard.close()
+        del self._writing[version]
         (self._dir(version) / FINALIZED).touch()
 
-    def _writer(self, version: str) -> qe.EdgeShard:
-        if version in self._writers:
-            return self._writers[version]
+    def _build_graph(self, version: str, writing: Writing) -> None:
+        """Index the payload fields seen so far, then build a graph over the points written since
+        the last build (`optimize`). A version past `graph_points` is so built as several graphs
+        over bounded parts, and its build grows linearly with its points (one graph over all of
+        them grew as N log N and past the CPU caches: README, "Scale"). The payload indexes come
+        first: Qdrant adds the links a filtered search needs per value of the fields indexed when
+        a graph is built."""
+        try:
+            for key, kind in writing.fields.items():
+                if kind is not None and key not in writing.indexed:
+                    writing.shard.update(qe.UpdateOperation.create_field_index(key, FIELD_SCHEMAS[kind]))
+                    writing.indexed.add(key)
+                elif kind is None and key in writing.indexed:  # its type has varied since: no exact match
+                    writing.shard.update(qe.UpdateOperation.delete_field_index(key))
+                    writing.indexed.discard(key)
+            writing.shard.optimize()
+        except Exception as e:
+            raise StoreError(f"building the graph of version {version!r} failed: {e}") from e
+        writing.unindexed = 0
+
+    def _writer(self, version: str) -> Writing:
+        if version in self._writing:
+            return self._writing[version]
         if self._finalized(version):
             raise StoreError(f"version {version!r} is finalized: a finalized version is never written again")
         raise VersionNotFoundError(
@@ -284,7 +281,8 @@ class QdrantEdgeStore(VectorStore):
         return [to_hit(p) for p in points]
 
     def _is_open(self, shard: qe.EdgeShard) -> bool:
-        return any(s is shard for s in (*self._writers.values(), *self._readers.values()))
+        writers = (w.shard for w in self._writing.values())
+        return any(s is shard for s in (*writers, *self._readers.values()))
 
     def _published(self) -> str:
         """The published version, re-read from CURRENT at most every pointer_check_s."""
@@ -311,7 +309,8 @@ class QdrantEdgeStore(VectorStore):
 
     def _shard(self, version: str) -> qe.EdgeShard:
         """The open handle of a version: its writer here, else a cached read-only one."""
-        shard = self._writers.get(version) or self._readers.get(version)
+        writing = self._writing.get(version)
+        shard = writing.shard if writing is not None else self._readers.get(version)
         if shard is not None:
             return shard
         with self._lock:
@@ -378,7 +377,8 @@ class QdrantEdgeStore(VectorStore):
 
     def _drop(self, version: str) -> None:
         with self._lock:
-            shards = [s for s in (self._writers.pop(version, None), self._readers.pop(version, None)) if s]
+            writing = self._writing.pop(version, None)
+            shards = [s for s in (writing and writing.shard, self._readers.pop(version, None)) if s]
             self._search.pop(version, None)
         for shard in shards:
             shard.close()
@@ -390,8 +390,8 @@ class QdrantEdgeStore(VectorStore):
 
     def close(self) -> None:
         with self._lock:
-            shards = [*self._writers.values(), *self._readers.values()]
-            self._writers.clear()
+            shards = [*(w.shard for w in self._writing.values()), *self._readers.values()]
+            self._writing.clear()
             self._readers.clear()
             self._search.clear()
             self._current = None

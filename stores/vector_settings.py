@@ -54,6 +54,14 @@ class VectorStoreSettings(BaseSettings):
     low request rates other work evicts them from the CPU caches between queries, where the
     graph reads a few (`precompute bench vectors`; README, "Figures behind the defaults")."""
 
+    graph_points: int = Field(100_000, ge=1_000)
+    """edge only: the most points one HNSW graph holds; a larger version is built as several
+    graphs over parts of at most this many points, so its build grows linearly with the corpus.
+    One graph over every point grew as N log N, and slower still once it outgrew the CPU caches. A
+    search walks each graph, and small graphs keep more of the exact neighbours at a given
+    `hnsw_ef`, which the nightly index check then lowers (README, "Scale"). A Qdrant server
+    bounds its own segments (its `max_segment_size`)."""
+
     max_hnsw_ef: int = Field(1024, ge=1)
     """The most the nightly index check raises a version's `hnsw_ef` to (jobs/index_check.py)
     before it tries more oversampling and then an exact scan."""

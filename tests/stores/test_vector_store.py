@@ -33,7 +33,7 @@ from precompute.stores.errors import StoreError, VersionNotFoundError
 from precompute.stores.qdrant_edge_store import QdrantEdgeStore
 from precompute.stores.qdrant_server_store import QdrantServerStore
 from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import VectorStore, open_vector_store
+from precompute.stores.vectors import SearchParams, VectorStore, open_vector_store
 from tests.waiting import wait_for
 
 DIM = 16
@@ -458,3 +458,35 @@ def test_a_copys_writes_never_merge_into_its_sources_segments(tmp_path: Path) ->
         store.finalize(copy)
         assert segments(store, copy) == built + 1
         assert store.count(copy) == 4000 + 20 * (n + 1)
+
+
+def test_edge_builds_a_version_past_graph_points_as_bounded_graphs_that_all_answer(tmp_path: Path) -> None:
+    """A version of 3,500 points with graph_points 1,000 is built as four graphs (one build per
+    part, so the load grows linearly); a search still finds the exact top 10 across them, and a
+    filtered one too: each part's payload index existed when its graph was built."""
+    settings = VectorStoreSettings(path=tmp_path / "qdrant", graph_points=1_000, full_scan_threshold_kb=1)
+    ids = [f"doc-{i}" for i in range(3_500)]
+    vectors = clustered(len(ids), 32, seed=2)
+    games = np.arange(len(ids)) % 7 == 0
+    with QdrantEdgeStore(settings, NAME, pointer_check_s=0) as store:
+        store.create_version(V1, 32)
+        for start in range(0, len(ids), 500):
+            part = slice(start, start + 500)
+            sections = [{"section": "games" if g else "mail"} for g in games[part]]
+            store.upsert(V1, ids[part], vectors[part], sections)
+        store.finalize(V1)
+        assert segments(store, V1) >= 4
+        store.publish(V1)
+        deep = SearchParams(hnsw_ef=1024)
+        for i in (0, 1_234, 3_499):
+            exact = np.argsort(-(vectors @ vectors[i]))[:10]
+            assert [h.id for h in store.search(vectors[i], k=10, params=deep)] == [ids[j] for j in exact]
+            exact_games = np.flatnonzero(games)[np.argsort(-(vectors[games] @ vectors[i]))[:10]]
+            hits = store.search(vectors[i], k=10, filter={"section": "games"}, params=deep)
+            assert [h.id for h in hits] == [ids[j] for j in exact_games]
+    shard = qe.EdgeShard.load(str(settings.path / NAME / V1))
+    try:
+        assert set(shard.info().payload_schema) == {"section"}
+        assert shard.info().indexed_vectors_count == len(ids)
+    finally:
+        shard.close()
