@@ -490,3 +490,25 @@ def test_edge_builds_a_version_past_graph_points_as_bounded_graphs_that_all_answ
         assert shard.info().indexed_vectors_count == len(ids)
     finally:
         shard.close()
+
+
+def test_edge_drops_the_index_of_a_field_whose_type_varies_after_a_graph_was_built(tmp_path: Path) -> None:
+    """A field indexed as an integer before the first graph, then given a string, keeps no
+    exact-match index (it would answer neither type whole): filters on it read the payloads."""
+    settings = VectorStoreSettings(path=tmp_path / "qdrant", graph_points=1_000, full_scan_threshold_kb=1)
+    ids = [f"doc-{i}" for i in range(1_200)]
+    vectors = clustered(len(ids), 16, seed=3)
+    tiers: list[object] = [i % 3 for i in range(1_000)] + ["gold"] * 200
+    with QdrantEdgeStore(settings, NAME, pointer_check_s=0) as store:
+        store.create_version(V1, 16)
+        store.upsert(V1, ids[:1_000], vectors[:1_000], [{"tier": t} for t in tiers[:1_000]])
+        store.upsert(V1, ids[1_000:], vectors[1_000:], [{"tier": t} for t in tiers[1_000:]])
+        store.finalize(V1)
+        store.publish(V1)
+        assert {h.id for h in store.search(vectors[1_100], k=5, filter={"tier": "gold"})} <= set(ids[1_000:])
+        assert all(int(h.id[4:]) % 3 == 1 for h in store.search(vectors[1], k=5, filter={"tier": 1}))
+    shard = qe.EdgeShard.load(str(settings.path / NAME / V1))
+    try:
+        assert "tier" not in shard.info().payload_schema
+    finally:
+        shard.close()
