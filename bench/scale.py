@@ -288,7 +288,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
         ranking = result["recs_ranking"][n] or {}
         print(
             f"recs at {n:,} rows: {recs_users(runs[n]):,} users, model {result['recs_published'][n]}, "
-            f"{ranking.get('reason')}; graph build {ranking.get('build_s')} s, curve {ranking.get('curve')}"
+            f"{ranking.get('reason')}; index build {ranking.get('build_s')} s, curve {ranking.get('curve')}"
         )
     for n in sizes:
         chosen = result["search"][n]

@@ -100,7 +100,7 @@ STAGES = {
         "users' histories and fingerprints, who to rescore, state for the next night", recs_users, "recs", "group"
     ),
     "recs": reported(
-        "recs top-k (past 50,000 items and 10,000 users: graph, recall check, candidates rescored)",
+        "recs top-k (past 50,000 items and 2,000 users: IVF index, recall check, candidates)",
         recs_users,
         "recs",
         "index",

@@ -5,15 +5,15 @@
                   and fingerprint (jobs/user_histories.py) -> users to rescore
     main pass:    their histories, in blocks -> TopKActor pool, or the driver for at most
                   topk_driver_users users (jobs/settings.py; exact: blocked matmul, mask, topk;
-                  or graph candidates rescored) -> values -> sink
+                  or an IVF index's candidates) -> values -> sink
 
 Two towers (jobs/recs_models.py): content (the item tower is the corpus encoder, whose
 embeddings the caller passes), a collaborative model trained here on the night's interactions,
 or the pipeline's own towers (jobs/own_towers.py, computed by the caller). Scoring is exact
 (one matrix multiply per block of users against every item) up to 50,000 items on CPUs, or
-for few users (an incremental night's); past that, candidates from an HNSW graph over the items
-are rescored exactly, at a search depth whose top k keeps `min_recall` of the exact top k on a
-sample of users (jobs/candidate_topk.py).
+for few users (an incremental night's); past that, candidates from an IVF index over the items
+(their exact scores), at the fewest probed lists whose top k keeps `min_recall` of the exact top
+k on a sample of users (jobs/candidate_topk.py).
 
 Incremental: given the published version's staged state, only users whose inputs moved are
 rescored and the store copies the others (jobs/recs_state.py says which, and what a copy misses).
@@ -46,7 +46,7 @@ from precompute.jobs.interactions import (
     read_interactions,
     tag_rejects,
 )
-from precompute.jobs.kept_graph import keep_graph, kept_graph
+from precompute.jobs.kept_index import keep_index, kept_index
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
 from precompute.jobs.recs_kept import interactions_sketch, kept_als, save_als
@@ -124,8 +124,8 @@ class RecsJobReport:
     """The sequence model, when published: its training (jobs/sequence_train.py TrainReport:
     warm or cold start, steps, why it stopped, the validation curve) and engines."""
     ranking: dict[str, object] | None = None
-    """How the top k was found (jobs/candidate_topk.py Ranking: exact, or the graph and the
-    recall curve it walked on the sample); None on an unchanged night."""
+    """How the top k was found (jobs/candidate_topk.py Ranking: exact, or the IVF index and
+    the recall curve it walked on the sample); None on an unchanged night."""
     als: str | None = None
     """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
 
@@ -138,7 +138,7 @@ def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
 
 
 class TopKActor:
-    """Holds the model's towers, the prior and the ranker (exact, or the graph); scores a block
+    """Holds the model's towers, the prior and the ranker (exact, or the IVF index); scores a block
     of users per call."""
 
     def __init__(
@@ -306,7 +306,7 @@ def run_recs_job(
 
         start = time.perf_counter()
         dims = towers.items.shape[1] + (prior is not None)
-        graph = kept_graph(planned.previous, items.keys, dims)
+        lists = kept_index(planned.previous, items.keys, dims)
         ranking = choose_ranking(
             settings.topk,
             towers,
@@ -317,11 +317,11 @@ def run_recs_job(
             settings.min_recall,
             gpus,
             rescored,
-            graph,
+            lists,
         )
         if ranking.index is not None:
-            carried = graph if ranking.kept_from else None
-            keep_graph(work_dir / STATE, read_in_place(ranking.index), items.keys, carried)
+            carried = lists if ranking.kept_from else None
+            keep_index(work_dir / STATE, read_in_place(ranking.index), items.keys, carried)
         seconds["index"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -73,16 +73,17 @@ class RecsSpec(BaseModel):
     history in the input's time order. towers: the pipeline's own two-tower model (its `towers`
     table)."""
 
-    topk: Literal["auto", "exact", "hnsw"] = "auto"
+    topk: Literal["auto", "exact", "ivf"] = "auto"
     """How each user's top k is found (jobs/candidate_topk.py). exact: every user against every
-    item, users x items (N² when both grow with the input). hnsw: candidates from an HNSW graph
-    over the item vectors, rescored exactly, at the first efSearch whose top k keeps
-    `min_recall` of the exact top k on 1,000 sampled users (exact where none does). auto: hnsw
-    past 50,000 items on CPUs when more than 10,000 users are ranked (fewer repay no graph: an
-    incremental night's), exact otherwise."""
+    item, users x items (N² when both grow with the input). ivf: candidates from an inverted-file
+    index of about √items lists over the item vectors (users x √items), at the fewest probed
+    lists whose top k keeps `min_recall` of the exact top k on up to 1,000 sampled users (exact
+    where none does). auto: ivf past 50,000 items on CPUs when more than 2,000 users are ranked or
+    an earlier night's index is kept (fewer repay no build: an incremental night's), exact
+    otherwise."""
 
     min_recall: float = Field(0.99, gt=0, le=1)
-    """hnsw: the share of the exact top k the graph's must keep on the sample."""
+    """ivf: the share of the exact top k the index's must keep on the sample."""
 
     content_weight: float = Field(0.1, ge=0)
     """The hybrid: a collaborative model's score (in units of its spread: jobs/recs_blend.py) plus

@@ -11,9 +11,10 @@ A run stages, in its run folder, `recs_state/`:
     als.npz        ALS's item factors and scale, when it was published, with a sketch of the
                    interactions it was trained on: the next night keeps them through small
                    changes (jobs/recs_kept.py)
-    graph.npz      the items' HNSW graph, without its vectors, and the content keys it was built
-                   over, when the top k was ranked by one: the next incremental night searches
-                   it instead of scoring exactly (jobs/kept_graph.py)
+    index.npz      the items' IVF lists (centroids and each item's list, without the vectors)
+                   and the content keys they were built over, when the top k was ranked by
+                   them: the next incremental night fills them instead of scoring exactly
+                   (jobs/kept_index.py)
     night.json     a digest of everything the version was made from (the interactions' files,
                    the items, the settings), with what the run measured of it (rows, rejects,
                    held-out quality)
@@ -60,13 +61,13 @@ if TYPE_CHECKING:
     from precompute.jobs.recs_spec import RecsSpec
 
 STATE = "recs_state"
-MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, GRAPH_FILE = (
+MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, INDEX_FILE = (
     "model.json",
     "items.parquet",
     "users.parquet",
     "sequence.pt",
     "als.npz",
-    "graph.npz",
+    "index.npz",
 )
 FINGERPRINT = "fingerprint"
 
@@ -229,7 +230,7 @@ def unchanged_night(inputs: str, previous: Previous | None, run_dir: WorkPath) -
     copy_files(
         previous.run_dir / STATE,
         run_dir / STATE,
-        [MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, GRAPH_FILE, NIGHT],
+        [MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, INDEX_FILE, NIGHT],
     )
     copy_files(previous.run_dir, run_dir, [REJECTS])
     return night

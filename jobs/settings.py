@@ -50,8 +50,8 @@ class JobSettings(BaseSettings):
     topk_driver_users: int = Field(20_000, ge=0)
     """Recommendations: a night that rescores at most this many users (an incremental one) ranks
     them in the driver, which holds the towers and the ranking already, not in a top-k actor
-    pool, whose start (the towers and the item graph through Ray's object store) took most of
-    bench scale's 1M rerun's 7.46 s for 5,060 users. 0: always the actors (a cluster whose
+    pool, whose start (the towers and the items' HNSW graph, since replaced by an IVF index,
+    through Ray's object store) took most of bench scale's 1M rerun's 7.46 s for 5,060 users. 0: always the actors (a cluster whose
     driver machine should stay idle). Not where there are GPUs, which the actors hold."""
 
     users_per_block: int = Field(512, ge=1)

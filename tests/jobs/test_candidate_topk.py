@@ -1,5 +1,5 @@
-"""Graph candidates rescored exactly (jobs/candidate_topk.py) against exact top-k, and the
-recall gate that decides which of the two the actors use."""
+"""Candidates from an IVF index (jobs/candidate_topk.py) against exact top-k, and the recall gate
+that decides which of the two the actors use."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pyarrow as pa
 import torch
 
 from precompute.jobs.candidate_topk import (
-    GRAPH_BUILD_USERS,
-    HNSW_MIN_ITEMS,
+    INDEX_BUILD_USERS,
+    IVF_MIN_ITEMS,
+    NPROBE_LADDER,
     CandidateTopK,
     Ranking,
-    build_graph,
+    build_index,
     check_users,
     choose_ranking,
     ranker_of,
@@ -52,17 +53,17 @@ def interactions(rng: np.random.Generator) -> pa.Table:
     )
 
 
-def test_the_graphs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> None:
+def test_the_indexs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> None:
     rng = np.random.default_rng(3)
     centres = rng.normal(size=(20, DIM))
     items, prior = clustered(rng, ITEMS, centres), rng.uniform(0, 2, ITEMS).astype(np.float32)
     histories = seen_by_user(interactions(rng))
     towers = ContentTowers(items)
 
-    ranking = choose_ranking("hnsw", towers, prior, K, 128, histories, 0.99, False, USERS)
+    ranking = choose_ranking("ivf", towers, prior, K, 128, histories, 0.99, False, USERS)
 
-    assert ranking.method == "hnsw" and ranking.recall >= 0.99 and ranking.sample_users == check_users(USERS)
-    assert ranking.curve[-1]["ef"] == ranking.ef and all(step["recall"] < 0.99 for step in ranking.curve[:-1])
+    assert ranking.method == "ivf" and ranking.recall >= 0.99 and ranking.sample_users == check_users(USERS)
+    assert ranking.curve[-1]["nprobe"] == ranking.nprobe and all(step["recall"] < 0.99 for step in ranking.curve[:-1])
     seen = sample_users(histories, USERS)
     vectors = torch.from_numpy(towers.users(seen))
     found, scores = ranker_of(towers.items, K, 128, prior, ranking)(vectors, seen)
@@ -77,37 +78,37 @@ def test_the_graphs_top_k_is_the_exact_one_at_the_recall_the_gate_chose() -> Non
         np.testing.assert_allclose(scores[user][real], expected, rtol=1e-4, atol=1e-4)
         assert (np.diff(scores[user][real]) <= 0).all()
     long_history = int(np.flatnonzero(np.diff(seen.offsets) == ITEMS - 3)[0])
-    # Three unseen items: the graph's search deepens to the catalogue, then exact scoring.
+    # Three unseen items: the search deepens to every item of every list, an exact scan.
     assert found[long_history].tolist() == truth[long_history].tolist()
     assert (found[long_history] >= 0).sum() == 3
 
 
-def test_a_graph_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_catalogues() -> None:
+def test_an_index_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_catalogues() -> None:
     rng = np.random.default_rng(4)
     histories = seen_by_user(interactions(rng))
     towers = ContentTowers(clustered(rng, ITEMS, rng.normal(size=(20, DIM))))
 
-    missed = choose_ranking("hnsw", towers, None, K, 128, histories, 1.01, False, USERS)  # above any recall
+    missed = choose_ranking("ivf", towers, None, K, 128, histories, 1.01, False, USERS)  # above any recall
     assert missed.method == "exact" and missed.index is None
-    assert [step["ef"] for step in missed.curve] == [64, 128, 256, 512, 1024]
+    assert [step["nprobe"] for step in missed.curve] == list(NPROBE_LADDER)
     assert "under 1.01" in missed.reason
 
     assert choose_ranking("auto", towers, None, K, 128, histories, 0.99, False, USERS).reason == "exact: 3,000 items"
     assert choose_ranking("exact", towers, None, K, 128, histories, 0.99, False, USERS).reason == "exact: asked for"
 
 
-def test_auto_builds_a_graph_only_for_enough_users_to_repay_it() -> None:
-    """Past HNSW_MIN_ITEMS items, a night that ranks few users (an incremental one) scores them
-    exactly: the graph's build costs as much as scoring GRAPH_BUILD_USERS users."""
+def test_auto_builds_an_index_only_for_enough_users_to_repay_it() -> None:
+    """Past IVF_MIN_ITEMS items, a night that ranks few users (an incremental one) scores them
+    exactly: the index's build costs as much as scoring INDEX_BUILD_USERS users."""
     rng = np.random.default_rng(6)
     histories = seen_by_user(interactions(rng))
-    towers = ContentTowers(clustered(rng, HNSW_MIN_ITEMS + 1, rng.normal(size=(20, 8))))
+    towers = ContentTowers(clustered(rng, IVF_MIN_ITEMS + 1, rng.normal(size=(20, 8))))
 
-    few = choose_ranking("auto", towers, None, K, 128, histories, 0.99, False, GRAPH_BUILD_USERS)
+    few = choose_ranking("auto", towers, None, K, 128, histories, 0.99, False, INDEX_BUILD_USERS)
     assert (few.method, few.index) == ("exact", None) and "too few to repay" in few.reason
-    many = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, GRAPH_BUILD_USERS + 1)
-    assert many.method == "hnsw" and many.index is not None
-    assert choose_ranking("hnsw", towers, None, K, 128, histories, 0.99, False, 0).reason == "exact: no user to rank"
+    many = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, INDEX_BUILD_USERS + 1)
+    assert many.method == "ivf" and many.index is not None
+    assert choose_ranking("ivf", towers, None, K, 128, histories, 0.99, False, 0).reason == "exact: no user to rank"
 
 
 def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out() -> None:
@@ -119,26 +120,9 @@ def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out
     history = np.sort(best[:200])
     seen = Seen(np.array([0, 200]), history.astype(np.int64), np.ones(200, np.float32))
 
-    found, _ = CandidateTopK(build_graph(items, None), items, K, 128, None, 64)(torch.from_numpy(user), seen)
+    found, _ = CandidateTopK(build_index(items), ITEMS, K, None, 8)(torch.from_numpy(user), seen)
 
     assert found[0].tolist() == best[200:210].tolist()
-
-
-def test_the_largest_items_are_scored_for_every_user_whatever_the_graph_returns() -> None:
-    """An inner-product graph under-links the items of largest norm (the most popular, with the
-    prior); here the graph cannot return item 7 at all (built over its opposite), and it is
-    still the user's first."""
-    rng = np.random.default_rng(6)
-    items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
-    user = rng.normal(size=(1, DIM)).astype(np.float32)
-    items[7] = 10 * user[0] / np.linalg.norm(user)
-    misleading = items.copy()
-    misleading[7] = -items[7]
-    seen = Seen(np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0, np.float32))
-
-    found, _ = CandidateTopK(build_graph(misleading, None), items, K, 128, None, 64)(torch.from_numpy(user), seen)
-
-    assert found[0, 0] == 7
 
 
 def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
@@ -149,19 +133,19 @@ def private_growth(make: Callable[..., object], *args: object) -> tuple[object, 
     return made, process.memory_full_info().uss - before
 
 
-def test_a_ranker_searches_the_graph_where_its_serialized_bytes_lie() -> None:
+def test_a_ranker_searches_the_index_where_its_serialized_bytes_lie() -> None:
     """In a top-k actor those bytes lie in Ray's object store, shared by the node's actors; a
-    deserialized graph was a private copy per actor (README, "Scale": TopKActor's memory)."""
+    deserialized index is a private copy per actor (README, "Scale": TopKActor's memory)."""
     rng = np.random.default_rng(5)
     items = clustered(rng, 60_000, rng.normal(size=(20, DIM)))
-    graph = build_graph(items, None)
-    ranking = Ranking("hnsw", "", ef=64, index=faiss.serialize_index(graph))
+    index = build_index(items)
+    ranking = Ranking("ivf", "", nprobe=8, index=faiss.serialize_index(index))
     ranking.index.setflags(write=False)  # as Ray's object store hands it out
     ranker, grown = private_growth(ranker_of, items, K, 128, None, ranking)
-    assert grown < 0.1 * ranking.index.nbytes, f"{grown / 1e6:.1f} MB private for a {ranking.index.nbytes / 1e6:.1f} MB graph"
+    assert grown < 0.1 * ranking.index.nbytes, f"{grown / 1e6:.1f} MB private for a {ranking.index.nbytes / 1e6:.1f} MB index"
     del ranking  # the ranker keeps the bytes it points into
     queries = clustered(rng, 50, rng.normal(size=(20, DIM)))
-    np.testing.assert_array_equal(ranker.index.search(queries, K)[1], graph.search(queries, K)[1])
+    np.testing.assert_array_equal(ranker.index.search(queries, K)[1], index.search(queries, K)[1])
 
 
 def test_the_exact_ranker_scores_the_item_matrix_where_it_lies() -> None:

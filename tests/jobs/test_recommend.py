@@ -66,11 +66,11 @@ def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int, users_are: str)
     assert all(not set(row) & set(s) for row, s in zip(indices.tolist(), seen, strict=True))
 
 
-@pytest.mark.parametrize(("topk", "driver_users"), [("exact", 20_000), ("exact", 0), ("hnsw", 0)])
+@pytest.mark.parametrize(("topk", "driver_users"), [("exact", 20_000), ("exact", 0), ("ivf", 0)])
 def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     ray_local, items, interactions: Path, tmp_path: Path, topk: str, driver_users: int
 ) -> None:
-    """With the graph too (60 items: every candidate is found, so the top k is the exact one),
+    """With the IVF index too (60 items: every candidate is found, so the top k is the exact one),
     ranked in the driver (few users: topk_driver_users) or by the top-k actors."""
     ids, vectors, _ = items
     settings = RecsSpec(k=10, popularity_weight=0.4, model="content", topk=topk)
@@ -133,7 +133,7 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
         np.testing.assert_allclose(scores, best, atol=2e-3)
     assert sized == [(len(users), None, False)]
     assert report.ranking is not None and report.ranking["method"] == topk
-    if topk == "hnsw":
+    if topk == "ivf":
         assert report.ranking["recall"] == 1.0 and report.ranking["sample_users"] == min(check_users(len(users)), len(users))
     assert report.vocabulary == ids
     stored = dict(zip(written["id"].to_pylist(), written["value"].to_pylist(), strict=True))
@@ -153,10 +153,10 @@ def test_als_scores_its_users_in_the_actors_from_read_only_factors(
     ray_local, items, interactions: Path, tmp_path: Path
 ) -> None:
     """ALS (auto's model past 20,000 items) solves each user against its item factors in the
-    top-k actors, which Ray's object store hands out read-only; the graph ranks them."""
+    top-k actors, which Ray's object store hands out read-only; the IVF index ranks them."""
     report = run_recs_job(
         InteractionsInput(path=str(interactions)),
-        RecsSpec(k=10, model="als", topk="hnsw"),
+        RecsSpec(k=10, model="als", topk="ivf"),
         JobSettings(users_per_block=256, topk_driver_users=0),  # the actors, not the driver
         items,
         ParquetSink(tmp_path / "out"),
@@ -164,7 +164,7 @@ def test_als_scores_its_users_in_the_actors_from_read_only_factors(
     )
 
     assert report.quality.published == "als+content" and report.rescored == report.users
-    assert report.ranking is not None and report.ranking["method"] == "hnsw"
+    assert report.ranking is not None and report.ranking["method"] == "ivf"
     written = pq.read_table(tmp_path / "out")
     assert written.num_rows == report.users
     assert all(len(decode_ranked(value)[0]) == 10 for value in written["value"].to_pylist())

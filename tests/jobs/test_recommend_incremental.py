@@ -19,7 +19,7 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.nights import Previous
 from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.recs_state import GRAPH_FILE, STATE, Items, model_fingerprint, plan
+from precompute.jobs.recs_state import INDEX_FILE, STATE, Items, model_fingerprint, plan
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value import KeyValueStore
@@ -303,14 +303,14 @@ def test_the_copy_plan_carried_out_in_redis_serves_copied_users_as_before_and_re
 
 
 @pytest.mark.parametrize("copy_holds", [True, False], ids=["incremental", "full"])
-def test_a_night_under_the_same_model_searches_the_graph_its_published_run_built(
+def test_a_night_under_the_same_model_fills_the_index_its_published_run_built(
     copy_holds: bool, items: Items, interactions: Path, tmp_path: Path
 ) -> None:
-    """The graph's links and the content keys it was built over stay in the run's state; the
-    next night under the same model searches them with tonight's vectors and carries them on,
+    """The index's lists and the content keys it was built over stay in the run's state; the
+    next night under the same model fills them with tonight's vectors and carries them on,
     also when it rescores every user because a copy of the published version would not hold them."""
-    first = recs_run(items, interactions, tmp_path / "first", topk="hnsw")
-    assert first.report.ranking["kept_from"] is None and (tmp_path / "first" / STATE / GRAPH_FILE).is_file()
+    first = recs_run(items, interactions, tmp_path / "first", topk="ivf")
+    assert first.report.ranking["kept_from"] is None and (tmp_path / "first" / STATE / INDEX_FILE).is_file()
     edited = len(items.ids) // 2
     keys = [*items.keys]
     keys[edited] = content_keys(MODEL, ["a new description"])[0]
@@ -320,10 +320,10 @@ def test_a_night_under_the_same_model_searches_the_graph_its_published_run_built
     records = range(10**6) if copy_holds else range(0)
     previous = Previous("20261124T030000Z-dddddd", WorkPath.of(tmp_path / "first"), records)
 
-    rerun = recs_run(tonight, interactions, tmp_path / "second", previous, topk="hnsw")
+    rerun = recs_run(tonight, interactions, tmp_path / "second", previous, topk="ivf")
 
     assert rerun.report.mode == ("incremental" if copy_holds else "full") and rerun.report.rescored > 0
     assert (rerun.report.ranking["kept_from"], rerun.report.ranking["moved"]) == (previous.version, 1)
-    assert (tmp_path / "second" / STATE / GRAPH_FILE).is_file()
+    assert (tmp_path / "second" / STATE / INDEX_FILE).is_file()
     full = recs_run(tonight, interactions, tmp_path / "full", topk="exact")
     assert_same_values(rerun.written, {user: full.written[user] for user in rerun.written})
