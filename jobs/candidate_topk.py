@@ -79,8 +79,9 @@ class Ranking:
     """The version whose run built the index, when it was kept (jobs/kept_index.py)."""
     moved: int = 0
     """A kept index's items moved since its build, placed again in tonight's best list."""
-    index: np.ndarray | None = field(default=None, repr=False)
-    """The index, serialized (faiss.serialize_index): what the actors search."""
+    index: faiss.IndexIVF | None = field(default=None, repr=False)
+    """The index the users are ranked from: the driver's, or a top-k actor's read in place
+    from its serialized bytes (read_in_place)."""
 
     def report(self) -> dict[str, object]:
         return {
@@ -245,7 +246,7 @@ def choose_ranking(
                 build_s,
                 None if kept is None else kept.version,
                 0 if kept is None else len(kept.moved),
-                faiss.serialize_index(index),
+                index,
             )
     return Ranking(
         "exact",
@@ -263,8 +264,8 @@ def ranker_of(
     """The ranker an actor holds for `ranking`."""
     if ranking.method == "exact":
         return BlockedTopK(item_vectors, k, block, prior)
-    assert ranking.index is not None  # choose_ranking serializes the index it chose
-    return CandidateTopK(read_in_place(ranking.index), len(item_vectors), k, prior, ranking.nprobe)
+    assert ranking.index is not None  # choose_ranking keeps the index it chose
+    return CandidateTopK(ranking.index, len(item_vectors), k, prior, ranking.nprobe)
 
 
 def read_in_place(serialized: np.ndarray) -> faiss.IndexIVF:

@@ -4,8 +4,8 @@
     driver:       good rows -> item counts (the ranker's prior); training; each user's history
                   and fingerprint (jobs/user_histories.py) -> users to rescore
     main pass:    their histories, in blocks -> TopKActor pool, or the driver for at most
-                  topk_driver_users users (jobs/settings.py; exact: blocked matmul, mask, topk;
-                  or an IVF index's candidates) -> values -> sink
+                  topk_driver_users users or on a one-node Ray (jobs/settings.py; exact: blocked
+                  matmul, mask, topk; or an IVF index's candidates) -> values -> sink
 
 Two towers (jobs/recs_models.py): content (the item tower is the corpus encoder, whose
 embeddings the caller passes), a collaborative model trained here on the night's interactions,
@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,7 +38,7 @@ from ray.actor import ActorHandle
 from ray.data.expressions import col
 
 from precompute.jobs import progress
-from precompute.jobs.candidate_topk import CandidateTopK, choose_ranking, ranker_of, read_in_place
+from precompute.jobs.candidate_topk import CandidateTopK, Ranking, choose_ranking, ranker_of, read_in_place
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import (
     INDEX,
@@ -128,6 +129,8 @@ class RecsJobReport:
     the recall curve it walked on the sample); None on an unchanged night."""
     als: str | None = None
     """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
+    ranked_in: str | None = None
+    """"driver" or "actors" (jobs/settings.py topk_driver_users); None where no user was ranked."""
 
 
 def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
@@ -138,8 +141,9 @@ def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
 
 
 class TopKActor:
-    """Holds the model's towers, the prior and the ranker (exact, or the IVF index); scores a block
-    of users per call."""
+    """Holds the model's towers, the prior and the ranker (exact, or the IVF index, read in place
+    from its serialized bytes in Ray's object store: a node's actors share one copy); scores a
+    block of users per call."""
 
     def __init__(
         self,
@@ -148,12 +152,16 @@ class TopKActor:
         k: int,
         block: int,
         ranking: ray.ObjectRef,
+        index: ray.ObjectRef | None = None,
         counter: ActorHandle | None = None,
     ) -> None:
         # Ray sets OMP_NUM_THREADS=1 in an actor with under one CPU; the matmul wants every core.
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.towers: Towers = ray.get(towers)
-        self.ranker = ranker_of(self.towers.items, k, block, prior, ray.get(ranking))
+        chosen: Ranking = ray.get(ranking)
+        if index is not None:
+            chosen = replace(chosen, index=read_in_place(ray.get(index)))
+        self.ranker = ranker_of(self.towers.items, k, block, prior, chosen)
         self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -247,6 +255,7 @@ def run_recs_job(
     with ray_session(job.ray_address):
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
+        one_node = sum(node["Alive"] for node in ray.nodes()) == 1  # a top-k pool would share the driver's CPUs
         start = time.perf_counter()
         rows = arrow_dataset(interactions).count_rows()
         tagged = read_interactions(interactions).map_batches(
@@ -321,15 +330,17 @@ def run_recs_job(
         )
         if ranking.index is not None:
             carried = lists if ranking.kept_from else None
-            keep_index(work_dir / STATE, read_in_place(ranking.index), items.keys, carried)
+            keep_index(work_dir / STATE, ranking.index, items.keys, carried)
         seconds["index"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        values = None
+        values, ranked_in = None, None
         if rescored:
             chosen, block = np.flatnonzero(rescoring), job.users_per_block
             with progress.stage(output, "top-k", rescored, counted=True) as counter:
-                if rescored <= job.topk_driver_users and not gpus:
+                in_driver = rescored <= job.topk_driver_users or (job.topk_driver_users > 0 and one_node)
+                ranked_in = "driver" if in_driver and not gpus else "actors"
+                if ranked_in == "driver":
                     ranker = ranker_of(towers.items, settings.k, block, prior, ranking)
                     values = ray.data.from_arrow(rank_in_driver(towers, ranker, seen, chosen, block, counter))
                 else:
@@ -340,7 +351,8 @@ def run_recs_job(
                             "prior": prior,
                             "k": settings.k,
                             "block": block,
-                            "ranking": ray.put(ranking),
+                            "ranking": ray.put(replace(ranking, index=None)),
+                            "index": None if ranking.index is None else ray.put(faiss.serialize_index(ranking.index)),
                             "counter": counter,
                         },
                         batch_size=block,
@@ -380,4 +392,5 @@ def run_recs_job(
         sequence=sequence_report,
         ranking=ranking.report(),
         als=kept.reason if als else None,
+        ranked_in=ranked_in,
     )

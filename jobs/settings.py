@@ -48,11 +48,14 @@ class JobSettings(BaseSettings):
     there are GPUs."""
 
     topk_driver_users: int = Field(20_000, ge=0)
-    """Recommendations: a night that rescores at most this many users (an incremental one) ranks
-    them in the driver, which holds the towers and the ranking already, not in a top-k actor
-    pool, whose start (the towers and the items' HNSW graph, since replaced by an IVF index,
-    through Ray's object store) took most of bench scale's 1M rerun's 7.46 s for 5,060 users. 0: always the actors (a cluster whose
-    driver machine should stay idle). Not where there are GPUs, which the actors hold."""
+    """Recommendations: the driver, which holds the towers and the ranking already, ranks a
+    night's users itself, not a top-k actor pool, when they are at most this many (an
+    incremental night's) or when Ray runs on one node, where the pool's actors would share the
+    driver's CPUs: the pool's start (a process, the towers and the item graph through Ray's
+    object store) took most of bench scale's 1M rerun's 7.46 s for 5,060 users, and its full
+    night ranked 100,000 users from the IVF index in 32.77 s in one actor against 14.46 s in the
+    driver (by hand, AMD EPYC). 0: always the actors (a cluster whose driver machine should
+    stay idle). Not where there are GPUs, which the actors hold."""
 
     users_per_block: int = Field(512, ge=1)
     """Recommendations: users scored per matrix multiply, against tiles of items whose

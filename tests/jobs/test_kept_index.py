@@ -16,7 +16,6 @@ from precompute.jobs.candidate_topk import (
     build_index,
     choose_ranking,
     index_data,
-    read_in_place,
 )
 from precompute.jobs.kept_index import MOVED_SHARE, KeptIndex, keep_index, kept_index
 from precompute.jobs.nights import Previous
@@ -45,7 +44,7 @@ def test_a_kept_index_ranks_the_next_nights_vectors_at_the_recall_the_gate_asks(
     histories = seen_by_user(interactions(rng))
     first = choose_ranking("ivf", ContentTowers(items), prior, K, 128, histories, 0.99, False, USERS)
     assert first.kept_from is None and first.index is not None
-    keep_index(WorkPath.of(tmp_path / "first" / STATE), read_in_place(first.index), keys_of(ITEMS), None)
+    keep_index(WorkPath.of(tmp_path / "first" / STATE), first.index, keys_of(ITEMS), None)
 
     # The night after: 1% of the items have new texts, the prior moved with the interactions.
     edited = rng.choice(ITEMS, ITEMS // 100, replace=False)
@@ -62,7 +61,7 @@ def test_a_kept_index_ranks_the_next_nights_vectors_at_the_recall_the_gate_asks(
     assert f"the index kept from v1 ({len(edited)} moved since)" in second.reason
     assert second.report()["moved"] == len(edited)
     # Carried on as built: the night after that still compares with the first night's keys.
-    keep_index(WorkPath.of(tmp_path / "second" / STATE), read_in_place(second.index), keys_of(ITEMS), kept)
+    keep_index(WorkPath.of(tmp_path / "second" / STATE), second.index, keys_of(ITEMS), kept)
     again = kept_index(published(tmp_path / "second", "v2"), keys_of(ITEMS, edited), DIM + 1)
     assert again is not None and sorted(again.moved) == sorted(edited)
 

@@ -66,12 +66,13 @@ def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int, users_are: str)
     assert all(not set(row) & set(s) for row, s in zip(indices.tolist(), seen, strict=True))
 
 
-@pytest.mark.parametrize(("topk", "driver_users"), [("exact", 20_000), ("exact", 0), ("ivf", 0)])
+@pytest.mark.parametrize(("topk", "driver_users"), [("exact", 1), ("exact", 0), ("ivf", 0)])
 def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     ray_local, items, interactions: Path, tmp_path: Path, topk: str, driver_users: int
 ) -> None:
     """With the IVF index too (60 items: every candidate is found, so the top k is the exact one),
-    ranked in the driver (few users: topk_driver_users) or by the top-k actors."""
+    ranked in the driver (more users than topk_driver_users, but a local Ray is one node, whose
+    CPUs a top-k pool would share) or by the top-k actors (topk_driver_users 0)."""
     ids, vectors, _ = items
     settings = RecsSpec(k=10, popularity_weight=0.4, model="content", topk=topk)
     sized: list[tuple[int, object, bool]] = []
@@ -132,6 +133,7 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
         np.testing.assert_allclose(reference[row, indices], best, atol=1e-5)
         np.testing.assert_allclose(scores, best, atol=2e-3)
     assert sized == [(len(users), None, False)]
+    assert report.ranked_in == ("actors" if driver_users == 0 else "driver")
     assert report.ranking is not None and report.ranking["method"] == topk
     if topk == "ivf":
         assert report.ranking["recall"] == 1.0 and report.ranking["sample_users"] == min(check_users(len(users)), len(users))
