@@ -5,7 +5,7 @@ Building the index costs about 5 µs an item (jobs/candidate_topk.py INDEX_BUILD
 it placing each item in the list of its best centroid. Under the same model fingerprint
 (jobs/recs_state.py: vocabulary, trained item tower, weights) only the items whose content key
 changed have moved, so the run folder keeps the lists' centroids, each item's list and the
-content keys it was built over (8 bytes an item; the vectors are tonight's). A later night under
+content keys it was built over (20 bytes an item; the vectors are tonight's). A later night under
 the same fingerprint fills those lists with tonight's vectors and prior, each moved item placed
 in the list of its best centroid tonight, and measures recall as for a new index. Past
 MOVED_SHARE moved items the index is built again.

@@ -126,11 +126,11 @@ class RecsJobReport:
     warm or cold start, steps, why it stopped, the validation curve) and engines."""
     ranking: dict[str, object] | None = None
     """How the top k was found (jobs/candidate_topk.py Ranking: exact, or the IVF index and
-    the recall curve it walked on the sample); None on an unchanged night."""
+    the recall curve it walked on the sample) and `ranked_in` "driver" or "actors"
+    (jobs/settings.py topk_driver_users; None where no user was ranked); None on an unchanged
+    night."""
     als: str | None = None
     """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
-    ranked_in: str | None = None
-    """"driver" or "actors" (jobs/settings.py topk_driver_users); None where no user was ranked."""
 
 
 def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
@@ -390,7 +390,6 @@ def run_recs_job(
         quality=quality,
         towers=towers_report,
         sequence=sequence_report,
-        ranking=ranking.report(),
+        ranking={**ranking.report(), "ranked_in": ranked_in},
         als=kept.reason if als else None,
-        ranked_in=ranked_in,
     )

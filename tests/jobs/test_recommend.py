@@ -133,8 +133,8 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
         np.testing.assert_allclose(reference[row, indices], best, atol=1e-5)
         np.testing.assert_allclose(scores, best, atol=2e-3)
     assert sized == [(len(users), None, False)]
-    assert report.ranked_in == ("actors" if driver_users == 0 else "driver")
     assert report.ranking is not None and report.ranking["method"] == topk
+    assert report.ranking["ranked_in"] == ("actors" if driver_users == 0 else "driver")
     if topk == "ivf":
         assert report.ranking["recall"] == 1.0 and report.ranking["sample_users"] == min(check_users(len(users)), len(users))
     assert report.vocabulary == ids
