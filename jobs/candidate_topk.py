@@ -15,9 +15,9 @@ It replaced an inner-product HNSW graph (faiss IndexHNSWFlat, 32 links an item),
 dominated the stage: on 1M synthetic items of 129 dims (clustered towers, a content part, a
 prior; 2 vCPUs, by hand) the graph took 86 s to build and kept 0.92 of the exact top 10 at
 efSearch 512, where 1,000 lists took 5.0 s and kept 0.996 probing 8 (100,000 users searched in
-11.2 s). On near-isotropic vectors (300,000 items) both fell short of 0.99 at any depth the
-ladder tries, the lists at a thirtieth of the graph's build (1.2 s against 40.6 s). What the job measured at scale:
-README, "Scale".
+11.2 s). Where the collaborative part is nearly isotropic (300,000 items) both fell short of
+0.99 at any depth the ladder tries, the lists at a thirtieth of the graph's build (1.2 s
+against 40.6 s). What the job measured at scale: README, "Scale".
 """
 
 from __future__ import annotations
