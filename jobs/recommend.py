@@ -315,7 +315,7 @@ def run_recs_job(
 
         start = time.perf_counter()
         dims = towers.items.shape[1] + (prior is not None)
-        lists = kept_index(planned.previous, items.keys, dims)
+        previous_index = kept_index(planned.previous, items.keys, dims)
         ranking = choose_ranking(
             settings.topk,
             towers,
@@ -326,10 +326,10 @@ def run_recs_job(
             settings.min_recall,
             gpus,
             rescored,
-            lists,
+            previous_index,
         )
         if ranking.index is not None:
-            carried = lists if ranking.kept_from else None
+            carried = previous_index if ranking.kept_from else None
             keep_index(work_dir / STATE, ranking.index, items.keys, carried)
         seconds["index"] = time.perf_counter() - start
 
