@@ -41,8 +41,8 @@ from precompute.models.hardware import device_fingerprint
 
 SIZES = (10_000, 100_000, 1_000_000)
 RERUN_SHARE = 0.01
-RESOLUTION_S = 0.01
-"""The run report rounds seconds to 0.01: a shorter stage counts as this long in an exponent."""
+RESOLUTION_S = 0.001
+"""The run report rounds seconds to 0.001: a shorter stage counts as this long in an exponent."""
 DEFAULT_DIR = Path.home() / ".local" / "share" / "precompute" / "bench-scale"
 MB = 1e6
 POPULARITY_WEIGHT = 10.0

@@ -44,7 +44,7 @@ def task_seconds(flow_run_id: UUID) -> dict[str, float]:
         )
     for run in runs:
         name = run.name.rsplit("-", 1)[0]
-        seconds[name] = round(seconds.get(name, 0.0) + run.total_run_time.total_seconds(), 2)
+        seconds[name] = round(seconds.get(name, 0.0) + run.total_run_time.total_seconds(), 3)
     return seconds
 
 

@@ -15,24 +15,24 @@ def report_seconds(run: Run, output: str, *keys: str) -> float | None:
     seconds = run["report"]["outputs"].get(output, {}).get("seconds", {})
     if not all(key in seconds for key in keys):
         return None
-    return round(sum(seconds[key] for key in keys), 2)
+    return round(sum(seconds[key] for key in keys), 3)
 
 
 def engines_seconds(run: Run) -> float | None:
     """Both encoder outputs' engine waits; None where either copied its night and built none."""
     embeddings, labels = report_seconds(run, "embeddings", "engine"), report_seconds(run, "labels", "engine")
-    return None if embeddings is None or labels is None else round(embeddings + labels, 2)
+    return None if embeddings is None or labels is None else round(embeddings + labels, 3)
 
 
 def recs_check_seconds(run: Run) -> float | None:
     """The recommend task's time less its job's: leave-one-out hit-rate and the Redis publish."""
     task, job = run["tasks"].get("recommend"), run["report"]["outputs"].get("recs", {}).get("seconds")
-    return None if task is None or job is None else round(max(task - sum(job.values()), 0.0), 2)
+    return None if task is None or job is None else round(max(task - sum(job.values()), 0.0), 3)
 
 
 def redis_write_seconds(run: Run) -> float | None:
     labels, recs = report_seconds(run, "labels", "write"), report_seconds(run, "recs", "write")
-    return None if labels is None or recs is None else round(labels + recs, 2)
+    return None if labels is None or recs is None else round(labels + recs, 3)
 
 
 def report_field(run: Run, output: str, key: str) -> int:

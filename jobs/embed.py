@@ -159,7 +159,7 @@ def run_embed_job(
         loaded=loaded.count,
         load={k: v for k, v in asdict(loaded).items() if k != "count"},
         unchanged_from=None if unchanged is None else current,
-        seconds={stage: round(value, 2) for stage, value in seconds.items()},
+        seconds={stage: round(value, 3) for stage, value in seconds.items()},
         engine=night.figures["engine"],
     )
 

@@ -13,7 +13,6 @@ MOVED_SHARE moved items the index is built again.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 import faiss
@@ -90,7 +89,6 @@ def keep_index(state: WorkPath, index: faiss.IndexIVF, keys: list[bytes], kept: 
     if kept is not None:
         copy_files(kept.state, state, [INDEX_FILE])
         return
-    buffer = io.BytesIO()
     centroids = index.quantizer.reconstruct_n(0, index.nlist)
-    np.savez(buffer, centroids=centroids, lists=item_lists(index), keys=np.array(keys, dtype="S16"))
-    (state / INDEX_FILE).write_bytes(buffer.getbuffer())
+    with (state / INDEX_FILE).writer() as out:
+        np.savez(out, centroids=centroids, lists=item_lists(index), keys=np.array(keys, dtype="S16"))

@@ -91,17 +91,16 @@ def save_als(
     trained_on: np.ndarray,
     quality: dict[str, Any],
 ) -> None:
-    buffer = io.BytesIO()
-    np.savez(
-        buffer,
-        item_factors=np.asarray(towers.model.item_factors, np.float32),
-        scale=np.float64(scale),
-        sketch=trained_on,
-        trained_with=np.array(trained_with(settings, item_ids)),
-        quality=np.array(json.dumps(quality)),
-        judged_with=np.array(settings.model_dump_json()),
-    )
-    path.write_bytes(buffer.getvalue())
+    with path.writer() as out:
+        np.savez(
+            out,
+            item_factors=np.asarray(towers.model.item_factors, np.float32),
+            scale=np.float64(scale),
+            sketch=trained_on,
+            trained_with=np.array(trained_with(settings, item_ids)),
+            quality=np.array(json.dumps(quality)),
+            judged_with=np.array(settings.model_dump_json()),
+        )
 
 
 def kept_als(path: WorkPath | None, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> KeptALS:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from precompute.models.datasets import filesystem, with_endpoint
@@ -127,8 +128,15 @@ class WorkPath:
         finally:
             tmp.unlink()
 
-    def write_bytes(self, data: bytes) -> None:
+    @contextmanager
+    def writer(self) -> Iterator[pa.NativeFile]:
+        """A stream that replaces this file whole when the block ends (replaced): a large
+        array is written as it is serialized, not first copied into a buffer of its size."""
         with self.replaced() as tmp, self.fs.open_output_stream(tmp.path) as f:
+            yield f
+
+    def write_bytes(self, data: bytes) -> None:
+        with self.writer() as f:
             f.write(data)
 
     def write_text(self, text: str) -> None:
