@@ -140,30 +140,33 @@ def test_a_validation_of_the_same_files_by_the_same_rules_is_taken_not_repeated(
     ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The night's second text job over one corpus, or a night whose corpus did not move, takes
-    the recorded validation: its figures, its rejects copied, the ratio checked by its own
-    limit. Other bytes or another rule validate again."""
+    the recorded validation: its figures, its rejects copied, the ids it found repeated (no
+    column is read to find them again), the ratio checked by its own limit. Other bytes or
+    another rule validate again."""
     path = tmp_path / "corpus.parquet"
-    pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": ["one", " ", "three", "four"]}), path)
-    corpus = CorpusInput(path=str(path), max_reject_ratio=0.5)
+    ids, texts = ["a", "b", "c", "d", "e", "e"], ["one", " ", "three", "four", "five", "five again"]
+    pq.write_table(pa.table({"id": ids, "text": texts}), path)
+    corpus = CorpusInput(path=str(path), max_reject_ratio=0.7)
     validations = WorkPath.of(tmp_path / validate.VALIDATED)
 
     def entry(corpus: CorpusInput) -> WorkPath:
         return validation_entry(WorkPath.of(tmp_path), input_files(corpus).digest(), corpus)
 
     first = WorkPath.of(tmp_path / "run-1" / "rejects.parquet")
-    assert validated_corpus(corpus, first, entry(corpus))[1:] == (4, 1)
+    assert validated_corpus(corpus, first, entry(corpus))[1:] == (6, 3)
 
     monkeypatch.setattr(validate, "quarantine", None)  # a second pass over the rows would raise
+    monkeypatch.setattr(validate, "duplicate_ids", None)  # and so would a read of their ids
     second = WorkPath.of(tmp_path / "run-2" / "rejects.parquet")
     good, rows, rejects = validated_corpus(corpus, second, entry(corpus))
-    assert (rows, rejects) == (4, 1) and sorted(r["id"] for r in good.take_all()) == ["a", "c", "d"]
+    assert (rows, rejects) == (6, 3) and sorted(r["id"] for r in good.take_all()) == ["a", "c", "d"]
     assert pq.read_table(second.path).to_pylist() == pq.read_table(first.path).to_pylist()
-    with pytest.raises(RejectRatioExceededError, match=r"1 of 4 rows rejected, over max_reject_ratio=0\.2"):
+    with pytest.raises(RejectRatioExceededError, match=r"3 of 6 rows rejected, over max_reject_ratio=0\.2"):
         validated_corpus(corpus.model_copy(update={"max_reject_ratio": 0.2}), second, entry(corpus))
 
     monkeypatch.undo()
     bytes_4 = corpus.model_copy(update={"max_text_bytes": 4})
-    assert validated_corpus(bytes_4, second, entry(bytes_4))[1:] == (4, 2)
+    assert validated_corpus(bytes_4, second, entry(bytes_4))[1:] == (6, 4)
     pq.write_table(pa.table({"id": ["a", "b"], "text": ["one", "two"]}), path)
     assert validated_corpus(corpus, second, entry(corpus))[1:] == (2, 0)
     assert len(validations.folders()) == 3
