@@ -21,12 +21,13 @@ graph again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -50,9 +51,9 @@ KEPT_SAMPLE = 0.9
 """A copy's check draws its sample afresh once more than a tenth of its rows moved since it was
 drawn (their queries leave the copies' checks one night at a time)."""
 EXACT_FILE = "exact.parquet"
-"""In a checked version's run folder: the check's queries and their Neighbours, which a copy of
-the version updates with the rows it changed (jobs/vector_load.py CHANGES) instead of scoring
-every staged row again."""
+"""In a checked version's run folder: the check's queries, each search's key (search_keys) and
+their Neighbours, which a copy of the version updates with the rows it changed
+(jobs/vector_load.py CHANGES) instead of scoring every staged row again."""
 EXACT_CHUNK = 32
 """Queries scored against a step's rows at once: bounds the [queries, rows] score matrix."""
 READ_ROWS = 65_536
@@ -178,15 +179,25 @@ def moved_neighbours(
     return after
 
 
-def save_neighbours(
-    run_dir: WorkPath, queries: np.ndarray, own: list[str | None], neighbours: list[Neighbours]
-) -> None:
-    """The check's queries (their vectors as EMBEDDING) and Neighbours, for a copy of this version
-    (EXACT_FILE)."""
+def search_keys(searches: np.ndarray, texts: Sequence[str] | None) -> list[str]:
+    """What names a search from one night to the next: its text's digest where the caller gives
+    the texts (a dynamically quantized engine's vector of a text moves with its batch's other
+    texts, and a night that moves one gate text moves every batch after it), else its vector's."""
+    if texts is not None and len(texts) != len(searches):
+        raise ValueError(f"{len(texts)} search texts for {len(searches)} searches")
+    named = texts if texts is not None else [vector.tobytes() for vector in searches]
+    return [hashlib.sha256(n.encode() if isinstance(n, str) else n).hexdigest()[:16] for n in named]
+
+
+def save_neighbours(run_dir: WorkPath, asked: Asked) -> None:
+    """The check's queries (their vectors as EMBEDDING), search keys and Neighbours, for a copy of
+    this version (EXACT_FILE)."""
+    queries, own, keys, neighbours = asked
     table = pa.table(
         {
             EMBEDDING: embeddings_column(queries),
             "own": pa.array(own, pa.string()),
+            "search": pa.array(keys, pa.string()),
             "ids": pa.array([list(n.scores) for n in neighbours], pa.list_(pa.string())),
             "scores": pa.array([list(n.scores.values()) for n in neighbours], pa.list_(pa.float64())),
             "bound": pa.array([n.bound for n in neighbours], pa.float64()),
@@ -196,23 +207,34 @@ def save_neighbours(
         pq.write_table(table, tmp.path, filesystem=tmp.fs)
 
 
-def copied_neighbours(
-    source_dir: WorkPath, run_dir: WorkPath, searches: np.ndarray
-) -> tuple[np.ndarray, list[str | None], list[Neighbours]] | None:
-    """(queries, own rows, Neighbours) of a copy: its source version's check updated with the
-    copy's CHANGES, less the queries whose own row moved. None where either file is missing,
-    today's `searches` are not the ones the source measured, or a list lost its K best."""
+class Asked(NamedTuple):
+    """The check's queries: the stored rows' vectors (each row's id in `own`) and the searches'
+    (own None; `keys` their search_keys, None for a row), with their exact Neighbours."""
+
+    queries: np.ndarray
+    own: list[str | None]
+    keys: list[str | None]
+    neighbours: list[Neighbours]
+
+
+def copied_neighbours(source_dir: WorkPath, run_dir: WorkPath, keys: list[str]) -> Asked | None:
+    """A copy's queries: its source version's check updated with the copy's CHANGES, less the
+    rows that moved and the searches that are not among today's (`keys`), whose vectors are the
+    source's. None where either file is missing, fewer than KEPT_SAMPLE of today's searches are
+    among the source's, or a list lost its K best."""
     exact, changes = source_dir / EXACT_FILE, run_dir / CHANGES
     if not (exact.is_file() and changes.is_file()):
         return None
     before = pq.read_table(exact.path, filesystem=exact.fs)
+    if "search" not in before.column_names:
+        return None
     moved = pq.read_table(changes.path, filesystem=changes.fs)
-    queries, own = embeddings_of(before), before["own"].to_pylist()
-    stored = queries[[o is None for o in own]]
-    if stored.shape != searches.shape or not np.allclose(stored, searches, rtol=0, atol=1e-6):
+    queries, own, named = embeddings_of(before), before["own"].to_pylist(), before["search"].to_pylist()
+    today = set(keys)
+    if sum(key in today for key in named) < KEPT_SAMPLE * len(today):
         return None
     removed = {str(i) for i in moved["id"].to_pylist()}
-    keep = [mine is None or mine not in removed for mine in own]
+    keep = [key in today if mine is None else mine not in removed for mine, key in zip(own, named, strict=True)]
     columns = (before[name].to_pylist() for name in ("ids", "scores", "bound"))
     lists = [
         Neighbours(dict(zip(ids, scores, strict=True)), bound)
@@ -224,7 +246,8 @@ def copied_neighbours(
     neighbours = moved_neighbours(lists, queries[keep], removed, added["id"].to_pylist(), vectors)
     if neighbours is None:
         return None
-    return queries[keep], [mine for mine, k in zip(own, keep, strict=True) if k], neighbours
+    kept = [(mine, key) for mine, key, k in zip(own, named, keep, strict=True) if k]
+    return Asked(queries[keep], [mine for mine, _ in kept], [key for _, key in kept], neighbours)
 
 
 def asked_neighbours(
@@ -233,20 +256,21 @@ def asked_neighbours(
     run_dir: WorkPath,
     queries: int,
     searches: np.ndarray,
+    keys: list[str],
     copy_of: WorkPath | None,
-) -> tuple[np.ndarray, list[str | None], list[Neighbours]]:
-    """The check's queries (a seeded sample of `queries` staged rows, then `searches`), their own
-    rows and their exact Neighbours: a copy's from its source's (copied_neighbours) while
+) -> Asked:
+    """The check's queries (a seeded sample of `queries` staged rows, then `searches`, named by
+    `keys`) and their exact Neighbours: a copy's from its source's (copied_neighbours) while
     KEPT_SAMPLE of a full sample is left, else by scoring every staged row."""
-    copied = None if copy_of is None else copied_neighbours(copy_of, run_dir, searches)
+    copied = None if copy_of is None else copied_neighbours(copy_of, run_dir, keys)
     sample = min(queries, staged)
-    if copied is not None and sum(mine is not None for mine in copied[1]) >= KEPT_SAMPLE * sample:
+    if copied is not None and sum(mine is not None for mine in copied.own) >= KEPT_SAMPLE * sample:
         return copied
     rows = np.random.default_rng(0).choice(staged, size=sample, replace=False)
     drawn = parts.take(pa.array(rows), columns=["id", EMBEDDING])
     asked = np.vstack([unit_rows(embeddings_of(drawn)), searches])
     own = [str(i) for i in drawn["id"].to_pylist()] + [None] * len(searches)
-    return asked, own, exact_neighbours(parts, asked, own)
+    return Asked(asked, own, [None] * sample + keys, exact_neighbours(parts, asked, own))
 
 
 def ladder(start: SearchParams, max_ef: int, exact: bool) -> list[SearchParams]:
@@ -309,6 +333,7 @@ def check_index(
     min_recall: float,
     user_queries: np.ndarray | None = None,
     opening_queries: np.ndarray | None = None,
+    search_texts: Sequence[str] | None = None,
     max_ef: int = 1024,
     exact: bool = True,
     cache: WorkPath | None = None,
@@ -318,7 +343,8 @@ def check_index(
     """The version's figures at the first rung of the ladder that passes, whose params are then
     recorded with the version; IndexCheckError if none does. `user_queries`, `opening_queries`:
     vectors of the searches users make and of held-out texts' opening words, measured beside the
-    sampled rows. `max_ef`, `exact`: the ladder's
+    sampled rows; `search_texts`: their texts, opening words first (search_keys). `max_ef`,
+    `exact`: the ladder's
     limits (VectorStoreSettings.max_hnsw_ef, exact_scan). `cache`: the output's cache folder,
     where a denser graph is asked of the next build if no graph rung passes. `start`: the rung
     the walk begins at, where not the store's default: a copy's source version's (the copy
@@ -334,8 +360,12 @@ def check_index(
     dim = parts.schema.field(EMBEDDING).type.list_size
     searched = [q for q in (opening_queries, user_queries) if q is not None]
     searches = unit_rows(np.vstack([np.empty((0, dim), np.float32), *searched]))
-    asked, own, neighbours = asked_neighbours(parts, staged, run_dir, queries, searches, copy_of)
-    save_neighbours(run_dir, asked, own, neighbours)
+    keys = search_keys(searches, search_texts)
+    opening_keys = set(keys[: 0 if opening_queries is None else len(opening_queries)])
+    checked = asked_neighbours(parts, staged, run_dir, queries, searches, keys, copy_of)
+    save_neighbours(run_dir, checked)
+    asked, own, neighbours = checked.queries, checked.own, checked.neighbours
+    opening = sum(key in opening_keys for key in checked.keys)
     canaries = sum(mine is not None for mine in own)
     curve: list[dict[str, Any]] = []
     default = store.default_search
@@ -352,8 +382,8 @@ def check_index(
                 canaries,
                 found,
                 round(recall, 4),
-                0 if user_queries is None else len(user_queries),
-                0 if opening_queries is None else len(opening_queries),
+                len(own) - canaries - opening,
+                opening,
                 asdict(params),
                 curve,
                 asdict(built),

@@ -77,7 +77,7 @@ class RecsSpec(BaseModel):
     """How each user's top k is found (jobs/candidate_topk.py). exact: every user against every
     item, users x items (N² when both grow with the input). ivf: candidates from an inverted-file
     index of about √items lists over the item vectors (users x √items), at the fewest probed
-    lists whose top k keeps `min_recall` of the exact top k on up to 1,000 sampled users (exact
+    lists whose top k keeps `min_recall` of the exact top k on up to 500 sampled users (exact
     where none does). auto: ivf past 50,000 items on CPUs when more than 2,000 users are ranked or
     an earlier night's index is kept (fewer repay no build: an incremental night's), exact
     otherwise."""

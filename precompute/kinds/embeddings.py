@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
@@ -69,14 +70,22 @@ class EmbeddingsSpec(OutputSpec):
 
 
 OPENING_WORDS = (4, 8, 16, 32)
-"""The check's searches made from held-out texts: their opening words, this many in turn (a
-phrase to a sentence)."""
+"""The check's searches made from held-out texts: their opening words, one of these many by the
+text's hash (a phrase to a sentence). By hash, not by place in the sample: a night that moves
+one gate text leaves every other text's search as it was, which a copy's check keeps
+(jobs/index_check.py search_keys)."""
 
 
-def check_queries(output: EmbeddingsSpec, engine: Engine) -> tuple[np.ndarray, np.ndarray | None]:
+def opening_searches(texts: list[str]) -> list[str]:
+    """Each text's opening words: OPENING_WORDS[its hash] of them."""
+    return [" ".join(text.split()[: OPENING_WORDS[zlib.crc32(text.encode()) % len(OPENING_WORDS)]]) for text in texts]
+
+
+def check_queries(output: EmbeddingsSpec, engine: Engine) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
     """Vectors of searches for the index check, by the engine that embedded the corpus (its gate
     already passed: opening it is a cache hit): the opening words of the gate's held-out texts,
-    and the queries file's first USER_QUERIES texts where the pipeline file names one.
+    and the queries file's first USER_QUERIES texts where the pipeline file names one; then the
+    texts of both, in that order (jobs/index_check.py search_keys).
 
     A stored vector is the easiest query an index gets: it sits among the points the graph was
     built from. Searches are shorter than documents and land between them, where a graph walk
@@ -86,13 +95,13 @@ def check_queries(output: EmbeddingsSpec, engine: Engine) -> tuple[np.ndarray, n
     from precompute.models.engine import gate_texts
 
     held_out = gate_texts(engine).texts[:CHECK_QUERIES]
-    opening = [" ".join(text.split()[: OPENING_WORDS[n % len(OPENING_WORDS)]]) for n, text in enumerate(held_out)]
+    opening = opening_searches(held_out)
     users = None
     if output.queries is not None:
         column = arrow_dataset(output.queries).head(USER_QUERIES, columns=[output.queries.text])
         users = [text for text in column[output.queries.text].to_pylist() if isinstance(text, str) and text.strip()]
     with load_encoder(engine) as encoder:
-        return encoder.encode(opening), None if users is None else encoder.encode(users)
+        return encoder.encode(opening), None if users is None else encoder.encode(users), opening + (users or [])
 
 
 class Embeddings(OutputKind):
@@ -143,7 +152,7 @@ class Embeddings(OutputKind):
         staged = work_dir.run_dir(run.work_dir, name, version) / STAGED
 
         def validate() -> Any:
-            opening, users = check_queries(output, engine)
+            opening, users, texts = check_queries(output, engine)
             with open_vector_store(machine.qdrant, store_name) as store:
                 limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
                 cache = work_dir.cache_dir(run.work_dir, name)
@@ -151,7 +160,7 @@ class Embeddings(OutputKind):
                 start = None if source is None else store.searched_with(source)
                 copy_of = None if source is None else work_dir.run_dir(run.work_dir, name, source) / STAGED
                 return check_index(
-                    store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, **limits,
+                    store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, texts, **limits,
                     cache=cache, start=start, copy_of=copy_of,
                 )
 
@@ -170,11 +179,11 @@ class Embeddings(OutputKind):
         start = time.perf_counter()
         with progress.stage(name, "check index"):
             validation = run.step("validate", validate, retry=False)
-        seconds["validate_version"] = round(time.perf_counter() - start, 2)
+        seconds["validate_version"] = round(time.perf_counter() - start, 3)
         start = time.perf_counter()
         with progress.stage(name, "publish"):
             run.step("publish", publish)
-        seconds["publish"] = round(time.perf_counter() - start, 2)
+        seconds["publish"] = round(time.perf_counter() - start, 3)
         deleted = run.step("collect_garbage", collect_garbage)
         rates = {
             stage: round(embedded.rows / embedded.seconds[stage], 1)

@@ -283,14 +283,17 @@ def staged_run(tmp_path: Path, name: str, ids: list[str], vectors: np.ndarray, k
     return WorkPath.of(run_dir)
 
 
-def copied_night(tmp_path: Path, moved: int, opening: np.ndarray) -> tuple[QdrantEdgeStore, WorkPath, WorkPath]:
-    """V1 loaded whole and checked, then V2 loaded as its copy: `moved` rows given new vectors
-    (among them 5 copies of one vector, tied), 3 rows gone, 4 new. (store, V1's run, V2's run)."""
+def copied_night(
+    tmp_path: Path, moved: int, opening: np.ndarray, texts: list[str] | None = None
+) -> tuple[QdrantEdgeStore, WorkPath, WorkPath]:
+    """V1 loaded whole and checked (its searches `opening`, of `texts`), then V2 loaded as its
+    copy: `moved` rows given new vectors (among them 5 copies of one vector, tied), 3 rows gone,
+    4 new. (store, V1's run, V2's run)."""
     keys = [f"k-{i}" for i in range(ROWS)]
     opened = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant"), "docs", pointer_check_s=0)
     first = staged_run(tmp_path, "run-1", IDS, VECTORS, keys)
     load_version(opened, V1, first, {}, "none", None)
-    check_index(opened, V1, first, queries=100, min_recall=0.9, opening_queries=opening)
+    check_index(opened, V1, first, queries=100, min_recall=0.9, opening_queries=opening, search_texts=texts)
     vectors, ids = VECTORS.copy(), list(IDS)
     vectors[:moved] = embeddings(moved, seed=2)
     vectors[:5] = vectors[0]
@@ -354,6 +357,36 @@ def test_a_copys_check_scores_every_row_again_when_its_sources_lists_do_not_serv
         validation = check_index(opened, V2, second, queries=100, min_recall=0.9, opening_queries=opening, copy_of=first)
     assert scanned == [1], why
     assert validation.canaries == validation.canaries_found == 100
+
+
+@pytest.mark.parametrize(("new", "scanned"), [(1, []), (3, [1])])
+def test_a_copys_check_keeps_its_sources_searches_by_text_though_tonights_vectors_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new: int, scanned: list[int]
+) -> None:
+    """A dynamically quantized engine's vector of a text moves with the texts batched beside it,
+    and a night that edits one gate text moves the batches after it: tonight's searches of the
+    source's texts are a little off its vectors. The copy keeps the source's searches by text,
+    their vectors and lists, less those whose text is gone, while at most a tenth of tonight's
+    texts are new (1 of 20); past that (3 of 20) every row is scored again."""
+    texts = [f"opening words {i}" for i in range(len(OPENING))]
+    opened, first, second = copied_night(tmp_path, moved=15, opening=OPENING, texts=texts)
+    drifted = OPENING + 1e-3 * np.random.default_rng(9).standard_normal(OPENING.shape).astype(np.float32)
+    tonight = texts[: len(texts) - new] + [f"a new text {i}" for i in range(new)]
+    calls: list[int] = []
+    full = index_check.exact_neighbours
+    monkeypatch.setattr(index_check, "exact_neighbours", lambda *a: calls.append(1) or full(*a))
+    with opened:
+        validation = check_index(
+            opened, V2, second, queries=100, min_recall=0.9, opening_queries=drifted, search_texts=tonight, copy_of=first
+        )
+    assert calls == scanned
+    saved = pq.read_table((second / index_check.EXACT_FILE).path)
+    searches = embeddings_of(saved)[[own is None for own in saved["own"].to_pylist()]]
+    if scanned:
+        assert validation.opening_queries == len(OPENING) and np.allclose(searches, index_check.unit_rows(drifted))
+    else:
+        assert validation.opening_queries == len(OPENING) - new
+        assert np.allclose(searches, index_check.unit_rows(OPENING[: len(OPENING) - new]), atol=1e-6)
 
 
 def test_a_list_that_lost_more_than_its_depth_beyond_k_no_longer_knows_its_k_best() -> None:

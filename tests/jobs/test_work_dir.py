@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from precompute.jobs import work_dir
 from precompute.jobs.content_cache import POINTER, previous_run, promote
 from precompute.jobs.staging import commit
@@ -44,6 +47,18 @@ def test_a_file_is_replaced_whole_and_leaves_nothing_beside_it(tmp_path: Path) -
     report.write_text(json.dumps({"a": 2}))
     assert json.loads(report.read_text()) == {"a": 2}
     assert [p.name for p in report.parent.iterdir()] == ["run.json"]
+
+
+def test_a_stream_that_fails_midway_leaves_the_old_file_whole(tmp_path: Path) -> None:
+    state = WorkPath.of(tmp_path) / "state" / "index.npz"
+    with state.writer() as out:
+        np.savez(out, lists=np.arange(4))
+    with pytest.raises(RuntimeError, match="killed"), state.writer() as out:
+        out.write(b"half of a new file")
+        raise RuntimeError("killed")
+    with np.load(state.path) as saved:
+        assert saved["lists"].tolist() == [0, 1, 2, 3]
+    assert [p.name for p in state.parent.iterdir()] == ["index.npz"]
 
 
 def test_runs_of_versions_the_store_no_longer_holds_are_deleted_and_newer_ones_kept(tmp_path: Path) -> None:
