@@ -127,10 +127,11 @@ class LabelActor:
 
 
 @ray.remote(max_calls=1)
-def prepare_labeler(labels: LabelTask, engine: Engine) -> tuple[LabelerReport, list[str]]:
-    """Train the head (on a cache miss), build the engine and gate the labeler once; (report,
-    vocabulary). Its worker exits after it, as prepare_engine's (jobs/embed.py)."""
-    with load_labeler(labels, engine) as labeler:
+def prepare_labeler(labels: LabelTask, engine: Engine, head_dir: Path | None) -> tuple[LabelerReport, list[str]]:
+    """Train the head (on a cache miss, unless the caller chose it: `head_dir`), build the engine
+    and gate the labeler once; (report, vocabulary). Its worker exits after it, as
+    prepare_engine's (jobs/embed.py)."""
+    with load_labeler(labels, engine, head_dir) as labeler:
         return labeler.report, labeler.labels
 
 
@@ -145,6 +146,7 @@ def run_labels_job(
     cache_dir: WorkPath | None = None,
     output: str = "labels",
     previous: Previous | None = None,
+    head_dir: Path | None = None,
 ) -> LabelsJobReport:
     """Top labels of every valid corpus row, written through `sink`.
 
@@ -158,6 +160,7 @@ def run_labels_job(
     new version, and only the rows labelled again are written (copy_plan); when this run's corpus, engine
     and task are exactly its run's (jobs/nights.py), it is copied whole and nothing is
     validated, built or labelled.
+    head_dir: the head the caller chose for `labels` (load_head), which the labeler then takes.
     """
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
@@ -171,7 +174,7 @@ def run_labels_job(
     validation = validation_entry(settings.work_dir, files, corpus)
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
-        prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine)  # as in embed.py
+        prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine, head_dir)  # as embed.py
         start = time.perf_counter()
         with progress.stage(output, "validate"):
             good, rows, rejects = validated_corpus(corpus, rejects_path, validation)

@@ -109,6 +109,7 @@ class Labels(OutputKind):
             """Label the corpus into a new version and publish it, unless its head loses to the
             TF-IDF baseline; its staged values then become the cache of the next run (never
             before: a failed run must not replace it)."""
+            head_dir = None
             if output.classifier is not None:
                 vocabulary = list(engine.model.labels)
             else:
@@ -116,7 +117,7 @@ class Labels(OutputKind):
                     head = load_head(task, engine)
                 if refusal := loses_to_baseline(head.training, output.max_baseline_loss):
                     raise QualityError(refusal)
-                vocabulary = head.labels
+                vocabulary, head_dir = head.labels, head.directory
             cache = work_dir.cache_dir(run.work_dir, name)
             source = output.input
             trained = output.classifier is None and source.label is not None  # else a classifier's names
@@ -136,6 +137,7 @@ class Labels(OutputKind):
                     cache_dir=cache,
                     output=name,
                     previous=published_run(run, name, new),
+                    head_dir=head_dir,
                 ),
             )
             promote(cache, work_dir.run_dir(run.work_dir, name, version) / STAGED)

@@ -67,7 +67,7 @@ def test_exported_head_is_the_softmax_or_sigmoid_of_the_affine_map(settings, tmp
 
 
 @pytest.mark.usefixtures("cpu_without_bf16")
-def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) -> None:
+def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """INT8 labels agree with FP32 on most, not all, held-out texts: the gate decides what labels.
     On 256 of them, the default: on the suite's 64, INT8 on an AVX2-only CPU agreed on all."""
     settings = settings.replace(gate_texts=256)
@@ -94,6 +94,11 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings) 
     assert any(key["head"] == head for _, key in EngineCache(settings.machine.cache_dir).entries("label-gate"))
     with load_labeler(SECTIONS, just_above) as again:
         assert again.report.gates == rechecking.report.gates and again.margin == rechecking.margin
+    # Given the head its caller chose (a job's, whose flow chose it), no labelled row is read again.
+    with monkeypatch.context() as patched:
+        patched.setattr("precompute.models.labels.load_head", None)
+        with load_labeler(SECTIONS, just_above, Path(rechecking.report.head_dir)) as given:
+            assert given.report == rechecking.report
 
     # Ten calibration texts show no flip, so nothing is rechecked and INT8 falls back to FP32.
     few = SECTIONS.model_copy(update={"policy": LabelPolicy(train_texts=TRAIN_TEXTS, recheck_texts=10, fine_tune_seconds=0)})
