@@ -39,6 +39,7 @@ from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embedd
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.vector_load import CHANGES
 from precompute.jobs.work_dir import WorkPath
+from precompute.models.text_vectors import text_digest
 from precompute.stores.vector_settings import QUANTIZED_OVERSAMPLING
 from precompute.stores.vectors import GraphParams, Hit, SearchParams, VectorStore
 
@@ -180,13 +181,13 @@ def moved_neighbours(
 
 
 def search_keys(searches: np.ndarray, texts: Sequence[str] | None) -> list[str]:
-    """What names a search from one night to the next: its text's digest where the caller gives
-    the texts (a dynamically quantized engine's vector of a text moves with its batch's other
-    texts, and a night that moves one gate text moves every batch after it), else its vector's."""
-    if texts is not None and len(texts) != len(searches):
+    """What names a search from night to night: its text's digest where the caller gives the texts
+    (dynamic INT8 moves a text's vector with the texts batched beside it), else its vector's."""
+    if texts is None:
+        return [hashlib.sha256(vector.tobytes()).hexdigest()[:32] for vector in searches]
+    if len(texts) != len(searches):
         raise ValueError(f"{len(texts)} search texts for {len(searches)} searches")
-    named = texts if texts is not None else [vector.tobytes() for vector in searches]
-    return [hashlib.sha256(n.encode() if isinstance(n, str) else n).hexdigest()[:16] for n in named]
+    return [text_digest(text) for text in texts]
 
 
 def save_neighbours(run_dir: WorkPath, asked: Asked) -> None:
