@@ -161,7 +161,7 @@ def load_labeler(task: LabelTask, engine: Engine, head_dir: Path | None = None) 
     labelled row of the corpus, a row at a time: seconds at 1M rows)."""
     if engine.model.task == "classify":
         return load_classifier(task, engine)
-    head = load_head(task, engine) if head_dir is None else LabelHead(head_dir, engine)
+    head = load_head(task, engine) if head_dir is None else chosen_head(head_dir, engine)
     engine = labeling_engine(head, engine)  # a fine-tuned encoder is gated like any other
     texts = gate_texts(engine).texts
     reference = np.argmax(head.probabilities(reference_embeddings(engine, texts), texts), axis=1)
@@ -230,14 +230,19 @@ def load_classifier(task: LabelTask, engine: Engine) -> Labeler:
     return labeler
 
 
+def chosen_head(head_dir: Path, engine: Engine) -> LabelHead:
+    """A head chosen elsewhere (the flow's, the gate's), by its entry's name in this machine's
+    cache: a task or actor never picks another one (load_head), wherever the chooser's cache was."""
+    return LabelHead(engine.machine.cache_dir / head_dir.name, engine)
+
+
 def open_labeler(task: LabelTask, engine: Engine, report: LabelerReport) -> Labeler:
     """The labeler a passed gate chose (`report`, from load_labeler), opened without gating it
     again: a job gates once, and each of its actors opens what passed. Gating costs seconds
     of encoding (the gate's and the calibration texts, at two precisions); opening, a cache hit."""
-    # The head the gate chose, by its entry's name: an actor never picks another one (load_head).
     head = None
     if report.head_dir:
-        head = LabelHead(engine.machine.cache_dir / Path(report.head_dir).name, engine)
+        head = chosen_head(Path(report.head_dir), engine)
         engine = labeling_engine(head, engine)
     encoder = load_encoder(engine.replace(precision=report.engine.precision))
     return passed_labeler(encoder, head, task, engine, report)
