@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -125,6 +126,14 @@ def redis_killed_when(
     assert killed.is_set(), "the run finished before Redis could be killed"
 
 
+def rewrite_every_text(corpus: Path) -> None:
+    """The same rows with every valid text changed, so that the next night labels and writes them all
+    (the blank text stays blank: still a reject)."""
+    table = pq.read_table(corpus)
+    texts = [text if text is None or not text.strip() else f"{text} (revised)" for text in table["text"].to_pylist()]
+    pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts)), corpus)
+
+
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "not-persistent"])
 def test_redis_killed_mid_publish_then_back(
     prefect_api,
@@ -135,13 +144,15 @@ def test_redis_killed_mid_publish_then_back(
     monkeypatch: pytest.MonkeyPatch,
     persistent: bool,
 ) -> None:
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pq.read_table(small_corpus), corpus)
     with contextlib.ExitStack() as servers:
         url = servers.enter_context(redis_server(tmp_path / "redis", persistent=persistent))
         environment(
             monkeypatch,
             tmp_path,
             settings,
-            LABELS.format(corpus=small_corpus),
+            LABELS.format(corpus=corpus),
             PRECOMPUTE_REDIS_URL=url,
             PRECOMPUTE_REDIS_PREFIX="fault",
             PRECOMPUTE_REDIS_WRITE_BATCH="8",  # 25 write tasks: the kill lands between two
@@ -149,6 +160,7 @@ def test_redis_killed_mid_publish_then_back(
         store_settings = RedisSettings()
         keys = output_keys(store_settings, "labels")
         old = nightly()["outputs"]["labels"]["version"]
+        rewrite_every_text(corpus)  # every record written again: an unchanged night is one COPY round trip
 
         def mid_write(client: redis.Redis) -> bool:
             """The new version has records and is not published yet."""
@@ -163,7 +175,7 @@ def test_redis_killed_mid_publish_then_back(
         with redis_killed_when(url, mid_write, restart) as (seen, _):
             report = nightly()  # the step retries once Redis is back
         labels = report["outputs"]["labels"]
-        assert labels["published"] and labels["items"] == 200
+        assert labels["published"] and labels["items"] == labels["written"] == 200
         new = labels["version"]
         with KeyValueStore(store_settings) as store:
             assert store.current("labels") == new and store.versions("labels")[-1].rows == 200
