@@ -30,7 +30,7 @@ from precompute.models.errors import ModelError
 from precompute.models.label_features import TextFeatures
 from precompute.models.label_finetune import fine_tuned
 from precompute.models.label_training import Labelled, held_out_split, train_head
-from precompute.models.reference_texts import SPLIT_SLOT, TextSample, sample_rows, split_slot
+from precompute.models.reference_texts import SPLIT_SLOT, TextSample, sample_batches, split_slot
 from precompute.models.runtime import open_graph, resolve_device
 from precompute.models.settings import Engine
 from precompute.models.source import read_encoder
@@ -208,18 +208,25 @@ def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[L
     With a `limit`, the rows kept are those of the smallest fingerprints, held in a heap while
     reading: memory is O(limit) however large the corpus, the sample is as random as the hash and
     blind to the file's order (which may group rows by class), and a night that changes 1% of the
-    rows changes about 1% of the sample, so the cached head is kept (`retrain_share`)."""
+    rows changes about 1% of the sample, so the cached head is kept (`retrain_share`). Every night
+    reads the whole corpus here, so each batch's columns go to Python once, not a dict a row."""
     kept: list[tuple[int, int, str, object, int]] = []  # (-fingerprint, row number, text, label, slot)
-    rows = (
-        labelled_row(row, sample, column) for row in sample_rows(sample, [sample.id, sample.text, column])
-    )
-    for number, (id_, text, label) in enumerate(row for row in rows if row is not None):
-        digest = hashlib.blake2b(f"{id_}\x00{text}\x00{label}".encode(), digest_size=8).digest()
-        entry = (-int.from_bytes(digest, "little"), number, text, label, split_slot(id_))
-        if limit is None or len(kept) < limit:
-            heapq.heappush(kept, entry)
-        else:
-            heapq.heappushpop(kept, entry)
+    number = 0
+    for batch in sample_batches(sample, [sample.id, sample.text, column]):
+        columns = (batch[name].to_pylist() for name in (sample.id, sample.text, column))
+        for id_, text, label in zip(*columns, strict=True):
+            if (labelled := labelled_row(id_, text, label)) is None:
+                continue
+            text, label, slot = labelled
+            digest = hashlib.blake2b(f"{id_}\x00{text}\x00{label}".encode(), digest_size=8).digest()
+            entry = (-int.from_bytes(digest, "little"), number, text, label, slot)
+            number += 1
+            if limit is None:
+                kept.append(entry)
+            elif len(kept) < limit:
+                heapq.heappush(kept, entry)
+            else:
+                heapq.heappushpop(kept, entry)
     if not kept:
         raise ModelError(f"labels corpus {sample.path}: no row has both a text and a {column!r} label")
     kept.sort(key=lambda entry: entry[1])
@@ -244,23 +251,17 @@ def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[L
     return Labelled(texts, targets, names, np.array(slots)), fingerprints
 
 
-def labelled_row(
-    row: dict[str, object], sample: TextSample, column: str
-) -> tuple[object, str, object] | None:
-    """(id, text, label) of a row with a text and a label, not one of the gate's; else None. A
+def labelled_row(id_: object, text: object, label: object) -> tuple[str, object, int] | None:
+    """(text, label, slot) of a row with a text and a label, not one of the gate's; else None. A
     list of labels becomes a sorted tuple of its names (None for an empty list)."""
-    text, label = row[sample.text], row[column]
-    if (
-        not isinstance(text, str)
-        or not text.strip()
-        or label is None
-        or split_slot(row[sample.id]) == SPLIT_SLOT["gate"]
-    ):
+    if not isinstance(text, str) or not text.strip() or label is None:
+        return None
+    if (slot := split_slot(id_)) == SPLIT_SLOT["gate"]:
         return None
     if isinstance(label, list):
         names = tuple(sorted({str(name) for name in label if name is not None}))
-        return (row[sample.id], text, names) if names else None
-    return (row[sample.id], text, str(label)) if str(label) else None
+        return (text, names, slot) if names else None
+    return (text, str(label), slot) if str(label) else None
 
 
 def closest_head(

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from precompute.models.datasets import DatasetInput, files_dataset, input_files
 from precompute.models.errors import ModelError
-from precompute.models.text_columns import decodable_rows
+from precompute.models.text_columns import decodable
 
 SPLIT_SLOT = {"gate": 0, "calibration": 1}
 FALLBACK_SLOTS = {"gate": frozenset({2, 4, 6, 8}), "calibration": frozenset({3, 5, 7, 9})}
@@ -49,9 +49,9 @@ def texts_digest(texts: list[str]) -> str:
     return hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
 
 
-def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, object]]:
-    """The input's decodable rows in file order, as dicts of `columns`, read SAMPLE_BATCH rows at
-    a time on this thread: a caller that needs the first few thousand stops early, so memory and
+def sample_batches(sample: TextSample, columns: list[str]) -> Iterator[pa.Table]:
+    """The input's decodable rows in file order, `columns` of SAMPLE_BATCH rows at a time, read
+    on this thread: a caller that needs the first few thousand stops early, so memory and
     time do not grow with the input (every engine's actors read their gate texts here).
 
     Parquet is read file by file (ParquetFile.iter_batches), not by a dataset scan: a scan left
@@ -70,10 +70,10 @@ def sample_rows(sample: TextSample, columns: list[str]) -> Iterator[dict[str, ob
                     reader = pq.ParquetFile(file, pre_buffer=False)
                     for batch in reader.iter_batches(SAMPLE_BATCH, columns=columns, use_threads=False):
                         # Dictionary columns read as their values, as the dataset's schema says.
-                        yield from decodable_rows(pa.Table.from_batches([batch]).cast(schema))
+                        yield decodable(pa.Table.from_batches([batch]).cast(schema))
         else:
             for batch in dataset.to_batches(columns=columns, batch_size=SAMPLE_BATCH, use_threads=False):
-                yield from decodable_rows(pa.Table.from_batches([batch]))  # invalid UTF-8: the job's to quarantine
+                yield decodable(pa.Table.from_batches([batch]))  # invalid UTF-8: the job's to quarantine
     except (KeyError, OSError, pa.ArrowException) as e:
         raise ModelError(f"{sample.path}: cannot read columns {', '.join(columns)} ({e})") from e
 
@@ -86,19 +86,19 @@ def reference_texts(
     input of a few rows: the gate and calibration may share a text then); fewer are an error.
     Reading stops once the purpose's own slot has `count`: a large input is read no further."""
     own, borrowed, anywhere = [], [], []
-    for row in sample_rows(sample, [sample.id, sample.text]):
-        text = row[sample.text]
-        if not (isinstance(text, str) and text.strip()):
-            continue
-        slot = split_slot(row[sample.id])
-        if slot == SPLIT_SLOT[purpose]:
-            own.append(text)
-            if len(own) == count:
-                return own
-        elif slot in FALLBACK_SLOTS[purpose] and len(borrowed) < count:
-            borrowed.append(text)
-        elif len(anywhere) < at_least:
-            anywhere.append(text)
+    for batch in sample_batches(sample, [sample.id, sample.text]):
+        for id_, text in zip(batch[sample.id].to_pylist(), batch[sample.text].to_pylist(), strict=True):
+            if not (isinstance(text, str) and text.strip()):
+                continue
+            slot = split_slot(id_)
+            if slot == SPLIT_SLOT[purpose]:
+                own.append(text)
+                if len(own) == count:
+                    return own
+            elif slot in FALLBACK_SLOTS[purpose] and len(borrowed) < count:
+                borrowed.append(text)
+            elif len(anywhere) < at_least:
+                anywhere.append(text)
     found = own + borrowed[: count - len(own)]
     found += anywhere[: max(0, at_least - len(found))]
     if len(found) < at_least:

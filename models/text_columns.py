@@ -68,7 +68,7 @@ def utf8_errors(table: pa.Table, columns: Iterable[str] | None = None) -> list[s
     return reasons
 
 
-def decodable_rows(table: pa.Table) -> list[dict[str, object]]:
-    """The table's rows as dicts, without those holding invalid UTF-8 (the jobs quarantine them)."""
+def decodable(table: pa.Table) -> pa.Table:
+    """The table without the rows holding invalid UTF-8 (the jobs quarantine them)."""
     keep = pa.array([reason is None for reason in utf8_errors(table)])
-    return lossless(table).filter(keep).cast(as_text(table.schema, table.column_names)).to_pylist()
+    return lossless(table).filter(keep).cast(as_text(table.schema, table.column_names))
