@@ -52,11 +52,12 @@ JOIN_ROWS_PER_PARTITION = 20_000
 384-d embeddings)."""
 
 GATHERED_ROWS = 100_000
-"""A night's fresh rows, when at most this many, are gathered in Ray's object store before the
-model's actor pool starts. Streamed, they are read out of the whole corpus again beside the
-pool, whose actors hold their CPUs from the start, and the read ran one task at a time: bench
-scale's 1M rows with 1% moved took 29.6 s to embed them, gathered 7.7 s and then 3.6 s. More
-rows stream, as a full run's do (gathered, they would fill the store)."""
+"""A night's fresh rows, when at most this many, are gathered in Ray's object store (out of
+the rows reuse_previous read) before the model's actor pool starts. Streamed, they were read
+out of the whole corpus again beside the pool, whose actors hold their CPUs from the start,
+and the read ran one task at a time: bench scale's 1M rows with 1% moved took 29.6 s to embed
+them, gathered 7.7 s and then 3.6 s. More rows stream, as a full run's do (gathered, they
+would fill the store)."""
 
 log = logging.getLogger(__name__)
 
@@ -126,15 +127,22 @@ def reuse_previous(
     staged: WorkPath,
 ) -> Reuse:
     """Split `rows` (with `id`, content keys and `payload` columns) by what the previous run
-    staged with its `columns` of values: see the module's docstring. Reads `rows`' keys and
-    payload to the driver once. No cache (`cache_dir` None, or nothing promoted): every row is
-    fresh. Both sides are chosen by the ids that moved (this run's fresh ones, the cache's stale
-    ones), few on a nightly run: each block looks its rows up in a small set. The kept rows'
-    parts start being written into `staged` (this run's staging folder) before the fresh rows
-    are gathered, which reads the corpus again on one CPU while they take the other."""
+    staged with its `columns` of values: see the module's docstring. Reads `rows` once into
+    Ray's object store, and their keys and payload to the driver. No cache (`cache_dir` None, or
+    nothing promoted): every row is fresh, and streams. Both sides are chosen by the ids that
+    moved (this run's fresh ones, the cache's stale ones), few on a nightly run: each block
+    looks its rows up in a small set. The kept rows' parts start being written into `staged`
+    (this run's staging folder) before the fresh rows are gathered: at most GATHERED_ROWS, out
+    of the rows read (reading the corpus again for them was 5.8 s of the labels' 16 s on bench
+    scale's 1M rows with 1% moved); more stream from the input again. The rows read leave the
+    store once the fresh ones are taken: a corpus's id, text and payload (about 200 MB a
+    million rows of bench scale), spilled to disk by Ray past its store."""
     previous = None if cache_dir is None else previous_run(cache_dir)
-    now = None if previous is None else to_driver(rows, ["id", KEY, *payload])
-    if previous is None or now is None:
+    if previous is None:
+        return Reuse(rows, [], 0, [])
+    read = rows.to_arrow_refs()  # once: its keys go to the driver, a night's few fresh rows come from it
+    now = to_driver(read, ["id", KEY, *payload])
+    if now is None:
         return Reuse(rows, [], 0, [])
     cached = committed_dataset(previous)
     if cached.schema.field("id").type != now.schema.field("id").type:
@@ -151,8 +159,12 @@ def reuse_previous(
     gone = [str(i) for i in stale_ids.join(now_rows, on="id", how="anti")["id"].to_list()]
     if fresh_ids.is_empty():
         return Reuse(None, kept, len(same), gone, source)
+    gathered = len(fresh_ids) <= GATHERED_ROWS
     fresh = rows
-    if kept:
+    if kept and gathered:  # a few fresh rows, out of the rows read
+        ids = ids_ref(fresh_ids, now)
+        fresh = ray.data.from_arrow_refs([rows_with_ids.remote(block, [ids]) for block in read])
+    elif kept:  # more stream from the input again
         fresh = rows.map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")
     moved = matched.join(same, on="id", how="anti")  # the same text, another payload
     if not moved.is_empty():
@@ -162,15 +174,29 @@ def reuse_previous(
         fresh = fresh.join(
             values, "left_outer", num_partitions=max(1, math.ceil(len(fresh_ids) / JOIN_ROWS_PER_PARTITION)), on=("id", KEY)
         )
-    if kept and len(fresh_ids) <= GATHERED_ROWS:
+    if kept and gathered:
         fresh = fresh.materialize()
     return Reuse(fresh, kept, len(same), gone, source)
 
 
-def to_driver(rows: ray.data.Dataset, columns: list[str]) -> pa.Table | None:
-    """`rows`' `columns` as one table in this process; None when there is no row."""
-    tables = [t for t in ray.get(rows.select_columns(columns).to_arrow_refs()) if t.num_rows]
+def to_driver(blocks: list[ObjectRef], columns: list[str]) -> pa.Table | None:
+    """The `blocks`' `columns` as one table in this process; None when there is no row."""
+    tables = [t for t in ray.get([block_columns.remote(block, columns) for block in blocks]) if t.num_rows]
     return pa.concat_tables(tables) if tables else None
+
+
+@ray.remote
+def block_columns(block: pa.Table, columns: list[str]) -> pa.Table:
+    """A task a block, where the block is, not a Ray Data operator: over bench scale's 1M rows in
+    210 blocks, 0.5 s against 1.8 s (an operator's start, on 2 CPUs), as for rows_with_ids."""
+    return block.select(columns)
+
+
+@ray.remote
+def rows_with_ids(block: pa.Table, ids: list[ObjectRef]) -> pa.Table:
+    """with_ids as a task a block (block_columns): 0.3 s against 1.7 s. `ids` is wrapped in a
+    list so that Ray passes the reference, as keep_part's `stale`."""
+    return with_ids(block, ids[0])
 
 
 def payload_types(schema: pa.Schema, not_payload: set[str]) -> dict[str, pa.DataType]:
