@@ -152,11 +152,13 @@ def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_hal
         )
 
         deployment = httpx.get(f"{prefect_server}/deployments/name/nightly/nightly", timeout=30).json()
-        started = httpx.post(
+        created = httpx.post(
             f"{prefect_server}/deployments/{deployment['id']}/create_flow_run",
             json={"parameters": {"pipeline": str(held)}},
             timeout=30,
-        ).json()
+        )
+        assert created.status_code == 201, created.text
+        started = created.json()
         # It waits for any cron run due before it, then starts a subprocess and a local Ray, which
         # retries a start that timed out (30 s each) on a loaded machine.
         try:
@@ -164,7 +166,9 @@ def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_hal
                 lambda: "holding " in log.read_text(), "the held run to hold its version", 3 * CEILING_S, 0.5
             )
         except AssertionError as e:
-            raise AssertionError(f"{e}; the schedule's log ends:\n{log.read_text()[-3000:]}") from None
+            run = httpx.get(f"{prefect_server}/flow_runs/{started['id']}", timeout=30).json()
+            state = {k: run.get(k) for k in ("state_type", "state_name", "expected_start_time", "next_scheduled_start_time")}
+            raise AssertionError(f"{e}; the held run is {state}; the schedule's log ends:\n{log.read_text()[-3000:]}") from None
         assert holding
         (written,) = versions(held, "held")[1]
         assert written.count == ROWS and not written.current
