@@ -133,8 +133,8 @@ def reuse_previous(
     moved (this run's fresh ones, the cache's stale ones), few on a nightly run: each block
     looks its rows up in a small set. The kept rows' parts start being written into `staged`
     (this run's staging folder) before the fresh rows are gathered: at most GATHERED_ROWS, out
-    of the rows read (reading the corpus again for them was 5.8 s of the labels' 16 s on bench
-    scale's 1M rows with 1% moved); more stream from the input again. The rows read leave the
+    of the rows read (reading the corpus again for them cost about 3 s of the labels' 16 s on
+    bench scale's 1M rows with 1% moved); more stream from the input again. The rows read leave the
     store once the fresh ones are taken: a corpus's id, text and payload (about 200 MB a
     million rows of bench scale), spilled to disk by Ray past its store."""
     previous = None if cache_dir is None else previous_run(cache_dir)
