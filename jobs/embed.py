@@ -28,6 +28,7 @@ from ray.actor import ActorHandle
 
 from precompute.jobs import progress, work_dir
 from precompute.jobs.content_cache import promote, reuse_previous, uncached, with_content_keys
+from precompute.jobs.corpus_validation import Validation, payload_columns, validated_corpus, validation_entry
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
@@ -35,7 +36,7 @@ from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, reco
 from precompute.jobs.ray_session import map_inference, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
-from precompute.jobs.validate import REJECTS, payload_columns, validated_corpus, validation_entry
+from precompute.jobs.validate import REJECTS
 from precompute.jobs.vector_load import load_version
 from precompute.models import Engine, load_encoder
 from precompute.models.datasets import input_files
@@ -123,8 +124,8 @@ def run_embed_job(
     current = store.current()
     published = None if current is None else work_dir.run_dir(settings.work_dir, output, current)
     start = time.perf_counter()
-    files = input_files(corpus).digest()
-    inputs = inputs_digest(files, corpus.model_dump_json(), engine.model_dump_json())
+    files = input_files(corpus).digests()
+    inputs = inputs_digest(files.whole, corpus.model_dump_json(), engine.model_dump_json())
     unchanged = same_night(inputs, published)
     seconds = {"digest": time.perf_counter() - start}
     if unchanged is None:
@@ -172,7 +173,7 @@ def embed_corpus(
     engine: Engine,
     output: str,
     inputs: str,
-    validation: work_dir.WorkPath,
+    validation: Validation,
 ) -> tuple[Night, int, dict[str, float]]:
     """Validate the corpus (or take its `validation`: jobs/validate.py), then embed the rows the
     cache lacks into `run`'s staged parts: (the night, with its rows, rejects and engine report;

@@ -33,12 +33,13 @@ from ray.actor import ActorHandle
 
 from precompute.jobs import progress
 from precompute.jobs.content_cache import KEY, Reuse, reuse_previous, with_content_keys
+from precompute.jobs.corpus_validation import validated_corpus, validation_entry
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_digest, record_night, same_night
 from precompute.jobs.ray_session import map_inference, ray_session
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, read_committed
-from precompute.jobs.validate import REJECTS, validated_corpus, validation_entry
+from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.datasets import input_files
@@ -164,9 +165,9 @@ def run_labels_job(
     """
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
-    files = input_files(corpus).digest()
+    files = input_files(corpus).digests()
     described = (corpus.model_dump_json(), engine.model_dump_json(), labels.model_dump_json())
-    inputs = inputs_digest(files, *described)
+    inputs = inputs_digest(files.whole, *described)
     night = same_night(inputs, None if previous is None else previous.run_dir)
     seconds = {"digest": time.perf_counter() - start}
     if night is not None and previous is not None and night.figures["items"] in previous.records:

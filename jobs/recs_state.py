@@ -162,7 +162,7 @@ def inputs_digest(
     described = [interactions, settings, engine or EngineSettings()]
     towers = [] if own is None else [own.items, own.user_vectors, "\n".join(map(str, own.user_ids))]
     return nights.inputs_digest(
-        input_files(interactions).digest(),
+        input_files(interactions).digests().whole,
         items_model,
         recipe,
         *(part.model_dump_json() for part in described),

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from collections.abc import Set
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -16,21 +13,12 @@ import pyarrow.parquet as pq
 import ray
 from ray.data.expressions import col
 
-from precompute.jobs.inputs import CorpusInput, read_input
-from precompute.jobs.nights import inputs_digest
 from precompute.jobs.work_dir import WorkPath
-from precompute.models.datasets import arrow_dataset
 from precompute.models.errors import InvalidInputError, ModelError
-from precompute.models.text_columns import as_text, lossless, readable, utf8_errors
+from precompute.models.text_columns import lossless, readable, utf8_errors
 from precompute.models.tokenize import check_text
 
 REASON = "reject_reason"
-VALIDATED = "validated"
-"""<work_dir>/validated/<key>/: a corpus's validation (FIGURES, and its REJECTS), by the digest of
-its files and rules (validation_entry)."""
-FIGURES = "figures.json"
-KEPT_VALIDATIONS = 8
-"""Validations kept: a night's corpus or two, for several outputs and a few nights."""
 REJECTS = "rejects.parquet"
 """A job's quarantined rows, with their reasons, in its run folder."""
 
@@ -50,7 +38,11 @@ def id_key(value: object) -> str:
 
 def duplicate_ids(dataset: pads.Dataset, column: str = "id") -> set[str]:
     """Ids that occur more than once. All their rows are rejected: which copy is right is unknowable."""
-    ids = lossless(dataset.to_table(columns=[column]).rename_columns(["id"]))
+    return repeated_ids(lossless(dataset.to_table(columns=[column]).rename_columns(["id"])))
+
+
+def repeated_ids(ids: pa.Table) -> set[str]:
+    """The values that its column `id` holds more than once (duplicate_ids)."""
     counts = ids.group_by("id").aggregate([("id", "count")])
     repeated = counts.filter(pc.greater(counts["id_count"], 1))["id"]
     return {id_key(i) for i in repeated.to_pylist()}
@@ -107,7 +99,13 @@ def suspects(batch: pa.Table, duplicates: Set[str], max_text_bytes: int, undecod
 def quarantine(tagged: ray.data.Dataset, rows: int, max_ratio: float, path: WorkPath, noun: str = "rows") -> int:
     """Write every row with a reason to `path`, before any inference is spent; fail past `max_ratio`."""
     rejects = tagged.filter(expr=col(REASON).is_not_null()).materialize()
-    tables = [t for t in ray.get(rejects.to_arrow_refs()) if t.num_rows]
+    return keep_rejects(ray.get(rejects.to_arrow_refs()), rows, max_ratio, path, noun)
+
+
+def keep_rejects(tables: list[pa.Table], rows: int, max_ratio: float, path: WorkPath, noun: str = "rows") -> int:
+    """Write the rejects `tables` (string columns as their bytes) to `path` as one file, where
+    there is a row; fail past `max_ratio` of `rows`. The count of rejects."""
+    tables = [t for t in tables if t.num_rows]
     if tables:
         path.parent.mkdir()
         pq.write_table(readable(pa.concat_tables(tables)), path.path, filesystem=path.fs)
@@ -121,95 +119,3 @@ def check_ratio(count: int, rows: int, max_ratio: float, path: WorkPath, noun: s
         raise RejectRatioExceededError(
             f"{count} of {rows} {noun} rejected, over max_reject_ratio={max_ratio}; reasons in {path}"
         )
-
-
-def validation_entry(work_dir: WorkPath, files: str, corpus: CorpusInput) -> WorkPath:
-    """The folder of the corpus's validation under `work_dir`: keyed by its `files` (their digest)
-    and the rules its rows are checked by."""
-    rules = {"id": corpus.id, "text": corpus.text, "max_text_bytes": corpus.max_text_bytes}
-    return work_dir / VALIDATED / inputs_digest(files, json.dumps(rules, sort_keys=True))
-
-
-class KnownValidation(NamedTuple):
-    rows: int
-    rejects: int
-    duplicates: set[str]
-    """The ids the corpus repeats, whose rows every pass rejects: kept with the figures so that
-    a pass over a known corpus reads no column of it first (the ids of 1M rows: 0.5 s)."""
-
-
-def known_validation(entry: WorkPath, rejects_path: WorkPath, max_ratio: float) -> KnownValidation | None:
-    """An earlier validation recorded in `entry`, its rejects copied to `rejects_path` (its ratio
-    checked against this job's `max_ratio`); None if there is none (or it kept no duplicates)."""
-    if not (entry / FIGURES).is_file():
-        return None
-    figures = json.loads((entry / FIGURES).read_text())
-    if "duplicates" not in figures:
-        return None
-    if figures["rejects"]:
-        rejects_path.parent.mkdir()
-        entry.fs.copy_file((entry / REJECTS).path, rejects_path.path)
-    check_ratio(figures["rejects"], figures["rows"], max_ratio, rejects_path)
-    return KnownValidation(figures["rows"], figures["rejects"], set(figures["duplicates"]))
-
-
-def record_validation(entry: WorkPath, known: KnownValidation, rejects_path: WorkPath) -> None:
-    """Keep a validation's figures and rejects in `entry`, and the KEPT_VALIDATIONS newest of its
-    folder's entries."""
-    entry.mkdir()
-    if known.rejects:
-        rejects_path.fs.copy_file(rejects_path.path, (entry / REJECTS).path)
-    figures = {"rows": known.rows, "rejects": known.rejects, "duplicates": sorted(known.duplicates), "at": time.time()}
-    (entry / FIGURES).write_text(json.dumps(figures))
-    entries = [e for e in entry.parent.folders() if (e / FIGURES).is_file()]
-    recorded = sorted(entries, key=lambda e: json.loads((e / FIGURES).read_text())["at"], reverse=True)
-    for old in recorded[KEPT_VALIDATIONS:]:
-        old.rmtree()
-
-
-def canonical_columns(corpus: CorpusInput) -> dict[str, str]:
-    """The input's id and text columns renamed to `id` and `text`, the names every job uses."""
-    return {old: new for old, new in ((corpus.id, "id"), (corpus.text, "text")) if old != new}
-
-
-def payload_columns(corpus: CorpusInput) -> list[str]:
-    """The good rows' columns besides `id` and `text`, known without reading a row."""
-    renames = canonical_columns(corpus)
-    return [c for c in (renames.get(n, n) for n in arrow_dataset(corpus).schema.names) if c not in ("id", "text")]
-
-
-def validated_corpus(
-    corpus: CorpusInput, rejects_path: WorkPath, entry: WorkPath | None = None
-) -> tuple[ray.data.Dataset, int, int]:
-    """(good rows, rows read, rows rejected) of a corpus Parquet; rejects quarantined first.
-    `entry`: this validation's folder among the work directory's (validation_entry),
-    where one of the same files by the same rules (the night's other text job, a night whose
-    corpus did not move) is taken, its rejects copied and its repeated ids kept, instead of
-    reading every row to quarantine them again (or their ids to find the repeated ones)."""
-    source = arrow_dataset(corpus)
-    renames = canonical_columns(corpus)
-    schema = pa.schema(
-        [f.with_name(renames.get(f.name, f.name)) for f in source.schema], source.schema.metadata
-    )
-    dataset = read_input(corpus)
-    if renames:
-        dataset = dataset.rename_columns(renames)
-    known = None if entry is None else known_validation(entry, rejects_path, corpus.max_reject_ratio)
-    duplicates = duplicate_ids(source, corpus.id) if known is None else known.duplicates
-    tagged = dataset.map_batches(
-        tag_rejects,
-        batch_format="pyarrow",
-        fn_kwargs={"duplicates": duplicates, "max_text_bytes": corpus.max_text_bytes},
-    )
-    if known is None:
-        rows = source.count_rows()
-        known = KnownValidation(rows, quarantine(tagged, rows, corpus.max_reject_ratio, rejects_path), duplicates)
-        if entry is not None:
-            record_validation(entry, known, rejects_path)
-    good = tagged.filter(expr=col(REASON).is_null()).drop_columns([REASON])
-    # Good rows' bytes are UTF-8: back to strings, the id and text columns whatever their type was.
-    return good.map_batches(restore, batch_format="pyarrow", fn_kwargs={"schema": schema}), known.rows, known.rejects
-
-
-def restore(batch: pa.Table, schema: pa.Schema) -> pa.Table:
-    return batch.cast(as_text(schema, ["id", "text"]))

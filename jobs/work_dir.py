@@ -3,7 +3,8 @@ clean-up that keeps it the size of what the stores hold.
 
     <work_dir>/runs/<output>/<version>/   a run's rejects and staged parts (jobs/staging.py)
     <work_dir>/cache/<output>/CURRENT     the run whose parts the next run reads (jobs/content_cache.py)
-    <work_dir>/validated/<key>/           a corpus's validation, for any job reading the same files (jobs/validate.py)
+    <work_dir>/validated/<key>/           a corpus's validation, for any job reading the same files, and
+    <work_dir>/validated/files/<key>/     each file's (jobs/corpus_validation.py)
     <work_dir>/reports/<run>.json|.html   run reports; metrics/ beside them
 
 On a cluster without a shared filesystem the work directory is an object-store URI (s3://,

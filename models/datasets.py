@@ -90,6 +90,17 @@ class DatasetInput(BaseModel):
 
 
 @dataclass(frozen=True)
+class Digests:
+    """What an input's files hold, hashed (InputFiles.digests)."""
+
+    whole: str
+    """Equal exactly when a job would read the same rows: every file's name and bytes, and how
+    they are read."""
+    files: dict[str, str]
+    """Each file's bytes and how they are read, by its path."""
+
+
+@dataclass(frozen=True)
 class InputFiles:
     """An input resolved: the files to read, on their filesystem, in one format."""
 
@@ -114,17 +125,22 @@ class InputFiles:
         """The files as they are written (dictionary columns included)."""
         return pads.dataset(list(self.files), filesystem=self.filesystem, format=self._format())
 
-    def digest(self) -> str:
-        """The files' names and bytes, hashed: equal exactly when a job would read the same rows
-        (a rerun over unchanged inputs can then keep what it made of them). Read in chunks,
-        one file at a time, so memory does not grow with the input."""
-        digest = hashlib.blake2b(f"{self.format} {self.strings}".encode(), digest_size=16)
+    def digests(self) -> Digests:
+        """The files' bytes hashed one file at a time, in chunks (memory does not grow with the
+        input), and the input's whole digest made of them: a job keeps what it made of the same
+        input, and a validation what it found in the same file (jobs/validate.py)."""
+        how = f"{self.format} {self.strings}"
+        files = {}
         for file in sorted(self.files):
-            digest.update(f"\x00{file}\x00".encode())
+            digest = hashlib.blake2b(how.encode(), digest_size=16)
             with self.filesystem.open_input_stream(file, compression=None) as stream:
                 while chunk := stream.read(1 << 23):
                     digest.update(chunk)
-        return digest.hexdigest()
+            files[file] = digest.hexdigest()
+        whole = hashlib.blake2b(how.encode(), digest_size=16)
+        for file, digest in files.items():
+            whole.update(f"\x00{file}\x00{digest}".encode())
+        return Digests(whole.hexdigest(), files)
 
     def _format(self) -> str | pads.FileFormat:
         return pads.CsvFileFormat(convert_options=self.csv_options()) if self.format == "csv" else self.format

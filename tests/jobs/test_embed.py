@@ -21,7 +21,7 @@ from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import load_encoder
-from precompute.models.datasets import InputFiles
+from precompute.models.datasets import Digests, InputFiles
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import VectorStore, open_vector_store
 
@@ -111,9 +111,9 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     changed = tmp_path / "changed.parquet"
     pq.write_table(pa.Table.from_pylist(table), changed)
     changed_corpus = corpus.model_copy(update={"path": str(changed)})
-    digested: list[str] = []  # the corpus's bytes are read once for the night's and the validation's digests
-    digest = InputFiles.digest
-    monkeypatch.setattr(InputFiles, "digest", lambda files: digested.append(digest(files)) or digested[-1])
+    digested: list[Digests] = []  # the corpus's bytes are read once for the night's and the validation's digests
+    digests = InputFiles.digests
+    monkeypatch.setattr(InputFiles, "digests", lambda files: digested.append(digests(files)) or digested[-1])
     second = run_embed_job("v2", store, changed_corpus, job, settings)
     assert len(digested) == 1
     assert (second.computed, second.reused, second.loaded) == (3, first.loaded - 3, first.loaded)
