@@ -6,9 +6,10 @@ runs the real nightly flow (bench/scale_run.py) on generated inputs with three o
 names another, a throwaway redis-server and an in-process Qdrant under the bench directory.
 Stage seconds come from the run report (and Prefect's task times for GC and the recs check);
 the growth exponent of a stage between the two largest sizes is log(t2/t1) / log(n2/n1):
-1 is linear, 2 quadratic. The largest size then runs again with 1% of its texts and of its
-users' interactions changed, to show what a nightly rerun recomputes, and a third time on
-the same inputs: an unchanged night's wall time beside the full run's.
+1 is linear, 2 quadratic. The largest size then runs again with 1% of its texts (in the newest
+of the corpus's files, bench/scale_data.py) and of its users' interactions changed, to show
+what a nightly rerun recomputes, and a third time on the same inputs: an unchanged night's wall
+time beside the full run's.
 
 There is no baseline to run beside: the reference is linear growth (exponent 1), printed
 next to every stage.
@@ -72,7 +73,7 @@ def pipeline_file(model: Path, rows: int) -> str:
     gate = f"engine = {{ gate_texts = {min(256, max(16, rows // 20))}, calibration_texts = {min(128, max(8, rows // 20))} }}"
     return f"""[outputs.embeddings]
 kind = "embeddings"
-input = {{ path = "corpus.parquet", id = "id", text = "text" }}
+input = {{ path = "corpus", id = "id", text = "text" }}
 model = {{ path = "{model}" }}
 {gate}
 store = "scale"
@@ -80,7 +81,7 @@ keep_versions = 0
 
 [outputs.labels]
 kind = "labels"
-input = {{ path = "corpus.parquet", id = "id", text = "text", label = "section" }}
+input = {{ path = "corpus", id = "id", text = "text", label = "section" }}
 model = {{ path = "{model}" }}
 {gate}
 train_texts = 5000

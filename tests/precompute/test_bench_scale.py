@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from precompute.bench import scale_data
 from precompute.bench.scale import RESOLUTION_S, exponent, main, summary
 from precompute.bench.scale_data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
 from precompute.bench.scale_stages import STAGES
@@ -28,15 +29,25 @@ def test_inputs_are_deterministic_with_unique_ids_and_interactions_that_referenc
     assert counts.max() >= 10 * counts.mean()  # a long tail: a few items are in many users' lists
 
 
-def test_a_rerun_changes_the_share_asked_for_and_keeps_every_id(tmp_path: Path) -> None:
+def test_a_rerun_changes_the_share_asked_for_in_the_newest_files_and_keeps_every_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The corpus is a folder of files; a rerun's changed texts are the share asked for, all in
+    the newest files, and no other file is written again."""
+    monkeypatch.setattr(scale_data, "FILE_ROWS", 500)
     corpus_path, interactions_path = write_inputs(tmp_path, 4000)
+    files = sorted(corpus_path.iterdir())
+    assert len(files) == 8 and pq.ParquetFile(files[0]).metadata.num_row_groups == math.ceil(500 / ROW_GROUP_ROWS)
+    written = {f.name: f.stat().st_mtime_ns for f in files}
     before, seen_before = pq.read_table(corpus_path), pq.read_table(interactions_path)
-    assert pq.ParquetFile(corpus_path).metadata.num_row_groups == math.ceil(4000 / ROW_GROUP_ROWS)
     changed = change_inputs(tmp_path, 0.05)
     after, seen_after = pq.read_table(corpus_path), pq.read_table(interactions_path)
     assert after["id"].equals(before["id"]) and after["section"].equals(before["section"])
-    texts = pc.sum(pc.not_equal(after["text"], before["text"])).as_py()
-    assert 100 <= changed["texts_changed"] <= 300 and texts <= changed["texts_changed"]
+    moved = pc.not_equal(after["text"], before["text"])
+    assert 100 <= changed["texts_changed"] <= 300 and pc.sum(moved).as_py() <= changed["texts_changed"]
+    assert not pc.any(moved.slice(0, 3500)).as_py()  # only the newest file's rows: 2 x 5% of 8 files
+    rewritten = sorted(f.name for f in files if f.stat().st_mtime_ns != written[f.name])
+    assert rewritten == ["part-00007.parquet"]
     users = len(pc.unique(seen_before["user_id"]))
     assert 0 < changed["users_changed"] <= 0.1 * users
     assert pc.all(pc.is_in(seen_after["item_id"], after["id"])).as_py()
