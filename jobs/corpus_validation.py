@@ -7,11 +7,12 @@ Each file's validation is kept by the digest of its bytes and the rules it was c
 that the corpus repeated, which every file rejects). A night reads the ids of every file (which
 ids repeat is a property of the whole corpus; only those of the moved files, and those repeated
 before, are counted), takes each file whose bytes, rules and repeated ids are as recorded, and
-checks the others with a Ray task per run of row groups: plain tasks, not a Ray Data operator
+checks the others with a Ray task per run of row groups (in this process where they are few:
+DRIVER_ROWS): plain tasks, not a Ray Data operator
 (on bench scale's 1M rows by hand, a whole validation took 0.7-1.2 s as tasks against 8.7-10.2 s
-through Ray Data; one moved file of 100, 0.3-0.45 s). The whole
-corpus's validation is kept as well (`<work_dir>/validated/<key>/`): the night's second text job,
-or a night whose corpus did not move, reads no file's ids at all.
+through Ray Data; one moved file of 100, 0.10-0.13 s). The whole corpus's validation is kept as
+well (`<work_dir>/validated/<key>/`): the night's second text job, or a night whose corpus did
+not move, reads no file's ids at all.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ VALIDATED = "validated"
 its files and rules; <work_dir>/validated/files/<key>/: one file's, by its bytes and the rules."""
 FILES = "files"
 FIGURES = "figures.json"
+DRIVER_ROWS = 100_000
+"""The moved files' rows are checked in this process when they are at most this many, not by Ray
+tasks: a night's first task starts a worker and its imports, 1.8-2.3 s in the flow's fresh Ray
+on 2 CPUs (bench scale's 1M rows, 2 of 100 files moved), where the driver checks 100,000 rows in
+0.13-0.26 s."""
 KEPT_VALIDATIONS = 8
 """Whole validations kept, with the files' they were made of: a night's corpus or two, for
 several outputs and a few nights."""
@@ -165,15 +171,19 @@ def validate_files(
     repeated = repeated_in(ids, duplicates)
     found: dict[str, tuple[int, pa.Table | None]] = {}
     kwargs = {"renames": canonical_columns(corpus), "duplicates": duplicates, "max_text_bytes": corpus.max_text_bytes}
-    checking = []
+    moved = []
     for path, fragment in fragments.items():
         recorded = None if validation is None else known_file(validation.files[path], repeated[path])
         if recorded is None:
-            checking += [(path, check_part.remote(part, source.schema, **kwargs)) for part in parts(fragment)]
+            moved += [(path, part) for part in parts(fragment)]
         else:
             found[path] = recorded
+    if sum(ids[path].num_rows for path in {path for path, _ in moved}) <= DRIVER_ROWS:
+        results = [check_part(part, source.schema, **kwargs) for _, part in moved]
+    else:
+        results = ray.get([check_task.remote(part, source.schema, **kwargs) for _, part in moved])
     checked: dict[str, tuple[int, list[pa.Table]]] = {}
-    for (path, _), (rows, rejects) in zip(checking, ray.get([task for _, task in checking]), strict=True):
+    for (path, _), (rows, rejects) in zip(moved, results, strict=True):
         before, tables = checked.get(path, (0, []))
         checked[path] = (before + rows, [*tables, rejects])
     for path, (rows, tables) in checked.items():
@@ -278,7 +288,6 @@ def parts(fragment: pads.Fragment) -> list[pads.Fragment]:
     return [fragment.subset(row_group_ids=ids) for ids, _, _ in runs(fragment.metadata) if ids] or [fragment]
 
 
-@ray.remote
 def check_part(
     part: pads.Fragment, schema: pa.Schema, renames: dict[str, str], duplicates: set[str], max_text_bytes: int
 ) -> tuple[int, pa.Table]:
@@ -292,3 +301,7 @@ def check_part(
     if not rejects:
         return rows, lossless(schema.empty_table().rename_columns(names)).append_column(REASON, pa.array([], pa.string()))
     return rows, pa.concat_tables(rejects)
+
+
+check_task = ray.remote(check_part)
+"""check_part in a Ray task: a corpus's files checked in parallel, where the workers are."""

@@ -175,7 +175,7 @@ def embed_corpus(
     inputs: str,
     validation: Validation,
 ) -> tuple[Night, int, dict[str, float]]:
-    """Validate the corpus (or take its `validation`: jobs/validate.py), then embed the rows the
+    """Validate the corpus (or take its `validation`: jobs/corpus_validation.py), then embed the rows the
     cache lacks into `run`'s staged parts: (the night, with its rows, rejects and engine report;
     rows computed; seconds by stage)."""
     seconds: dict[str, float] = {}

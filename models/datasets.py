@@ -128,7 +128,7 @@ class InputFiles:
     def digests(self) -> Digests:
         """The files' bytes hashed one file at a time, in chunks (memory does not grow with the
         input), and the input's whole digest made of them: a job keeps what it made of the same
-        input, and a validation what it found in the same file (jobs/validate.py)."""
+        input, and a validation what it found in the same file (jobs/corpus_validation.py)."""
         how = f"{self.format} {self.strings}"
         files = {}
         for file in sorted(self.files):

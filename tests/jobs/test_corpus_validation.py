@@ -48,8 +48,16 @@ def checked_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return checked
 
 
+@pytest.fixture(params=["driver", "tasks"])
+def checked_where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where a moved file's rows are checked: in this process (few rows), or by Ray tasks."""
+    if request.param == "tasks":
+        monkeypatch.setattr(corpus_validation, "DRIVER_ROWS", 0)
+    return request.param
+
+
 def test_every_bad_row_is_quarantined_with_its_reason_and_the_good_ones_read_back_as_text(
-    ray_local, tmp_path: Path
+    ray_local, checked_where: str, tmp_path: Path
 ) -> None:
     """The corpus contract end to end (validated_corpus), on columns named otherwise than id and
     text: each way a row can be bad gets its reason and keeps its exact bytes, both copies of a
@@ -151,7 +159,7 @@ def test_the_newest_validations_are_kept(ray_local, tmp_path: Path) -> None:
 
 
 def test_a_night_reads_the_rows_of_the_files_that_moved_and_takes_the_others(
-    ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ray_local, checked_where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A folder of three files, one rewritten: only its rows are read again; the other files'
     rejects, with their reasons, are the night's as before, and the figures are the corpus's."""
@@ -219,7 +227,7 @@ def test_a_repeat_between_files_that_were_never_validated_together_is_found(ray_
 
 
 def test_a_large_file_is_checked_in_parts_with_every_reject_found(
-    ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ray_local, checked_where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Parquet file of several row groups is checked by a task per run of them (row_groups.runs):
     the rows and rejects of all the parts are the file's."""
