@@ -30,7 +30,7 @@ from ray.data.expressions import col
 
 from precompute.jobs.inputs import CorpusInput, read_input
 from precompute.jobs.nights import inputs_digest
-from precompute.jobs.row_groups import BATCH_ROWS, runs
+from precompute.jobs.row_groups import batches, runs
 from precompute.jobs.validate import (
     REASON,
     REJECTS,
@@ -294,8 +294,8 @@ def check_part(
     """(rows, rejects with their reasons, string columns as their bytes) of one part of a file."""
     rows, rejects = 0, []
     names = [renames.get(name, name) for name in schema.names]
-    for batch in part.to_batches(schema=schema, batch_size=BATCH_ROWS):
-        tagged = tag_rejects(pa.Table.from_batches([batch], schema).rename_columns(names), duplicates, max_text_bytes)
+    for batch in batches(part, schema):
+        tagged = tag_rejects(batch.rename_columns(names), duplicates, max_text_bytes)
         rows += tagged.num_rows
         rejects.append(tagged.filter(pc.is_valid(tagged[REASON])))
     if not rejects:
