@@ -261,3 +261,22 @@ def test_recorded_ids_read_back_as_the_ids_they_were(ids: pa.Array) -> None:
     in their column's type, an id that is not UTF-8 included."""
     keys = {id_key(i) for i in ids.to_pylist()}
     assert corpus_validation.as_ids(keys, ids.type).sort().equals(ids.sort())
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_csv_and_json_files_are_checked_as_parquet_ones(ray_local, checked_where: str, fmt: str, tmp_path: Path) -> None:
+    """Any format the input reads is checked file by file; a CSV id stays the text it was (007)."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    if fmt == "csv":
+        (folder / "a.csv").write_text("id,text\n007,hello\n008, \n")
+        (folder / "b.csv").write_text("id,text\n009,world\n")
+    else:
+        (folder / "a.jsonl").write_text('{"id": "007", "text": "hello"}\n{"id": "008", "text": " "}\n')
+        (folder / "b.jsonl").write_text('{"id": "009", "text": "world"}\n')
+    corpus = CorpusInput(path=str(folder), max_reject_ratio=0.5)
+    rejects_path = WorkPath.of(tmp_path / "rejects.parquet")
+    good, rows, rejects = validated_corpus(corpus, rejects_path, entry(tmp_path, corpus))
+    assert (rows, rejects) == (3, 1)
+    assert sorted(r["id"] for r in good.take_all()) == ["007", "009"]
+    assert [(r["id"], r[REASON]) for r in pq.read_table(rejects_path.path).to_pylist()] == [("008", "text is empty")]
