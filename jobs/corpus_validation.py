@@ -201,11 +201,11 @@ def validate_files(
 def corpus_ids(source: pads.FileSystemDataset, column: str) -> dict[str, pa.Table]:
     """Each file's ids, in the corpus's type, as the one column `id` (as repeated_ids takes them),
     read in one scan: 0.05 s for 1M ids in 100 files, where a read a file took 0.11-0.18 s."""
-    batches: dict[str, list[pa.RecordBatch]] = {fragment.path: [] for fragment in source.get_fragments()}
+    read: dict[str, list[pa.RecordBatch]] = {fragment.path: [] for fragment in source.get_fragments()}
     for tagged in source.scanner(columns=[column]).scan_batches():
-        batches[tagged.fragment.path].append(tagged.record_batch)
+        read[tagged.fragment.path].append(tagged.record_batch)
     schema = pa.schema([source.schema.field(column)])
-    return {path: lossless(pa.Table.from_batches(b, schema).rename_columns(["id"])) for path, b in batches.items()}
+    return {path: lossless(pa.Table.from_batches(b, schema).rename_columns(["id"])) for path, b in read.items()}
 
 
 class Unmoved(NamedTuple):
