@@ -8,9 +8,9 @@ that the corpus repeated, which every file rejects). A night reads the ids of ev
 ids repeat is a property of the whole corpus; only those of the moved files, and those repeated
 before, are counted), takes each file whose bytes, rules and repeated ids are as recorded, and
 checks the others with a Ray task per run of row groups (in this process where they are few:
-DRIVER_ROWS): plain tasks, not a Ray Data operator
-(on bench scale's 1M rows by hand, a whole validation took 0.7-1.2 s as tasks against 8.7-10.2 s
-through Ray Data; one moved file of 100, 0.10-0.13 s). The whole corpus's validation is kept as
+DRIVER_ROWS): plain tasks, not a Ray Data operator (on bench scale's 1M rows by hand, a whole
+validation took 0.7-1.2 s as tasks against 8.7-10.2 s through Ray Data; one moved file of 100,
+0.10-0.13 s). The whole corpus's validation is kept as
 well (`<work_dir>/validated/<key>/`): the night's second text job, or a night whose corpus did
 not move, reads no file's ids at all.
 """
@@ -166,7 +166,7 @@ def validate_files(
     """Quarantine the corpus's rejects into `rejects_path`, file by file (the module's docstring),
     failing past its max_reject_ratio; record what was found in `validation`."""
     fragments = {fragment.path: fragment for fragment in source.get_fragments()}
-    ids = corpus_ids(source, corpus.id)
+    ids = corpus_ids(source, fragments, corpus.id)
     duplicates = corpus_duplicates(ids, None if validation is None else unmoved(validation))
     repeated = repeated_in(ids, duplicates)
     found: dict[str, tuple[int, pa.Table | None]] = {}
@@ -198,10 +198,11 @@ def validate_files(
     return known
 
 
-def corpus_ids(source: pads.FileSystemDataset, column: str) -> dict[str, pa.Table]:
-    """Each file's ids, in the corpus's type, as the one column `id` (as repeated_ids takes them),
-    read in one scan: 0.05 s for 1M ids in 100 files, where a read a file took 0.11-0.18 s."""
-    read: dict[str, list[pa.RecordBatch]] = {fragment.path: [] for fragment in source.get_fragments()}
+def corpus_ids(source: pads.FileSystemDataset, fragments: dict[str, pads.Fragment], column: str) -> dict[str, pa.Table]:
+    """Each file's ids (`fragments`, by path: `source`'s), in the corpus's type, as the one column
+    `id` (as repeated_ids takes them), read in one scan: 0.05 s for 1M ids in 100 files, where a
+    read a file took 0.11-0.18 s."""
+    read: dict[str, list[pa.RecordBatch]] = {path: [] for path in fragments}
     for tagged in source.scanner(columns=[column]).scan_batches():
         read[tagged.fragment.path].append(tagged.record_batch)
     schema = pa.schema([source.schema.field(column)])
