@@ -33,7 +33,7 @@ from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embedd
 from precompute.jobs.index_check import next_graph
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.nights import NIGHT, Night, copy_files, inputs_digest, record_night, same_night
-from precompute.jobs.ray_session import map_inference, ray_session
+from precompute.jobs.ray_session import map_inference, ray_session, waited
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, copy_committed
 from precompute.jobs.validate import REJECTS
@@ -181,17 +181,13 @@ def embed_corpus(
     seconds: dict[str, float] = {}
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
-        # The engine is built and gated while the rows are validated: on a cold cache that
-        # takes minutes, and it reads no row of the corpus.
+        # The engine is built and gated while the rows are validated and compared with the
+        # cache: on a cold engine cache that takes minutes, and it reads no row of the corpus.
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
         with progress.stage(output, "validate"):
             good, rows, rejects = validated_corpus(corpus, run / REJECTS, validation)
         seconds["validate"] = time.perf_counter() - start
-
-        start = time.perf_counter()
-        engine_report = ray.get(prepared)
-        seconds["engine"] = time.perf_counter() - start
 
         start = time.perf_counter()
         keyed = good.map_batches(
@@ -200,6 +196,7 @@ def embed_corpus(
         with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
             reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus), run / STAGED)
             progress.add(counter, reuse.count)
+            engine_report, seconds["engine"] = waited(prepared)  # built while the cache was compared
             sink = StagingSink(run / STAGED, reuse.kept)
             if reuse.fresh is None:
                 sink.commit([])
@@ -207,6 +204,6 @@ def embed_corpus(
                 kwargs = {"engine": engine, "counter": counter}
                 fresh = rows - rejects - reuse.count
                 map_inference(reuse.fresh, EmbedActor, kwargs, fresh, settings, gpus).write_datasink(sink)
-        seconds["embed"] = time.perf_counter() - start
+        seconds["embed"] = time.perf_counter() - start - seconds["engine"]
     night = Night(inputs, {"rows": rows, "rejects": rejects, "engine": engine_report})
     return night, sink.computed, seconds

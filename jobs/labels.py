@@ -8,8 +8,9 @@
                   beside it) and the caller's sink: a copy of the published version with the
                   rows labelled again, where the kept rows are its values and a copy holds them
 
-The labeler is trained, built and gated once in a Ray task before the actors fan out, as
-in jobs/embed.py. A value is the item's top labels as `stores.records` pairs; the label
+The head is chosen first (the caller's, or load_head's); the labeler is built and gated once
+in a Ray task while the rows are validated and compared with the cache, as in jobs/embed.py,
+before the actors fan out. A value is the item's top labels as `stores.records` pairs; the label
 names are the version's vocabulary. A row's content key hashes (labeler identity, text),
 so a new encoder, head, classifier or vocabulary computes every row again. A night whose
 corpus, engine and task are exactly the published run's copies that version whole instead
@@ -36,15 +37,15 @@ from precompute.jobs.content_cache import KEY, Reuse, reuse_previous, with_conte
 from precompute.jobs.corpus_validation import validated_corpus, validation_entry
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, inputs_digest, record_night, same_night
-from precompute.jobs.ray_session import map_inference, ray_session
+from precompute.jobs.ray_session import map_inference, ray_session, waited
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.staging import COMPUTED, StagingSink, committed_dataset, copy_committed, read_committed
 from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.datasets import input_files
-from precompute.models.label_head import LabelTask
-from precompute.models.labels import LabelerReport, load_labeler, open_labeler
+from precompute.models.label_head import LabelTask, load_head
+from precompute.models.labels import LabelerReport, chosen_head, load_labeler, open_labeler
 from precompute.stores.key_value_sink import KeyValueSink
 from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import encode_ranked
@@ -77,23 +78,33 @@ class LabelsJobReport:
     """The published version copied whole: this run's inputs were its run's (jobs/nights.py)."""
 
 
-def labeler_identity(labels: LabelTask, engine: Engine, report: LabelerReport, vocabulary: list[str]) -> str:
+def labeler_identity(labels: LabelTask, engine: Engine, head_dir: Path | None, vocabulary: list[str]) -> str:
     """Everything a value depends on besides the text: the encoder's (or classifier's) hash; the
     trained head's cache entry, named by its key (model, training rows, column, recipe); the
     vocabulary the indices point into; and how many labels a value holds, at what least score.
 
-    Not the precision the gate chose, nor its near-tie margin: like an embedding (whose identity
-    is the model's hash), a label from any precision that passed the gate agrees with FP32's as
-    closely as the gate demands, and a nightly re-gate on a slightly changed corpus may choose
-    another margin without making yesterday's labels wrong."""
+    Not the precision the gate will choose, nor its near-tie margin: like an embedding (whose
+    identity is the model's hash), a label from any precision that passed the gate agrees with
+    FP32's as closely as the gate demands, and a nightly re-gate on a slightly changed corpus may
+    choose another margin without making yesterday's labels wrong. So the identity is known
+    before the labeler is built, and the cache is compared while it is (run_labels_job)."""
     identity = {
         "model": engine.model.hash,
-        "head": Path(report.head_dir).name if report.head_dir else "",
+        "head": head_dir.name if head_dir else "",
         "vocabulary": vocabulary,
         "top": labels.policy.top,
         "min_score": labels.policy.min_score,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def chosen_vocabulary(labels: LabelTask, engine: Engine, head_dir: Path | None) -> tuple[Path | None, list[str]]:
+    """(the head the labeler takes, its label names): the caller's head, else the one load_head
+    finds or trains here; a classifier has none, and its own names."""
+    if engine.model.task == "classify":
+        return None, list(engine.model.labels)
+    head = load_head(labels, engine) if head_dir is None else chosen_head(head_dir, engine)
+    return head.directory, head.labels
 
 
 class LabelActor:
@@ -128,12 +139,12 @@ class LabelActor:
 
 
 @ray.remote(max_calls=1)
-def prepare_labeler(labels: LabelTask, engine: Engine, head_dir: Path | None) -> tuple[LabelerReport, list[str]]:
-    """Train the head (on a cache miss, unless the caller chose it: `head_dir`), build the engine
-    and gate the labeler once; (report, vocabulary). Its worker exits after it, as
-    prepare_engine's (jobs/embed.py)."""
+def prepare_labeler(labels: LabelTask, engine: Engine, head_dir: Path | None) -> LabelerReport:
+    """Build the engine and gate the labeler of the chosen head once. Its worker exits after it,
+    as prepare_engine's (jobs/embed.py)."""
     with load_labeler(labels, engine, head_dir) as labeler:
-        return labeler.report, labeler.labels
+        assert labeler.report is not None  # load_labeler gated it
+        return labeler.report
 
 
 def run_labels_job(
@@ -161,7 +172,8 @@ def run_labels_job(
     new version, and only the rows labelled again are written (copy_plan); when this run's corpus, engine
     and task are exactly its run's (jobs/nights.py), it is copied whole and nothing is
     validated, built or labelled.
-    head_dir: the head the caller chose for `labels` (load_head), which the labeler then takes.
+    head_dir: the head the caller chose for `labels` (load_head), which the labeler then takes;
+    None: the one load_head finds, or trains, in this process.
     """
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
@@ -173,6 +185,7 @@ def run_labels_job(
     if night is not None and previous is not None and night.figures["items"] in previous.records:
         return unchanged_night(night, previous, work_dir, before_write, seconds)
     validation = validation_entry(settings.work_dir, files, corpus)
+    head_dir, vocabulary = chosen_vocabulary(labels, engine, head_dir)
     with ray_session(settings.ray_address):
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine, head_dir)  # as embed.py
@@ -182,25 +195,22 @@ def run_labels_job(
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        report, vocabulary = ray.get(prepared)
-        seconds["engine"] = time.perf_counter() - start
-
-        start = time.perf_counter()
         keyed = good.select_columns(["id", "text"]).map_batches(
             with_content_keys,
-            fn_kwargs={"identity": labeler_identity(labels, engine, report, vocabulary)},
+            fn_kwargs={"identity": labeler_identity(labels, engine, head_dir, vocabulary)},
             batch_format="pyarrow",
         )
-        reuse = reuse_previous(keyed, cache_dir, [VALUE], [], work_dir / STAGED)
-        staging = StagingSink(work_dir / STAGED, reuse.kept)
         with progress.stage(output, "label", rows - rejects, counted=True) as counter:
+            reuse = reuse_previous(keyed, cache_dir, [VALUE], [], work_dir / STAGED)
             progress.add(counter, reuse.count)
+            report, seconds["engine"] = waited(prepared)  # built while the cache was compared
+            staging = StagingSink(work_dir / STAGED, reuse.kept)
             computed = None
             if reuse.fresh is not None:
                 kwargs = {"labels": labels, "engine": engine, "report": report, "counter": counter}
                 fresh = rows - rejects - reuse.count
                 computed = map_inference(reuse.fresh, LabelActor, kwargs, fresh, settings, gpus).materialize()
-        seconds["label"] = time.perf_counter() - start
+        seconds["label"] = time.perf_counter() - start - seconds["engine"]
 
         start = time.perf_counter()
         with progress.stage(output, "write"):

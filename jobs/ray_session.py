@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 import psutil
 import pyarrow as pa
 import ray
+from ray import ObjectRef
 from ray.data import ActorPoolStrategy, DataContext
 
 from precompute.jobs.settings import JobSettings
@@ -173,6 +175,13 @@ def stopped_unless_interrupted(stops: list[Callable[[], None]]) -> Iterator[None
 ACTOR_RESTARTS = 3
 """Times an inference actor is restarted after its process died before the job fails: the bound
 on a batch that kills its actor every time."""
+
+
+def waited(ref: ObjectRef) -> tuple[Any, float]:
+    """(the task's result, the seconds this process waited for it): what a job's report calls
+    its engine stage, the wait past the work it overlapped."""
+    start = time.perf_counter()
+    return ray.get(ref), time.perf_counter() - start
 
 
 def actor_pool(size: int, gpus: bool) -> dict[str, Any]:

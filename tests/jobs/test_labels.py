@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +20,7 @@ from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.label_head import LabelPolicy, LabelTask
-from precompute.models.labels import LabelerReport, load_labeler
+from precompute.models.labels import load_labeler
 from precompute.models.reference_texts import TextSample
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_reader import KeyValueReader
@@ -172,24 +171,18 @@ def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
     assert pq.read_table(fourth.rejects_path).num_rows == 4
 
 
-def test_the_labelers_identity_covers_its_head_and_vocabulary_not_the_gated_precision(settings) -> None:
-    """What keys a cached label: a change to what produced it computes every row again; a precision
-    that passed the gate labels as FP32 does, within the gate's tolerance."""
+def test_the_labelers_identity_covers_its_head_and_vocabulary(settings) -> None:
+    """What keys a cached label: a change to what produced it computes every row again. (Not the
+    precision the gate chooses: the identity is taken before the labeler is built.)"""
 
-    def identity(
-        head_dir: str = "/engines/label-head-aaaa",
-        vocabulary: tuple[str, ...] = ("a", "b"),
-        precision: str = "int8",
-    ) -> str:
-        engine = SimpleNamespace(precision=precision)
-        report = LabelerReport(engine=engine, head_dir=head_dir, held_out_accuracy=0.9)  # type: ignore[arg-type]
-        return labeler_identity(LABELS, settings, report, list(vocabulary))
+    def identity(head_dir: str | None = "/engines/label-head-aaaa", vocabulary: tuple[str, ...] = ("a", "b")) -> str:
+        return labeler_identity(LABELS, settings, None if head_dir is None else Path(head_dir), list(vocabulary))
 
     same = identity()
     assert identity(head_dir="/elsewhere/label-head-aaaa") == same  # the head's key, not where it is cached
     assert identity(head_dir="/engines/label-head-bbbb") != same  # other training data, column or recipe
+    assert identity(head_dir=None) != same  # a classifier's own labels
     assert identity(vocabulary=("a", "c")) != same
-    assert identity(precision="fp32") == same
 
 
 def test_a_copy_is_planned_only_where_the_kept_rows_are_the_published_versions_values(tmp_path: Path) -> None:
