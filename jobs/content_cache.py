@@ -34,11 +34,13 @@ import ray
 from pyarrow.fs import FileSystem
 from ray import ObjectRef
 
+from precompute.jobs.corpus_validation import GoodRows
 from precompute.jobs.staging import (
     COMPUTED,
     committed_dataset,
     committed_parts,
     is_committed,
+    part_name,
     read_committed,
     write_part,
 )
@@ -89,20 +91,30 @@ def previous_run(cache_dir: WorkPath) -> WorkPath | None:
 
 def stage_kept(run_dir: WorkPath, stale: ObjectRef, target: WorkPath) -> list[ObjectRef]:
     """Start writing the previous run's staged rows that are this run's exactly (`run_dir`'s
-    committed parts less the `stale` ids: ids_ref) into `target` as parts of its own, marked not
-    computed, one Ray task per part; each task returns its part's manifest entry (StagingSink's
-    `kept`). A task reads and writes its Parquet directly: through Ray Data the same rows took
-    2.4 times as long (990,000 rows of 384-d vectors, 2 CPUs), carried through its object store
-    twice."""
+    committed parts less the `stale` ids: ids_ref) into `target` as parts of its own, one Ray
+    task per part; each task returns its part's manifest entry (StagingSink's `kept`). A task
+    reads and writes its Parquet directly: through Ray Data the same rows took 2.4 times as
+    long (990,000 rows of 384-d vectors, 2 CPUs), carried through its object store twice."""
     target.mkdir()
     return [keep_part.remote(run_dir.fs, part, target, [stale]) for part in committed_parts(run_dir)]
 
 
 @ray.remote
 def keep_part(fs: FileSystem, part: str, target: WorkPath, stale: list[ObjectRef]) -> dict[str, int | str]:
-    """One committed part (`part` on `fs`) less the `stale` rows, written into `target` under a
-    name of its own. `stale` is wrapped in a list so that Ray passes the reference, not the ids."""
-    return write_part(kept_rows(pq.read_table(part, filesystem=fs), stale[0]), target)
+    """One committed part (`part` on `fs`) less the `stale` rows, under a name of its own in
+    `target`: the file copied as it is where it holds none of them (most of a nightly run's
+    parts; server-side on object storage), else its other rows written. A part staged with its
+    COMPUTED column (before parts dropped it) is written once more, without it. `stale` is
+    wrapped in a list so that Ray passes the reference, not the ids."""
+    with fs.open_input_file(part) as source:
+        file = pq.ParquetFile(source)
+        ids, stored = file.read(columns=["id"])["id"], file.schema_arrow.names
+    if COMPUTED not in stored and not pc.any(pc.is_in(ids, value_set=ray.get(stale[0]))).as_py():
+        name = part_name()
+        fs.copy_file(part, (target / name).path)
+        return {"name": name, "rows": len(ids), "computed": 0}
+    rows = pq.read_table(part, filesystem=fs, columns=[c for c in stored if c != COMPUTED])  # kept: none computed
+    return write_part(without_ids(rows, stale[0]), target)
 
 
 class Reuse(NamedTuple):
@@ -120,7 +132,7 @@ class Reuse(NamedTuple):
 
 
 def reuse_previous(
-    rows: ray.data.Dataset,
+    rows: GoodRows,
     cache_dir: WorkPath | None,
     columns: list[str],
     payload: list[str],
@@ -128,8 +140,8 @@ def reuse_previous(
 ) -> Reuse:
     """Split `rows` (with `id`, content keys and `payload` columns) by what the previous run
     staged with its `columns` of values: see the module's docstring. Reads `rows` once into
-    Ray's object store, and their keys and payload to the driver. No cache (`cache_dir` None, or
-    nothing promoted): every row is fresh, and streams. Both sides are chosen by the ids that
+    Ray's object store (GoodRows.blocks), and their keys and payload to the driver. No cache
+    (`cache_dir` None, or nothing promoted): every row is fresh, and streams (GoodRows.dataset). Both sides are chosen by the ids that
     moved (this run's fresh ones, the cache's stale ones), few on a nightly run: each block
     looks its rows up in a small set. The kept rows' parts start being written into `staged`
     (this run's staging folder) before the fresh rows are gathered: at most GATHERED_ROWS, out
@@ -139,14 +151,14 @@ def reuse_previous(
     million rows of bench scale), spilled to disk by Ray past its store."""
     previous = None if cache_dir is None else previous_run(cache_dir)
     if previous is None:
-        return Reuse(rows, [], 0, [])
-    read = rows.to_arrow_refs()  # once: its keys go to the driver, a night's few fresh rows come from it
+        return Reuse(rows.dataset(), [], 0, [])
+    read = rows.blocks()  # once: its keys go to the driver, a night's few fresh rows come from it
     now = to_driver(read, ["id", KEY, *payload])
     if now is None:
-        return Reuse(rows, [], 0, [])
+        return Reuse(rows.dataset(), [], 0, [])
     cached = committed_dataset(previous)
     if cached.schema.field("id").type != now.schema.field("id").type:
-        return Reuse(rows, [], 0, [])  # the id column's type moved: no id is the same
+        return Reuse(rows.dataset(), [], 0, [])  # the id column's type moved: no id is the same
     cached_payload = payload_types(cached.schema, {"id", KEY, COMPUTED, *columns})
     same_payload = cached_payload == payload_types(now.schema, {"id", KEY})
     before = cached.to_table(columns=["id", KEY, *(payload if same_payload else [])])
@@ -160,12 +172,13 @@ def reuse_previous(
     if fresh_ids.is_empty():
         return Reuse(None, kept, len(same), gone, source)
     gathered = len(fresh_ids) <= GATHERED_ROWS
-    fresh = rows
     if kept and gathered:  # a few fresh rows, out of the rows read
         ids = ids_ref(fresh_ids, now)
         fresh = ray.data.from_arrow_refs([rows_with_ids.remote(block, [ids]) for block in read])
     elif kept:  # more stream from the input again
-        fresh = rows.map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")
+        fresh = rows.dataset().map_batches(with_ids, fn_kwargs={"ids": ids_ref(fresh_ids, now)}, batch_format="pyarrow")
+    else:  # none kept: every row, as a full run's
+        fresh = rows.dataset()
     moved = matched.join(same, on="id", how="anti")  # the same text, another payload
     if not moved.is_empty():
         values = read_committed(previous).select_columns(["id", KEY, *columns])
@@ -229,12 +242,6 @@ def with_ids(batch: pa.Table, ids: ObjectRef) -> pa.Table:
 
 def without_ids(batch: pa.Table, ids: ObjectRef) -> pa.Table:
     return batch.filter(pc.invert(pc.is_in(batch["id"], value_set=ray.get(ids))))
-
-
-def kept_rows(batch: pa.Table, ids: ObjectRef) -> pa.Table:
-    """The cached staged rows but those in `ids` (the stale), as this run stages them: reused, not computed."""
-    kept = without_ids(batch, ids)
-    return kept.drop_columns([COMPUTED]).append_column(COMPUTED, pa.array(np.zeros(kept.num_rows, bool)))
 
 
 def uncached(batch: pa.Table, column: str) -> np.ndarray:

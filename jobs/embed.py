@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -190,9 +191,7 @@ def embed_corpus(
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        keyed = good.map_batches(
-            with_content_keys, fn_kwargs={"identity": engine.model.hash}, batch_format="pyarrow"
-        )
+        keyed = good.then(partial(with_content_keys, identity=engine.model.hash))
         with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
             reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus), run / STAGED)
             progress.add(counter, reuse.count)

@@ -24,6 +24,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,11 @@ def chosen_vocabulary(labels: LabelTask, engine: Engine, head_dir: Path | None) 
         return None, list(engine.model.labels)
     head = load_head(labels, engine) if head_dir is None else chosen_head(head_dir, engine)
     return head.directory, head.labels
+
+
+def id_and_text(batch: pa.Table) -> pa.Table:
+    """A labeler reads the text alone: the payload columns stay out of the cache's comparison."""
+    return batch.select(["id", "text"])
 
 
 class LabelActor:
@@ -195,11 +201,8 @@ def run_labels_job(
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        keyed = good.select_columns(["id", "text"]).map_batches(
-            with_content_keys,
-            fn_kwargs={"identity": labeler_identity(labels, engine, head_dir, vocabulary)},
-            batch_format="pyarrow",
-        )
+        identity = labeler_identity(labels, engine, head_dir, vocabulary)
+        keyed = good.then(id_and_text).then(partial(with_content_keys, identity=identity))
         with progress.stage(output, "label", rows - rejects, counted=True) as counter:
             reuse = reuse_previous(keyed, cache_dir, [VALUE], [], work_dir / STAGED)
             progress.add(counter, reuse.count)

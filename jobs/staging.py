@@ -32,7 +32,9 @@ from precompute.jobs.work_dir import WorkPath
 MANIFEST = "manifest.json"
 PARTS = "part-*.parquet"
 COMPUTED = "computed"
-"""Optional boolean column: the row ran inference (False: its value came from the cache)."""
+"""Optional boolean column of the blocks a sink writes: the row ran inference tonight (False: its
+value came from the cache). Counted into its part's manifest entry and not stored, so that a
+part whose rows a later night keeps is copied as it is (jobs/content_cache.py keep_part)."""
 
 
 class UncommittedError(Exception):
@@ -54,11 +56,14 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 
 
 def write_part(table: pa.Table, run_dir: WorkPath) -> dict[str, Any]:
-    """`table` as a new part of `run_dir` (not yet committed); returns its manifest entry."""
+    """`table` as a new part of `run_dir` (not yet committed), its COMPUTED column counted and
+    dropped; returns its manifest entry."""
+    computed = 0
+    if COMPUTED in table.column_names:
+        computed, table = int(pc.sum(table[COMPUTED]).as_py() or 0), table.drop_columns([COMPUTED])
     name = part_name()
     path = (run_dir / name).path
     pq.write_table(table, path, filesystem=run_dir.fs, use_dictionary=dictionary_columns(table.schema))
-    computed = int(pc.sum(table[COMPUTED]).as_py() or 0) if COMPUTED in table.column_names else 0
     return {"name": name, "rows": table.num_rows, "computed": computed}
 
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 from ray.data.dataset import MaterializedDataset
 
 from precompute.jobs import content_cache
 from precompute.jobs.content_cache import KEY, promote, reuse_previous, with_content_keys
+from precompute.jobs.corpus_validation import GoodRows
+from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.staging import StagingSink
 from precompute.jobs.work_dir import WorkPath
 
@@ -35,8 +39,9 @@ def test_a_nights_few_fresh_rows_are_gathered_before_the_model_and_many_stream(
 
     texts[5], texts[50], texts[70] = "moved", "moved too", "moved again"
     staged = WorkPath.of(tmp_path / "runs" / "v2")
-    tonight = ray.data.from_arrow(keyed(texts[:-1]))  # and 99 gone
-    reuse = reuse_previous(tonight, cache, ["value"], [], staged)
+    pq.write_table(pa.table({"id": [str(i) for i in range(99)], "text": texts[:-1]}), tmp_path / "corpus.parquet")
+    tonight = GoodRows(CorpusInput(path=str(tmp_path / "corpus.parquet")), set())  # 99 gone
+    reuse = reuse_previous(tonight.then(partial(with_content_keys, identity="model")), cache, ["value"], [], staged)
     assert (reuse.count, reuse.gone, reuse.source) == (96, ["99"], run)
     assert sum(part["rows"] for part in ray.get(reuse.kept)) == 96  # their parts written into `staged`
     assert all((staged / part["name"]).is_file() for part in ray.get(reuse.kept))

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
+import ray
 
 from precompute.jobs import corpus_validation
-from precompute.jobs.corpus_validation import validated_corpus, validation_entry
+from precompute.jobs.corpus_validation import GoodRows, validated_corpus, validation_entry
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.validate import REASON, RejectRatioExceededError, id_key
 from precompute.jobs.work_dir import WorkPath
@@ -33,6 +34,14 @@ def write_files(folder: Path, files: dict[str, list[tuple[str, str]]]) -> None:
     folder.mkdir(exist_ok=True)
     for name, rows in files.items():
         pq.write_table(pa.table({"id": [r[0] for r in rows], "text": [r[1] for r in rows]}), folder / name)
+
+
+def read_good(good: GoodRows) -> list[dict]:
+    """The good rows by id, read both ways a job reads them (streamed, and as blocks by tasks),
+    which agree."""
+    streamed = sorted(good.dataset().take_all(), key=lambda r: r["id"])
+    assert sorted(pa.concat_tables(ray.get(good.blocks())).to_pylist(), key=lambda r: r["id"]) == streamed
+    return streamed
 
 
 def checked_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -94,7 +103,7 @@ def test_every_bad_row_is_quarantined_with_its_reason_and_the_good_ones_read_bac
     good, read, rejected = validated_corpus(corpus, WorkPath.of(rejects_path))
 
     assert (read, rejected) == (11, 9)
-    assert sorted(good.take_all(), key=lambda r: r["id"]) == [
+    assert read_good(good) == [
         {"id": "at-limit", "text": "x" * 20, "title": "t2"},
         {"id": "good", "text": "a fine text", "title": "t1"},
     ]
@@ -133,7 +142,7 @@ def test_a_validation_of_the_same_files_by_the_same_rules_is_taken_not_repeated(
     monkeypatch.setattr(corpus_validation, "validate_files", None)  # reading a file again would raise
     second = WorkPath.of(tmp_path / "run-2" / "rejects.parquet")
     good, rows, rejects = validated_corpus(corpus, second, entry(tmp_path, corpus))
-    assert (rows, rejects) == (6, 3) and sorted(r["id"] for r in good.take_all()) == ["a", "c", "d"]
+    assert (rows, rejects) == (6, 3) and [r["id"] for r in read_good(good)] == ["a", "c", "d"]
     assert pq.read_table(second.path).to_pylist() == pq.read_table(first.path).to_pylist()
     with pytest.raises(RejectRatioExceededError, match=r"3 of 6 rows rejected, over max_reject_ratio=0\.2"):
         validated_corpus(corpus.model_copy(update={"max_reject_ratio": 0.2}), second, entry(tmp_path, corpus))
@@ -177,7 +186,7 @@ def test_a_night_reads_the_rows_of_the_files_that_moved_and_takes_the_others(
     good, rows, rejects = validated_corpus(corpus, second, entry(tmp_path, corpus))
     assert checked == ["c.parquet"]
     assert (rows, rejects) == (5, 2)
-    assert sorted(r["id"] for r in good.take_all()) == ["a1", "b1", "c1"]
+    assert [r["id"] for r in read_good(good)] == ["a1", "b1", "c1"]
     assert sorted((r["id"], r[REASON]) for r in pq.read_table(second.path).to_pylist()) == [
         ("a2", "text is empty"),
         ("c2", "text is empty"),
@@ -202,7 +211,7 @@ def test_an_id_that_a_moved_file_repeats_is_rejected_in_the_unmoved_file_too(
     good, rows, rejects = validated_corpus(corpus, rejects_path, entry(tmp_path, corpus))
     assert sorted(checked) == ["a.parquet", "b.parquet"] and (rows, rejects) == (4, 2)
     assert sorted(r["text"] for r in pq.read_table(rejects_path.path).to_pylist()) == ["again", "one"]
-    assert sorted(r["id"] for r in good.take_all()) == ["a2", "b1"]
+    assert [r["id"] for r in read_good(good)] == ["a2", "b1"]
 
     checked.clear()
     write_files(folder, {"b.parquet": [("b1", "three, revised")]})
@@ -278,5 +287,5 @@ def test_csv_and_json_files_are_checked_as_parquet_ones(ray_local, checked_where
     rejects_path = WorkPath.of(tmp_path / "rejects.parquet")
     good, rows, rejects = validated_corpus(corpus, rejects_path, entry(tmp_path, corpus))
     assert (rows, rejects) == (3, 1)
-    assert sorted(r["id"] for r in good.take_all()) == ["007", "009"]
+    assert [r["id"] for r in read_good(good)] == ["007", "009"]
     assert [(r["id"], r[REASON]) for r in pq.read_table(rejects_path.path).to_pylist()] == [("008", "text is empty")]

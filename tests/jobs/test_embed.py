@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.labels import prepare_labeler
 from precompute.jobs.settings import JobSettings
-from precompute.jobs.staging import COMPUTED, committed_dataset, committed_parts
+from precompute.jobs.staging import MANIFEST, committed_dataset, committed_parts
 from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import load_encoder
@@ -83,12 +84,12 @@ def staged_vectors(run_dir: WorkPath) -> tuple[list[str], np.ndarray]:
 
 
 def computed_ids(job: JobSettings, version: str) -> set[str]:
-    table = committed_dataset(staged(job, version)).to_table(columns=["id", COMPUTED])
-    return {
-        i
-        for i, computed in zip(table["id"].to_pylist(), table[COMPUTED].to_pylist(), strict=True)
-        if computed
-    }
+    """The ids in the parts that hold computed rows (their manifest entries count them): kept
+    rows are staged in parts of their own."""
+    run = staged(job, version)
+    parts = json.loads((run / MANIFEST).read_text())["parts"]
+    read = [pq.read_table((run / part["name"]).path, columns=["id"]) for part in parts if part["computed"]]
+    return {str(i) for table in read for i in table["id"].to_pylist()}
 
 
 def vectors_by_id(job: JobSettings, version: str) -> dict[str, np.ndarray]:
@@ -148,13 +149,13 @@ def test_a_night_that_moved_a_few_rows_copies_the_published_version_and_writes_o
     assert second.load == {"mode": "copy", "reason": "a copy of v1", "written": 3, "deleted": 1}
     # The moved payload keeps its vector: only the changed text and the new row are encoded.
     assert (second.computed, second.reused) == (2, 198)
-    assert computed_ids(job, "v2") == {rows[10]["id"], "new"}
+    assert computed_ids(job, "v2") == {rows[10]["id"], rows[11]["id"], "new"}  # 11 passed through the actor
     assert second.loaded == store.count("v2") == 200
-    vectors = vectors_by_id(job, "v2")
+    vectors, old = vectors_by_id(job, "v2"), vectors_by_id(job, "v1")
+    assert np.array_equal(vectors[rows[11]["id"]], old[rows[11]["id"]])  # its cached vector, as it was
     for changed in (rows[10]["id"], "new"):
         assert store.search(vectors[changed], k=1, version="v2")[0].id == changed
     assert store.search(vectors[rows[11]["id"]], k=1, version="v2", filter={"section": "moved"})[0].id == rows[11]["id"]
-    old = vectors_by_id(job, "v1")
     assert gone["id"] not in {h.id for h in store.search(old[gone["id"]], k=10, version="v2")}
     assert store.search(old[rows[10]["id"]], k=1, version="v1")[0].id == rows[10]["id"]  # v1 as it was
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import ray
@@ -64,15 +63,41 @@ def test_kept_rows_are_staged_beside_the_computed_ones_in_one_manifest(ray_local
     ray.data.from_arrow(fresh).write_datasink(sink)
     staged = committed_dataset(run).to_table()
     assert (sink.rows, sink.computed) == (950, 50) and not (tmp_path / "run" / "part-orphan.parquet").exists()
-    assert sorted(staged.filter(pc.invert(staged["computed"]))["id"].to_pylist()) == sorted(
-        str(i) for i in range(1000) if i % 10
-    )
+    assert sorted(staged["id"].to_pylist()) == sorted([str(i) for i in range(1000) if i % 10] + fresh["id"].to_pylist())
+    assert staged.column_names == ["id"]  # computed is counted in the manifest, not stored
     assert len(committed_parts(run)) == 4
 
     alone = WorkPath.of(tmp_path / "alone")
     sink = StagingSink(alone, stage_kept(previous, stale, alone))
     sink.commit([])
     assert (sink.rows, sink.computed) == (900, 0) and committed_dataset(alone).count_rows() == 900
+
+
+def test_a_kept_part_without_stale_rows_is_copied_as_it_is(ray_local, tmp_path: Path) -> None:
+    """Most parts of a nightly run hold no row that moved: their bytes are copied, not decoded and
+    written again. A part staged with a computed column (before parts dropped it) is written once
+    more without it."""
+    previous = WorkPath.of(tmp_path / "previous")
+    before = pa.table({"id": [str(i) for i in range(300)], "computed": [True] * 300})
+    ray.data.from_arrow(before).repartition(3).write_datasink(StagingSink(previous))
+    parts = {Path(p).read_bytes(): p for p in committed_parts(previous)}
+    old = pa.table({"id": ["old-0", "old-1"], "computed": [True, False]})  # as parts were staged before
+    pq.write_table(old, tmp_path / "previous" / "part-old.parquet")
+    manifest = json.loads((tmp_path / "previous" / MANIFEST).read_text())
+    manifest["parts"].append({"name": "part-old.parquet", "rows": 2, "computed": 1})
+    (tmp_path / "previous" / MANIFEST).write_text(json.dumps(manifest))
+    stale = ray.put(pa.array(["5"]))  # in one part of the three
+
+    run = WorkPath.of(tmp_path / "run")
+    sink = StagingSink(run, stage_kept(previous, stale, run))
+    sink.commit([])
+    kept = {Path(p).read_bytes(): p for p in committed_parts(run)}
+    assert len(kept) == 4 and len(kept.keys() & parts.keys()) == 2  # two copied byte for byte
+    assert (sink.rows, sink.computed) == (301, 0)
+    staged = committed_dataset(run).to_table()
+    assert staged.column_names == ["id"] and sorted(staged["id"].to_pylist()) == sorted(
+        [str(i) for i in range(300) if i != 5] + ["old-0", "old-1"]
+    )
 
 
 def test_a_part_encodes_its_vectors_plain_and_its_strings_by_dictionary(tmp_path: Path) -> None:
@@ -86,4 +111,4 @@ def test_a_part_encodes_its_vectors_plain_and_its_strings_by_dictionary(tmp_path
     columns = [group.column(i) for i in range(group.num_columns)]
     dictionary = {column.path_in_schema: column.has_dictionary_page for column in columns}
     assert (dictionary["id"], dictionary["embedding.list.element"]) == (True, False)
-    assert written.read().equals(table)
+    assert written.read().equals(table.drop_columns(["computed"]))  # counted, not stored
