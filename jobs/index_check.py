@@ -86,6 +86,8 @@ class Validation:
     """The GraphParams the version was built with."""
     next_graph: dict[str, Any] | None = None
     """The denser graph asked of the next build, when this one's search alone fell short."""
+    carried_from: str | None = None
+    """The version whose check an unchanged night's copy carries, unmeasured (jobs/carried_check.py)."""
 
 
 GRAPH_FILE = "graph.json"
@@ -345,14 +347,14 @@ def check_index(
     recorded with the version; IndexCheckError if none does. `user_queries`, `opening_queries`:
     vectors of the searches users make and of held-out texts' opening words, measured beside the
     sampled rows; `search_texts`: their texts, opening words first (search_keys). `max_ef`,
-    `exact`: the ladder's
-    limits (VectorStoreSettings.max_hnsw_ef, exact_scan). `cache`: the output's cache folder,
-    where a denser graph is asked of the next build if no graph rung passes. `start`: the rung
-    the walk begins at, where not the store's default: a copy's source version's (the copy
-    holds its graph, where the rungs below fell short), unless that was an exact scan or lies
-    outside today's ladder (below the store's default hnsw_ef, above `max_ef`). `copy_of`: that
-    source's run folder, whose check's exact neighbours the copy updates with the rows it
-    changed (copied_neighbours), where it can, instead of scoring every staged row."""
+    `exact`: the ladder's limits (VectorStoreSettings.max_hnsw_ef, exact_scan). `cache`: the
+    output's cache folder, where a denser graph is asked of the next build if no graph rung
+    passes. `start`: the rung the walk begins at, where not the store's default: a copy's source
+    version's (the copy holds its graph, where the rungs below fell short), unless that was an
+    exact scan or lies outside today's ladder (below the store's default hnsw_ef, above
+    `max_ef`). `copy_of`: that source's run folder, whose check's exact neighbours the copy
+    updates with the rows it changed (copied_neighbours), where it can, instead of scoring
+    every staged row."""
     built = GraphParams.of(store.meta(version))
     parts = committed_dataset(run_dir)
     staged, count = parts.count_rows(), store.count(version)
@@ -378,16 +380,9 @@ def check_index(
         if found == canaries and recall >= min_recall:
             store.record_search(version, params)
             denser = ask_denser(cache, built) if params.exact and cache is not None else None
+            users = len(own) - canaries - opening
             return Validation(
-                count,
-                canaries,
-                found,
-                round(recall, 4),
-                len(own) - canaries - opening,
-                opening,
-                asdict(params),
-                curve,
-                asdict(built),
+                count, canaries, found, round(recall, 4), users, opening, asdict(params), curve, asdict(built),
                 None if denser is None else asdict(denser),
             )
     asked = ""

@@ -133,6 +133,7 @@ class Embeddings(OutputKind):
 
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
         from precompute.jobs import progress, work_dir
+        from precompute.jobs.carried_check import carried_check, keep_check
         from precompute.jobs.embed import STAGED, run_embed_job
         from precompute.jobs.index_check import check_index
         from precompute.stores.versions import new_version
@@ -152,17 +153,23 @@ class Embeddings(OutputKind):
         staged = work_dir.run_dir(run.work_dir, name, version) / STAGED
 
         def validate() -> Any:
-            opening, users, texts = check_queries(output, engine)
             with open_vector_store(machine.qdrant, store_name) as store:
-                limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
-                cache = work_dir.cache_dir(run.work_dir, name)
                 source = store.current() if embedded.load["mode"] == "copy" else None  # what it copies
-                start = None if source is None else store.searched_with(source)
                 copy_of = None if source is None else work_dir.run_dir(run.work_dir, name, source) / STAGED
-                return check_index(
-                    store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, texts, **limits,
-                    cache=cache, start=start, copy_of=copy_of,
-                )
+                validation = None
+                if copy_of is not None and embedded.unchanged_from == source:
+                    validation = carried_check(store, version, staged, source, copy_of, embedded.loaded)
+                if validation is None:
+                    opening, users, texts = check_queries(output, engine)
+                    limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
+                    cache = work_dir.cache_dir(run.work_dir, name)
+                    start = None if source is None else store.searched_with(source)
+                    validation = check_index(
+                        store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, texts, **limits,
+                        cache=cache, start=start, copy_of=copy_of,
+                    )
+                keep_check(staged, validation)
+                return validation
 
         def publish() -> None:
             with open_vector_store(machine.qdrant, store_name) as store:

@@ -133,6 +133,8 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     copied = second["outputs"]["embeddings"]["load"]
     assert (copied["mode"], copied["written"], copied["deleted"]) == ("copy", 0, 0)
     assert second["outputs"]["embeddings"]["unchanged_from"] == embeddings["version"]
+    carried = second["outputs"]["embeddings"]["validation"]  # the copy's searches are its source's: not measured
+    assert carried == {**embeddings["validation"], "carried_from": embeddings["version"]}
     again = second["outputs"]["recs"]
     assert (again["mode"], again["rescored"], again["copied"]) == ("unchanged", 0, recs["users"])
     assert records("recs", again["version"]) == records("recs", recs["version"])

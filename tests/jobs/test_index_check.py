@@ -9,7 +9,7 @@ threshold and a one-candidate search (hnsw_ef=1), which the check then raises ru
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.jobs import index_check
+from precompute.jobs.carried_check import carried_check, keep_check
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
@@ -396,3 +397,27 @@ def test_a_list_that_lost_more_than_its_depth_beyond_k_no_longer_knows_its_k_bes
     assert index_check.moved_neighbours([near], query, lost, [], np.empty((0, DIM), np.float32)) is None
     kept = index_check.moved_neighbours([near], query, lost - {"r0"}, [], np.empty((0, DIM), np.float32))
     assert kept is not None and kept[0].floor == pytest.approx(0.81)
+
+
+def test_an_unchanged_nights_copy_carries_its_sources_check_unless_a_point_is_missing(tmp_path: Path) -> None:
+    """A copy in which no point was written or deleted searches as its source: the source's
+    figures and search parameters are carried, unmeasured, with its exact neighbours for the
+    next copy; a copy short of a staged row is refused; a source whose check was not kept is
+    measured (None)."""
+    keys = [f"k-{i}" for i in range(ROWS)]
+    opened = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant"), "docs", pointer_check_s=0)
+    first = staged_run(tmp_path, "run-1", IDS, VECTORS, keys)
+    with opened:
+        load_version(opened, V1, first, {}, "none", None)
+        checked = check_index(opened, V1, first, queries=50, min_recall=0.9, start=SearchParams(hnsw_ef=128))
+        second = staged_run(tmp_path, "run-2", IDS, VECTORS, keys)
+        loaded = load_version(opened, V2, second, {}, "none", (V1, first), same_rows=True)
+        assert carried_check(opened, V2, second, V1, first, loaded.count) is None  # V1's check not kept
+
+        keep_check(first, checked)
+        carried = carried_check(opened, V2, second, V1, first, loaded.count)
+        assert carried == replace(checked, carried_from=V1)
+        assert opened.searched_with(V2) == SearchParams(**checked.search) == SearchParams(hnsw_ef=128)
+        assert (second / index_check.EXACT_FILE).is_file()
+        with pytest.raises(IndexCheckError, match=f"version {V2} holds {ROWS - 1} points, {ROWS} were staged"):
+            carried_check(opened, V2, second, V1, first, ROWS - 1)
