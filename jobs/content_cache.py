@@ -141,7 +141,8 @@ def reuse_previous(
     """Split `rows` (with `id`, content keys and `payload` columns) by what the previous run
     staged with its `columns` of values: see the module's docstring. Reads `rows` once into
     Ray's object store (GoodRows.blocks), and their keys and payload to the driver. No cache
-    (`cache_dir` None, or nothing promoted): every row is fresh, and streams (GoodRows.dataset). Both sides are chosen by the ids that
+    (`cache_dir` None, or nothing promoted): every row is fresh, and streams (GoodRows.dataset).
+    Both sides are chosen by the ids that
     moved (this run's fresh ones, the cache's stale ones), few on a nightly run: each block
     looks its rows up in a small set. The kept rows' parts start being written into `staged`
     (this run's staging folder) before the fresh rows are gathered: at most GATHERED_ROWS, out

@@ -29,7 +29,6 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray
 from ray import ObjectRef
-from ray.data.expressions import col
 
 from precompute.jobs.inputs import CorpusInput, read_input
 from precompute.jobs.nights import inputs_digest
@@ -168,17 +167,8 @@ class GoodRows:
         dataset = read_input(self.corpus)
         if renames:
             dataset = dataset.rename_columns(renames)
-        tagged = dataset.map_batches(
-            tag_rejects,
-            batch_format="pyarrow",
-            fn_kwargs={"duplicates": self.duplicates, "max_text_bytes": self.corpus.max_text_bytes},
-        )
-        good = tagged.filter(expr=col(REASON).is_null()).drop_columns([REASON])
         schema = good_schema(arrow_dataset(self.corpus).schema, self.corpus)
-        good = good.map_batches(restore, batch_format="pyarrow", fn_kwargs={"schema": schema})
-        for step in self.steps:
-            good = good.map_batches(step, batch_format="pyarrow")
-        return good
+        return dataset.map_batches(self.of, batch_format="pyarrow", fn_kwargs={"schema": schema})
 
     def blocks(self) -> list[ObjectRef]:
         """The good rows as blocks in Ray's object store, a task a part of a file (parts)."""
@@ -187,9 +177,10 @@ class GoodRows:
         return [good_part.remote(p, source.schema, schema, rows) for f in source.get_fragments() for p in parts(f)]
 
     def of(self, batch: pa.Table, schema: pa.Schema) -> pa.Table:
-        """A batch of the files' rows (canonical names) as good rows: rejects out, then `steps`."""
+        """A batch of the files' rows (canonical names) as good rows, in `schema` (good_schema: a
+        good row's bytes are UTF-8), then each of `steps`."""
         tagged = tag_rejects(batch, self.duplicates, self.corpus.max_text_bytes)
-        good = restore(tagged.filter(pc.is_null(tagged[REASON])).drop_columns([REASON]), schema)
+        good = tagged.filter(pc.is_null(tagged[REASON])).drop_columns([REASON]).cast(schema)
         for step in self.steps:
             good = step(good)
         return good
@@ -210,12 +201,6 @@ def good_part(part: pads.Fragment, source: pa.Schema, schema: pa.Schema, rows: G
     names = [canonical_columns(rows.corpus).get(name, name) for name in source.names]
     tables = [rows.of(batch.rename_columns(names), schema) for batch in batches(part, source)]
     return pa.concat_tables(tables) if tables else rows.of(source.empty_table().rename_columns(names), schema)
-
-
-def restore(batch: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Checked rows (their strings as bytes: tag_rejects) in the good rows' `schema`: good rows'
-    bytes are UTF-8."""
-    return batch.cast(schema)
 
 
 def validate_files(
