@@ -81,25 +81,30 @@ def opening_searches(texts: list[str]) -> list[str]:
     return [" ".join(text.split()[: OPENING_WORDS[zlib.crc32(text.encode()) % len(OPENING_WORDS)]]) for text in texts]
 
 
-def check_queries(output: EmbeddingsSpec, engine: Engine) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
-    """Vectors of searches for the index check, by the engine that embedded the corpus (its gate
-    already passed: opening it is a cache hit): the opening words of the gate's held-out texts,
-    and the queries file's first USER_QUERIES texts where the pipeline file names one; then the
-    texts of both, in that order (jobs/index_check.py search_keys).
+def check_texts(output: EmbeddingsSpec, engine: Engine) -> tuple[list[str], list[str] | None]:
+    """The texts of the index check's searches: the opening words of the gate's held-out texts,
+    and the queries file's first USER_QUERIES texts where the pipeline file names one.
 
     A stored vector is the easiest query an index gets: it sits among the points the graph was
     built from. Searches are shorter than documents and land between them, where a graph walk
     at the same hnsw_ef misses more (README, "Search fidelity": recall@10 0.9995 for stored rows,
     0.9885 for 1,000 users' opening-words queries at hnsw_ef 64)."""
-    from precompute.models import load_encoder
     from precompute.models.engine import gate_texts
 
-    held_out = gate_texts(engine).texts[:CHECK_QUERIES]
-    opening = opening_searches(held_out)
-    users = None
-    if output.queries is not None:
-        column = arrow_dataset(output.queries).head(USER_QUERIES, columns=[output.queries.text])
-        users = [text for text in column[output.queries.text].to_pylist() if isinstance(text, str) and text.strip()]
+    opening = opening_searches(gate_texts(engine).texts[:CHECK_QUERIES])
+    if output.queries is None:
+        return opening, None
+    column = arrow_dataset(output.queries).head(USER_QUERIES, columns=[output.queries.text])
+    return opening, [text for text in column[output.queries.text].to_pylist() if isinstance(text, str) and text.strip()]
+
+
+def check_queries(
+    engine: Engine, opening: list[str], users: list[str] | None
+) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+    """The check_texts' vectors, by the engine that embedded the corpus (its gate already passed:
+    opening it is a cache hit), and their texts in that order (jobs/index_check.py search_keys)."""
+    from precompute.models import load_encoder
+
     with load_encoder(engine) as encoder:
         return encoder.encode(opening), None if users is None else encoder.encode(users), opening + (users or [])
 
@@ -133,7 +138,7 @@ class Embeddings(OutputKind):
 
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
         from precompute.jobs import progress, work_dir
-        from precompute.jobs.carried_check import carried_check, keep_check
+        from precompute.jobs.carried_check import carried_check, checked_under, keep_check
         from precompute.jobs.embed import STAGED, run_embed_job
         from precompute.jobs.index_check import check_index
         from precompute.stores.versions import new_version
@@ -156,19 +161,21 @@ class Embeddings(OutputKind):
             with open_vector_store(machine.qdrant, store_name) as store:
                 source = store.current() if embedded.load["mode"] == "copy" else None  # what it copies
                 copy_of = None if source is None else work_dir.run_dir(run.work_dir, name, source) / STAGED
+                texts = check_texts(output, engine)
+                limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
+                conditions = checked_under(store, output.min_recall, limits, CHECK_QUERIES, texts)
                 validation = None
                 if copy_of is not None and embedded.unchanged_from == source:
-                    validation = carried_check(store, version, staged, source, copy_of, embedded.loaded)
+                    validation = carried_check(store, version, staged, (source, copy_of), embedded.loaded, conditions)
                 if validation is None:
-                    opening, users, texts = check_queries(output, engine)
-                    limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
+                    opening, users, searched = check_queries(engine, *texts)
                     cache = work_dir.cache_dir(run.work_dir, name)
                     start = None if source is None else store.searched_with(source)
                     validation = check_index(
-                        store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, texts, **limits,
+                        store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, searched, **limits,
                         cache=cache, start=start, copy_of=copy_of,
                     )
-                keep_check(staged, validation)
+                keep_check(staged, validation, conditions)
                 return validation
 
         def publish() -> None:

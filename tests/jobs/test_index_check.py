@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.jobs import index_check
-from precompute.jobs.carried_check import carried_check, keep_check
+from precompute.jobs.carried_check import carried_check, checked_under, keep_check
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
 from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
@@ -402,8 +402,9 @@ def test_a_list_that_lost_more_than_its_depth_beyond_k_no_longer_knows_its_k_bes
 def test_an_unchanged_nights_copy_carries_its_sources_check_unless_a_point_is_missing(tmp_path: Path) -> None:
     """A copy in which no point was written or deleted searches as its source: the source's
     figures and search parameters are carried, unmeasured, with its exact neighbours for the
-    next copy; a copy short of a staged row is refused; a source whose check was not kept is
-    measured (None)."""
+    next copy, while tonight's check would be measured under the same conditions; a copy short
+    of a staged row is refused; a source whose check was not kept, or was measured under
+    another bar, ladder or searches, is measured again (None)."""
     keys = [f"k-{i}" for i in range(ROWS)]
     opened = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant"), "docs", pointer_check_s=0)
     first = staged_run(tmp_path, "run-1", IDS, VECTORS, keys)
@@ -412,12 +413,19 @@ def test_an_unchanged_nights_copy_carries_its_sources_check_unless_a_point_is_mi
         checked = check_index(opened, V1, first, queries=50, min_recall=0.9, start=SearchParams(hnsw_ef=128))
         second = staged_run(tmp_path, "run-2", IDS, VECTORS, keys)
         loaded = load_version(opened, V2, second, {}, "none", (V1, first), same_rows=True)
-        assert carried_check(opened, V2, second, V1, first, loaded.count) is None  # V1's check not kept
+        tonight = checked_under(opened, 0.9, {"max_ef": 1024, "exact": True}, 50, (["opening"], None))
+        assert carried_check(opened, V2, second, (V1, first), loaded.count, tonight) is None  # V1's not kept
 
-        keep_check(first, checked)
-        carried = carried_check(opened, V2, second, V1, first, loaded.count)
+        keep_check(first, checked, tonight)
+        for other in (
+            checked_under(opened, 0.99, {"max_ef": 1024, "exact": True}, 50, (["opening"], None)),
+            checked_under(opened, 0.9, {"max_ef": 1, "exact": False}, 50, (["opening"], None)),
+            checked_under(opened, 0.9, {"max_ef": 1024, "exact": True}, 50, (["opening"], ["a user's"])),
+        ):
+            assert carried_check(opened, V2, second, (V1, first), loaded.count, other) is None
+        carried = carried_check(opened, V2, second, (V1, first), loaded.count, tonight)
         assert carried == replace(checked, carried_from=V1)
         assert opened.searched_with(V2) == SearchParams(**checked.search) == SearchParams(hnsw_ef=128)
         assert (second / index_check.EXACT_FILE).is_file()
         with pytest.raises(IndexCheckError, match=f"version {V2} holds {ROWS - 1} points, {ROWS} were staged"):
-            carried_check(opened, V2, second, V1, first, ROWS - 1)
+            carried_check(opened, V2, second, (V1, first), ROWS - 1, tonight)
