@@ -55,7 +55,7 @@ DRIVER_ROWS = 100_000
 """The moved files' rows are checked in this process when they are at most this many, not by Ray
 tasks: a night's first task starts a worker and its imports, 1.8-2.3 s in the flow's fresh Ray
 on 2 CPUs (bench scale's 1M rows, 2 of 100 files moved), where the driver checks 100,000 rows in
-0.13-0.26 s."""
+0.13-0.26 s. Never where the driver is kept idle (JobSettings.driver_rows 0)."""
 KEPT_VALIDATIONS = 8
 """Whole validations kept, with the files' they were made of: a night's corpus or two, for
 several outputs and a few nights."""
@@ -132,14 +132,16 @@ def payload_columns(corpus: CorpusInput) -> list[str]:
 
 
 def validated_corpus(
-    corpus: CorpusInput, rejects_path: WorkPath, validation: Validation | None = None
+    corpus: CorpusInput, rejects_path: WorkPath, validation: Validation | None = None, driver: bool = True
 ) -> tuple[GoodRows, int, int]:
     """(good rows, rows read, rows rejected) of a corpus; rejects quarantined first, into
     `rejects_path`. `validation`: where this corpus's validations are kept (validation_entry),
-    taken instead of reading its rows again where its files and rules are the same."""
+    taken instead of reading its rows again where its files and rules are the same. `driver`:
+    whether a few moved files' rows may be checked in this process (DRIVER_ROWS); False keeps
+    it idle (JobSettings.driver_rows 0), every row checked by Ray tasks."""
     known = None if validation is None else known_validation(validation.whole, rejects_path, corpus.max_reject_ratio)
     if known is None:
-        known = validate_files(corpus, arrow_dataset(corpus), rejects_path, validation)
+        known = validate_files(corpus, arrow_dataset(corpus), rejects_path, validation, driver)
     return GoodRows(corpus, known.duplicates), known.rows, known.rejects
 
 
@@ -204,7 +206,11 @@ def good_part(part: pads.Fragment, source: pa.Schema, schema: pa.Schema, rows: G
 
 
 def validate_files(
-    corpus: CorpusInput, source: pads.FileSystemDataset, rejects_path: WorkPath, validation: Validation | None
+    corpus: CorpusInput,
+    source: pads.FileSystemDataset,
+    rejects_path: WorkPath,
+    validation: Validation | None,
+    driver: bool,
 ) -> KnownValidation:
     """Quarantine the corpus's rejects into `rejects_path`, file by file (the module's docstring),
     failing past its max_reject_ratio; record what was found in `validation`."""
@@ -221,7 +227,7 @@ def validate_files(
             moved += [(path, part) for part in parts(fragment)]
         else:
             found[path] = recorded
-    if sum(ids[path].num_rows for path in {path for path, _ in moved}) <= DRIVER_ROWS:
+    if driver and sum(ids[path].num_rows for path in {path for path, _ in moved}) <= DRIVER_ROWS:
         results = [check_part(part, source.schema, **kwargs) for _, part in moved]
     else:
         results = ray.get([check_task.remote(part, source.schema, **kwargs) for _, part in moved])

@@ -187,7 +187,7 @@ def embed_corpus(
         prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
         start = time.perf_counter()
         with progress.stage(output, "validate"):
-            good, rows, rejects = validated_corpus(corpus, run / REJECTS, validation)
+            good, rows, rejects = validated_corpus(corpus, run / REJECTS, validation, settings.driver_rows > 0)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

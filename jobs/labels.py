@@ -197,7 +197,7 @@ def run_labels_job(
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine, head_dir)  # as embed.py
         start = time.perf_counter()
         with progress.stage(output, "validate"):
-            good, rows, rejects = validated_corpus(corpus, rejects_path, validation)
+            good, rows, rejects = validated_corpus(corpus, rejects_path, validation, settings.driver_rows > 0)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()

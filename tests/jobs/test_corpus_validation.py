@@ -289,3 +289,19 @@ def test_csv_and_json_files_are_checked_as_parquet_ones(ray_local, checked_where
     assert (rows, rejects) == (3, 1)
     assert [r["id"] for r in read_good(good)] == ["007", "009"]
     assert [(r["id"], r[REASON]) for r in pq.read_table(rejects_path.path).to_pylist()] == [("008", "text is empty")]
+
+
+def test_a_driver_kept_idle_leaves_even_a_few_moved_rows_to_ray_tasks(
+    ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JobSettings.driver_rows 0 keeps the driver idle (a cluster's): the rows of one small moved
+    file, which it would check itself, go to a Ray task."""
+    folder = tmp_path / "corpus"
+    write_files(folder, {"a.parquet": [("a1", "one"), ("a2", " ")]})
+    corpus = CorpusInput(path=str(folder), max_reject_ratio=0.5)
+    monkeypatch.setattr(corpus_validation, "check_part", None)  # the driver's own check; the task's is its worker's
+    rejects_path = WorkPath.of(tmp_path / "rejects.parquet")
+    good, rows, rejects = validated_corpus(corpus, rejects_path, entry(tmp_path, corpus), driver=False)
+    assert (rows, rejects) == (2, 1) and [r["id"] for r in read_good(good)] == ["a1"]
+    with pytest.raises(TypeError):  # where the driver may check them, it does
+        validated_corpus(corpus, rejects_path, driver=True)
