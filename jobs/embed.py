@@ -2,11 +2,12 @@
 
     rejects pass:  read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
     main pass:     read -> tag_rejects -> good rows -> content keys -> (id, key, payload) to the
-                   driver, compared with the previous run's (jobs/content_cache.py) -> the
+                   driver (read by Ray tasks: GoodRows.blocks), compared with the previous run's
+                   (jobs/content_cache.py), while prepare_engine builds and gates the engine -> the
                    EmbedActor pool encodes the rows that moved (the driver, when they are few:
                    JobSettings.driver_rows) -> StagingSink (Parquet parts, committed by a manifest)
-    kept rows:     the previous run's parts less the rows that moved, one Ray task a part,
-                   committed in the same manifest
+    kept rows:     the previous run's parts less the rows that moved (copied as they are where
+                   none moved), one Ray task a part, committed in the same manifest
     driver:        committed parts -> vector store version (a copy of the published one with the
                    rows that moved, else a bulk load: jobs/vector_load.py; index, count) -> promote as cache
 
