@@ -108,13 +108,14 @@ def keep_part(fs: FileSystem, part: str, target: WorkPath, stale: list[ObjectRef
     wrapped in a list so that Ray passes the reference, not the ids."""
     with fs.open_input_file(part) as source:
         file = pq.ParquetFile(source)
-        ids, stored = file.read(columns=["id"])["id"], file.schema_arrow.names
-    if COMPUTED not in stored and not pc.any(pc.is_in(ids, value_set=ray.get(stale[0]))).as_py():
-        name = part_name()
-        fs.copy_file(part, (target / name).path)
-        return {"name": name, "rows": len(ids), "computed": 0}
-    rows = pq.read_table(part, filesystem=fs, columns=[c for c in stored if c != COMPUTED])  # kept: none computed
-    return write_part(without_ids(rows, stale[0]), target)
+        stored = file.schema_arrow.names
+        moved = pc.is_in(file.read(columns=["id"])["id"], value_set=ray.get(stale[0]))
+        if COMPUTED in stored or pc.any(moved).as_py():
+            rows = file.read(columns=[c for c in stored if c != COMPUTED])  # kept: none computed
+            return write_part(rows.filter(pc.invert(moved)), target)
+    name = part_name()
+    fs.copy_file(part, (target / name).path)
+    return {"name": name, "rows": len(moved), "computed": 0}
 
 
 class Reuse(NamedTuple):
@@ -233,16 +234,12 @@ def changes(now: pl.DataFrame, before: pl.DataFrame) -> tuple[pl.DataFrame, pl.D
 
 
 def ids_ref(frame: pl.DataFrame, like: pa.Table) -> ObjectRef:
-    """The frame's ids in the object store, typed as `like`'s (what with_ids and without_ids take)."""
+    """The frame's ids in the object store, typed as `like`'s (what with_ids and keep_part take)."""
     return ray.put(frame["id"].to_arrow().cast(like.schema.field("id").type))
 
 
 def with_ids(batch: pa.Table, ids: ObjectRef) -> pa.Table:
     return batch.filter(pc.is_in(batch["id"], value_set=ray.get(ids)))
-
-
-def without_ids(batch: pa.Table, ids: ObjectRef) -> pa.Table:
-    return batch.filter(pc.invert(pc.is_in(batch["id"], value_set=ray.get(ids))))
 
 
 def uncached(batch: pa.Table, column: str) -> np.ndarray:

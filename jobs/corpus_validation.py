@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -200,9 +200,8 @@ def good_schema(source: pa.Schema, corpus: CorpusInput) -> pa.Schema:
 def good_part(part: pads.Fragment, source: pa.Schema, schema: pa.Schema, rows: GoodRows) -> pa.Table:
     """One part of a file (`source`: the corpus's schema as its files hold it) as `rows` takes
     it; `schema`: good_schema."""
-    names = [canonical_columns(rows.corpus).get(name, name) for name in source.names]
-    tables = [rows.of(batch.rename_columns(names), schema) for batch in batches(part, source)]
-    return pa.concat_tables(tables) if tables else rows.of(source.empty_table().rename_columns(names), schema)
+    named = named_batches(part, source, canonical_columns(rows.corpus))
+    return pa.concat_tables([rows.of(batch, schema) for batch in named])
 
 
 def validate_files(
@@ -343,14 +342,24 @@ def check_part(
 ) -> tuple[int, pa.Table]:
     """(rows, rejects with their reasons, string columns as their bytes) of one part of a file."""
     rows, rejects = 0, []
-    names = [renames.get(name, name) for name in schema.names]
-    for batch in batches(part, schema):
-        tagged = tag_rejects(batch.rename_columns(names), duplicates, max_text_bytes)
+    for batch in named_batches(part, schema, renames):
+        tagged = tag_rejects(batch, duplicates, max_text_bytes)
         rows += tagged.num_rows
         rejects.append(tagged.filter(pc.is_valid(tagged[REASON])))
-    if not rejects:
-        return rows, lossless(schema.empty_table().rename_columns(names)).append_column(REASON, pa.array([], pa.string()))
     return rows, pa.concat_tables(rejects)
+
+
+def named_batches(part: pads.Fragment, schema: pa.Schema, renames: dict[str, str]) -> Iterator[pa.Table]:
+    """A part's rows (`schema`: the corpus's, as its files hold it) under the canonical names
+    (canonical_columns), a batch at a time (row_groups.batches); one empty table where it has
+    none, so that a caller's result always has the columns."""
+    names = [renames.get(name, name) for name in schema.names]
+    read = False
+    for batch in batches(part, schema):
+        read = True
+        yield batch.rename_columns(names)
+    if not read:
+        yield schema.empty_table().rename_columns(names)
 
 
 check_task = ray.remote(check_part)
