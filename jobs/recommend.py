@@ -1,8 +1,8 @@
-"""Recommendations as a Ray Data job: read -> validate -> train, group by user -> top-k -> the caller's sink.
+"""Recommendations as a Ray job: read -> validate -> train, group by user -> top-k -> the caller's sink.
 
-    rejects pass: read -> tag_rejects -> rows with a reason -> rejects.parquet (fail fast on ratio)
-    driver:       good rows -> item counts (the ranker's prior); training; each user's history
-                  and fingerprint (jobs/user_histories.py) -> users to rescore
+    driver:       read -> tag_rejects -> rejects.parquet (failing on their ratio) and good rows
+                  (jobs/interactions.py) -> item counts (the ranker's prior); training; each
+                  user's history and fingerprint (jobs/user_histories.py) -> users to rescore
     main pass:    their histories, in blocks -> TopKActor pool, or the driver for at most
                   topk_driver_users users or on a one-node Ray (jobs/settings.py; exact: blocked
                   matmul, mask, topk; or an IVF index's candidates) -> values -> sink
@@ -35,18 +35,11 @@ import pyarrow.compute as pc
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.data.expressions import col
 
 from precompute.jobs import progress
 from precompute.jobs.candidate_topk import CandidateTopK, Ranking, choose_ranking, ranker_of, read_in_place
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import (
-    INDEX,
-    SECONDS,
-    clean,
-    read_interactions,
-    tag_rejects,
-)
+from precompute.jobs.interactions import INDEX, validated_interactions
 from precompute.jobs.kept_index import keep_index, kept_index
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, ray_session
@@ -81,9 +74,8 @@ from precompute.jobs.sequence_train import save_weights, warm_start
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.user_histories import history_blocks, seen_of, user_rows
-from precompute.jobs.validate import REASON, REJECTS, quarantine
+from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath
-from precompute.models.datasets import arrow_dataset
 from precompute.models.settings import EngineSettings
 from precompute.stores.key_value_sink import KeyValueSink
 from precompute.stores.key_value_versions import CopyPlan
@@ -257,17 +249,10 @@ def run_recs_job(
         gpus = resources.get("GPU", 0) > 0
         one_node = sum(node["Alive"] for node in ray.nodes()) == 1  # a top-k pool would share the driver's CPUs
         start = time.perf_counter()
-        rows = arrow_dataset(interactions).count_rows()
-        tagged = read_interactions(interactions).map_batches(
-            tag_rejects, batch_format="pyarrow", fn_kwargs={"items": item_ids}
-        )
-        checked = tagged.drop_columns([INDEX, SECONDS])
-        rejects = quarantine(checked, rows, interactions.max_reject_ratio, rejects_path, "interactions")
+        valid, rows, rejects = validated_interactions(interactions, item_ids, rejects_path)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        good = tagged.filter(expr=col(REASON).is_null()).map_batches(clean, batch_format="pyarrow")
-        valid = pa.concat_tables(ray.get(good.to_arrow_refs()))  # the driver trains on them
         counts = np.bincount(valid[INDEX].to_numpy(), minlength=len(items.ids))
         prior = popularity_prior(counts, settings.popularity_weight) if settings.popularity_weight else None
         seconds["popularity"] = time.perf_counter() - start

@@ -146,19 +146,21 @@ class Embeddings(OutputKind):
         output, machine = run.pipeline.outputs[name], run.machine
         store_name, engine = run.pipeline.store(name), engine_of(run.pipeline, name, machine.engine)
 
-        def embed() -> Any:
-            """Each attempt writes a version of its own: a retry never appends to a failed one's parts."""
-            with open_vector_store(machine.qdrant, store_name) as store:
+        # One store through the steps: the check searches the handle the load left open, and the
+        # copy's source stays open from the load to the check.
+        with open_vector_store(machine.qdrant, store_name) as store:
+
+            def embed() -> Any:
+                """Each attempt writes a version of its own: a retry never appends to a failed one's parts."""
                 return run_embed_job(
                     new_version(), store, output.input, machine.job, engine, name, output.quantization
                 )
 
-        embedded = run.step("embed", embed)
-        version, seconds = embedded.version, {}
-        staged = work_dir.run_dir(run.work_dir, name, version) / STAGED
+            embedded = run.step("embed", embed)
+            version, seconds = embedded.version, {}
+            staged = work_dir.run_dir(run.work_dir, name, version) / STAGED
 
-        def validate() -> Any:
-            with open_vector_store(machine.qdrant, store_name) as store:
+            def validate() -> Any:
                 source = store.current() if embedded.load["mode"] == "copy" else None  # what it copies
                 copy_of = None if source is None else work_dir.run_dir(run.work_dir, name, source) / STAGED
                 texts = check_texts(output, engine)
@@ -178,27 +180,25 @@ class Embeddings(OutputKind):
                 keep_check(staged, validation, conditions)
                 return validation
 
-        def publish() -> None:
-            with open_vector_store(machine.qdrant, store_name) as store:
+            def publish() -> None:
                 store.publish(version)
 
-        def collect_garbage() -> list[str]:
-            """Old versions go whole, with their run folders (the cache is the newest run's)."""
-            with open_vector_store(machine.qdrant, store_name) as store:
+            def collect_garbage() -> list[str]:
+                """Old versions go whole, with their run folders (the cache is the newest run's)."""
                 deleted = store.gc(run.keep(name))
                 kept = set(store.versions())
                 work_dir.collect_runs(work_dir.runs(run.work_dir, name), store.current(), kept)
-            return deleted
+                return deleted
 
-        start = time.perf_counter()
-        with progress.stage(name, "check index"):
-            validation = run.step("validate", validate, retry=False)
-        seconds["validate_version"] = round(time.perf_counter() - start, 3)
-        start = time.perf_counter()
-        with progress.stage(name, "publish"):
-            run.step("publish", publish)
-        seconds["publish"] = round(time.perf_counter() - start, 3)
-        deleted = run.step("collect_garbage", collect_garbage)
+            start = time.perf_counter()
+            with progress.stage(name, "check index"):
+                validation = run.step("validate", validate, retry=False)
+            seconds["validate_version"] = round(time.perf_counter() - start, 3)
+            start = time.perf_counter()
+            with progress.stage(name, "publish"):
+                run.step("publish", publish)
+            seconds["publish"] = round(time.perf_counter() - start, 3)
+            deleted = run.step("collect_garbage", collect_garbage)
         rates = {
             stage: round(embedded.rows / embedded.seconds[stage], 1)
             for stage in ROW_STAGES

@@ -1,16 +1,23 @@
 """Interactions checked column-wise (jobs/interactions.py tag_rejects): each row gets exactly the
-reason the row-by-row contract gives it, and a good row its item's position."""
+reason the row-by-row contract gives it, and a good row its item's position; a folder of files is
+read in chunks, every row kept once (validated_interactions)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from precompute.jobs.interactions import INDEX, row_reason, tag_rejects
-from precompute.jobs.validate import REASON
+from precompute.jobs import interactions
+from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.interactions import INDEX, row_reason, tag_rejects, validated_interactions
+from precompute.jobs.validate import REASON, RejectRatioExceededError
+from precompute.jobs.work_dir import WorkPath
 
 ITEMS = ["i0", "i1", "i2"]
 WEIGHTS = st.one_of(st.none(), st.sampled_from([1.0, 0.0, -0.5, math.nan, math.inf, -math.inf, 2.5]))
@@ -47,3 +54,37 @@ def test_integer_item_ids_are_found_by_their_decimal_text() -> None:
     tagged = tag_rejects(pa.table({"user_id": ["u1", "u2"], "item_id": [7, 8]}), pa.array(["7", "9"]))
     assert tagged[INDEX].to_pylist() == [0, None]
     assert tagged[REASON].to_pylist() == [None, "item_id '8' is not in the item table"]
+
+
+def test_a_folder_of_files_validated_in_chunks_keeps_every_row_once_in_order(tmp_path: Path, monkeypatch) -> None:
+    """Files gathered into chunks (CHECK_ROWS, 3 here) across their boundaries: each good row once,
+    in the files' order, each bad one in the rejects with its reason, under the job's column names."""
+    monkeypatch.setattr(interactions, "CHECK_ROWS", 3)
+    folder = tmp_path / "interactions"
+    folder.mkdir()
+    files = [
+        [("u1", "i0", 1.0), ("u1", "gone", 1.0)],
+        [],
+        [("u2", "i1", 0.5), ("u2", "i2", -1.0), ("u3", "i2", 2.0), ("u3", "i0", 1.0)],
+    ]
+    schema = pa.schema([("who", pa.string()), ("what", pa.string()), ("weight", pa.float32())])
+    for n, rows in enumerate(files):
+        table = pa.Table.from_pylist([dict(zip(schema.names, row, strict=True)) for row in rows], schema)
+        pq.write_table(table, folder / f"part-{n}.parquet")
+    source = InteractionsInput(path=str(folder), user="who", item="what", max_reject_ratio=0.5)
+    rejects = WorkPath.of(tmp_path / "run" / "rejects.parquet")
+    good, rows, count = validated_interactions(source, pa.array(ITEMS), rejects)
+    assert (rows, count) == (6, 2)
+    assert good["user_id"].to_pylist() == ["u1", "u2", "u3", "u3"]
+    assert good[INDEX].to_pylist() == [0, 1, 2, 0]
+    quarantined = pq.read_table(rejects.path)
+    assert quarantined["user_id"].to_pylist() == ["u1", "u2"]
+    assert quarantined[REASON].to_pylist() == ["item_id 'gone' is not in the item table", "weight -1.0 is negative"]
+
+
+def test_interactions_past_the_reject_ratio_fail_naming_the_quarantine(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"user_id": ["u1", "u2"], "item_id": ["i0", "gone"]}), tmp_path / "seen.parquet")
+    rejects = WorkPath.of(tmp_path / "run" / "rejects.parquet")
+    with pytest.raises(RejectRatioExceededError, match=r"1 of 2 interactions rejected.*rejects\.parquet"):
+        validated_interactions(InteractionsInput(path=str(tmp_path / "seen.parquet")), pa.array(ITEMS), rejects)
+    assert pq.read_table(rejects.path)[REASON].to_pylist() == ["item_id 'gone' is not in the item table"]

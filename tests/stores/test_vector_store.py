@@ -283,7 +283,8 @@ def test_edge_reader_picks_up_a_new_version_without_restart(store_settings: Vect
 
 
 def test_edge_published_shard_opens_in_two_processes(store_settings: VectorStoreSettings) -> None:
-    """The service (another process) keeps the shard open while this one reads it too."""
+    """The service (another process) opens and searches the shard while this one, which wrote
+    it, still holds it open (finalize keeps the writer's handle as this process's reader)."""
     with QdrantEdgeStore(store_settings, NAME) as writer:
         load(writer, V1)
         writer.publish(V1)
