@@ -7,10 +7,10 @@ Each file's validation is kept by the digest of its bytes and the rules it was c
 that the corpus repeated, which every file rejects). A night reads the ids of every file (which
 ids repeat is a property of the whole corpus; only those of the moved files, and those repeated
 before, are counted), takes each file whose bytes, rules and repeated ids are as recorded, and
-checks the others with a Ray task per run of row groups (in this process where they are few:
-DRIVER_ROWS): plain tasks, not a Ray Data operator (on bench scale's 1M rows by hand, a whole
-validation took 0.7-1.2 s as tasks against 8.7-10.2 s through Ray Data; one moved file of 100,
-0.10-0.13 s). The whole corpus's validation is kept as
+checks the others a run of row groups at a time: by Ray tasks across a cluster, in this
+process's threads on one machine or where they are few (DRIVER_ROWS). Never a Ray Data operator
+(on bench scale's 1M rows by hand, a whole validation took 0.7-1.2 s as tasks against 8.7-10.2 s
+through Ray Data; one moved file of 100, 0.10-0.13 s). The whole corpus's validation is kept as
 well (`<work_dir>/validated/<key>/`): the night's second text job, or a night whose corpus did
 not move, reads no file's ids at all.
 """
@@ -18,8 +18,10 @@ not move, reads no file's ids at all.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -32,6 +34,7 @@ from ray import ObjectRef
 
 from precompute.jobs.inputs import CorpusInput, read_input
 from precompute.jobs.nights import inputs_digest
+from precompute.jobs.ray_session import one_node
 from precompute.jobs.row_groups import batches, runs
 from precompute.jobs.validate import (
     REASON,
@@ -52,10 +55,11 @@ its files and rules; <work_dir>/validated/files/<key>/: one file's, by its bytes
 FILES = "files"
 FIGURES = "figures.json"
 DRIVER_ROWS = 100_000
-"""The moved files' rows are checked in this process when they are at most this many, not by Ray
-tasks: a night's first task starts a worker and its imports, 1.8-2.3 s in the flow's fresh Ray
-on 2 CPUs (bench scale's 1M rows, 2 of 100 files moved), where the driver checks 100,000 rows in
-0.13-0.26 s. Never where the driver is kept idle (JobSettings.driver_rows 0)."""
+"""The moved files' rows are checked in this process, a thread per CPU, when they are at most
+this many or Ray is this one machine, not by Ray tasks: a night's first task starts a worker and
+its imports. On 2 CPUs, bench scale's 1M rows took 0.53 s in two threads, 0.87 s in one, and
+2.54 s as the fresh Ray's first tasks (0.58 s once its workers had started). Never where the
+driver is kept idle (JobSettings.driver_rows 0)."""
 KEPT_VALIDATIONS = 8
 """Whole validations kept, with the files' they were made of: a night's corpus or two, for
 several outputs and a few nights."""
@@ -226,8 +230,10 @@ def validate_files(
             moved += [(path, part) for part in parts(fragment)]
         else:
             found[path] = recorded
-    if driver and sum(ids[path].num_rows for path in {path for path, _ in moved}) <= DRIVER_ROWS:
-        results = [check_part(part, source.schema, **kwargs) for _, part in moved]
+    few = sum(ids[path].num_rows for path in {path for path, _ in moved}) <= DRIVER_ROWS
+    if driver and (few or one_node()):
+        with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as threads:
+            results = list(threads.map(lambda moved: check_part(moved[1], source.schema, **kwargs), moved))
     else:
         results = ray.get([check_task.remote(part, source.schema, **kwargs) for _, part in moved])
     checked: dict[str, tuple[int, list[pa.Table]]] = {}

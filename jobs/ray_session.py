@@ -172,6 +172,12 @@ def stopped_unless_interrupted(stops: list[Callable[[], None]]) -> Iterator[None
                 stop()
 
 
+def one_node() -> bool:
+    """Whether the Ray cluster is this one machine: there, work Ray would fan out to its workers
+    shares the driver's CPUs, and the driver's own threads spare the workers' start."""
+    return sum(node["Alive"] for node in ray.nodes()) == 1
+
+
 ACTOR_RESTARTS = 3
 """Times an inference actor is restarted after its process died before the job fails: the bound
 on a batch that kills its actor every time."""

@@ -42,7 +42,7 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interactions import INDEX, validated_interactions
 from precompute.jobs.kept_index import keep_index, kept_index
 from precompute.jobs.nights import Night, Previous, record_night
-from precompute.jobs.ray_session import actor_pool, ray_session
+from precompute.jobs.ray_session import actor_pool, one_node, ray_session
 from precompute.jobs.recs_kept import interactions_sketch, kept_als, save_als
 from precompute.jobs.recs_models import (
     ALSTowers,
@@ -247,7 +247,6 @@ def run_recs_job(
     with ray_session(job.ray_address):
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
-        one_node = sum(node["Alive"] for node in ray.nodes()) == 1  # a top-k pool would share the driver's CPUs
         start = time.perf_counter()
         valid, rows, rejects = validated_interactions(interactions, item_ids, rejects_path)
         seconds["validate"] = time.perf_counter() - start
@@ -323,7 +322,7 @@ def run_recs_job(
         if rescored:
             chosen, block = np.flatnonzero(rescoring), job.users_per_block
             with progress.stage(output, "top-k", rescored, counted=True) as counter:
-                in_driver = rescored <= job.topk_driver_users or (job.topk_driver_users > 0 and one_node)
+                in_driver = rescored <= job.topk_driver_users or (job.topk_driver_users > 0 and one_node())
                 ranked_in = "driver" if in_driver and not gpus else "actors"
                 if ranked_in == "driver":
                     ranker = ranker_of(towers.items, settings.k, block, prior, ranking)
