@@ -294,7 +294,7 @@ def run_recs_job(
             save_weights(sequence.model, settings.sequence, items.ids, work_dir / STATE / SEQUENCE_WEIGHTS)
             sequence_report = {"training": asdict(sequence.report), "engines": sequence.engines}
         if als := next(((part, scale) for part, scale in parts if isinstance(part, ALSTowers)), None):
-            save_als(work_dir / STATE / ALS_FILE, *als, settings, items.ids, kept.trained_on, asdict(quality))
+            save_als(work_dir / STATE / ALS_FILE, *als, settings, items.ids, kept, asdict(quality))
         seconds["group"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -305,3 +305,18 @@ def test_a_driver_kept_idle_leaves_even_a_few_moved_rows_to_ray_tasks(
     assert (rows, rejects) == (2, 1) and [r["id"] for r in read_good(good)] == ["a1"]
     with pytest.raises(TypeError):  # where the driver may check them, it does
         validated_corpus(corpus, rejects_path, driver=True)
+
+
+def test_on_one_machine_even_many_moved_rows_are_checked_in_the_drivers_threads(
+    ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-node Ray's tasks would share the driver's CPUs and first start their workers: past
+    DRIVER_ROWS (0 here) the moved files are still checked in the driver, a thread per CPU."""
+    folder = tmp_path / "corpus"
+    write_files(folder, {"a.parquet": [("a1", "one"), ("a2", " ")], "b.parquet": [("b1", "two")]})
+    corpus = CorpusInput(path=str(folder), max_reject_ratio=0.5)
+    monkeypatch.setattr(corpus_validation, "DRIVER_ROWS", 0)
+    monkeypatch.setattr(corpus_validation, "check_task", None)  # a Ray task would fail
+    rejects_path = WorkPath.of(tmp_path / "rejects.parquet")
+    good, rows, rejects = validated_corpus(corpus, rejects_path, entry(tmp_path, corpus))
+    assert (rows, rejects) == (3, 1) and [r["id"] for r in read_good(good)] == ["a1", "b1"]

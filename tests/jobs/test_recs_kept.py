@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from precompute.jobs.interactions import INDEX, USER, WEIGHT
-from precompute.jobs.recs_kept import SKETCH, changed_share, interactions_sketch, kept_als, save_als
+from precompute.jobs.recs_kept import SKETCH, changed_share, interactions_sketch, kept_als, retrain, save_als
 from precompute.jobs.recs_models import ALSTowers, als_model
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.work_dir import WorkPath
@@ -53,7 +53,7 @@ def test_a_kept_als_is_compared_with_the_night_it_was_trained_on_and_keeps_its_f
     model.item_factors = rng.random((len(ids), settings.factors), dtype=np.float32)
     trained, figures = interactions_sketch(interactions(users, items)), {"published": "als+content"}
     path = WorkPath.of(tmp_path / "als.npz")
-    save_als(path, ALSTowers(model), 2.0, settings, ids, trained, figures)
+    save_als(path, ALSTowers(model), 2.0, settings, ids, retrain("first night", trained), figures)
 
     first = items.copy()
     first[:3_000] += 5_000  # share 2 * 3,000 / 203,000 = 0.030
@@ -64,10 +64,17 @@ def test_a_kept_als_is_compared_with_the_night_it_was_trained_on_and_keeps_its_f
     other_blend = settings.model_copy(update={"content_weight": 0.5})  # its figures were not this blend's
     assert kept_als(path, other_blend, ids, interactions_sketch(interactions(users, first))).quality is None
 
-    save_als(path, kept.towers, kept.scale, settings, ids, kept.trained_on, figures)  # as a kept night saves it
+    night = WorkPath.of(tmp_path / "night-2" / "als.npz")
+    night.parent.mkdir()
+    save_als(night, kept.towers, kept.scale, settings, ids, kept, figures)  # as a kept night saves it: a copy
+    assert night.read_bytes() == path.read_bytes()
+    measured = WorkPath.of(tmp_path / "night-2b" / "als.npz")
+    measured.parent.mkdir()
+    save_als(measured, kept.towers, kept.scale, settings, ids, kept, {"published": "als"})  # measured again tonight
+    assert kept_als(measured, settings, ids, interactions_sketch(interactions(users, first))).quality == {"published": "als"}
     second = first.copy()
     second[3_000:6_000] += 5_000  # 0.030 from the first night, 0.058 from the trained one
     assert changed_share(interactions_sketch(interactions(users, first)), interactions_sketch(interactions(users, second))) < 0.05
-    again = kept_als(path, settings, ids, interactions_sketch(interactions(users, second)))
+    again = kept_als(night, settings, ids, interactions_sketch(interactions(users, second)))
     assert again.towers is None and again.quality is None
     assert again.reason == "trained: 5.8% of the interactions changed since it was trained (retrain_share 5%)"
