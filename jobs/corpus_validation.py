@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -233,7 +234,7 @@ def validate_files(
     few = sum(ids[path].num_rows for path in {path for path, _ in moved}) <= DRIVER_ROWS
     if driver and (few or one_node()):
         with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as threads:
-            results = list(threads.map(lambda moved: check_part(moved[1], source.schema, **kwargs), moved))
+            results = list(threads.map(partial(check_part, schema=source.schema, **kwargs), [p for _, p in moved]))
     else:
         results = ray.get([check_task.remote(part, source.schema, **kwargs) for _, part in moved])
     checked: dict[str, tuple[int, list[pa.Table]]] = {}

@@ -92,10 +92,11 @@ def save_als(
     kept: KeptALS,
     quality: dict[str, Any],
 ) -> None:
-    """Tonight's ALS and its held-out `quality`, for the next night's kept_als. A kept one whose
-    figures stand is its published file copied (0.10-0.21 s for 1M items' factors, against
-    0.47-0.82 s to write them again, by hand): what would be written is what it holds."""
-    if kept.source is not None and kept.quality == quality:
+    """Tonight's ALS and its held-out `quality`, for the next night's kept_als. A kept one judged
+    under tonight's settings is its published file copied (0.10-0.21 s for 1M items' factors,
+    against 0.47-0.82 s to write them again, by hand): its factors, sketch and settings are the
+    file's, and so are the figures it is judged by, those of the night it was trained."""
+    if kept.source is not None and kept.quality is not None:
         kept.source.fs.copy_file(kept.source.path, path.path)
         return
     with path.writer() as out:
@@ -120,7 +121,8 @@ def kept_als(path: WorkPath | None, settings: RecsSpec, item_ids: list[str], ske
     with path.fs.open_input_file(path.path) as file, np.load(file, allow_pickle=False) as saved:
         if str(saved["trained_with"]) != trained_with(settings, item_ids):
             return retrain("the ALS settings or the items changed", sketch)
-        share = changed_share(saved["sketch"], sketch)
+        trained_on = saved["sketch"]
+        share = changed_share(trained_on, sketch)
         if share > settings.retrain_share:
             why = f"{share:.1%} of the interactions changed since it was trained (retrain_share {settings.retrain_share:.0%})"
             return retrain(why, sketch)
@@ -130,4 +132,4 @@ def kept_als(path: WorkPath | None, settings: RecsSpec, item_ids: list[str], ske
         # Its figures hold for the blend it was measured in: every recs setting as it was then.
         judged = "judged_with" in saved.files and str(saved["judged_with"]) == settings.model_dump_json()
         quality = json.loads(str(saved["quality"])) if judged else None
-        return KeptALS(ALSTowers(model), float(saved["scale"]), reason, saved["sketch"], quality, path)
+        return KeptALS(ALSTowers(model), float(saved["scale"]), reason, trained_on, quality, path)

@@ -20,10 +20,8 @@ point was tried here, and the figures are in README, "Figures behind the default
   processes open the same shard and query it, and nothing guards concurrent writes. Loading
   rewrites a few small files (edge_config.json, segment.json) by atomic rename with the same
   content: processes loading, querying and closing one shard over and over saw no error and
-  changed no file's bytes. Hence: WAL off; the writer fills, optimizes and flushes a shard
-  before it can be published, and a finalized shard is never written again. Its writer's
-  handle stays open as this process's reader: what another process then loads searches alike,
-  and the night's check spares a load (1.36 s for bench scale's 1M points).
+  changed no file's bytes. Hence: WAL off; a shard is filled, optimized and flushed before it is
+  published, then never written: its writer's handle stays open as this process's reader.
 - A shard closed while another thread queries it fails that query ("Shard is not
   initialized"); `search` then retries once on the handle that replaced it.
 - `MatchValue(True)` is sent as the integer 1 and matches nothing boolean; `np.bool_(True)`

@@ -68,10 +68,11 @@ def test_a_kept_als_is_compared_with_the_night_it_was_trained_on_and_keeps_its_f
     night.parent.mkdir()
     save_als(night, kept.towers, kept.scale, settings, ids, kept, figures)  # as a kept night saves it: a copy
     assert night.read_bytes() == path.read_bytes()
+    reblended = kept_als(path, other_blend, ids, interactions_sketch(interactions(users, first)))
     measured = WorkPath.of(tmp_path / "night-2b" / "als.npz")
     measured.parent.mkdir()
-    save_als(measured, kept.towers, kept.scale, settings, ids, kept, {"published": "als"})  # measured again tonight
-    assert kept_als(measured, settings, ids, interactions_sketch(interactions(users, first))).quality == {"published": "als"}
+    save_als(measured, kept.towers, kept.scale, other_blend, ids, reblended, {"published": "als"})  # measured tonight
+    assert kept_als(measured, other_blend, ids, interactions_sketch(interactions(users, first))).quality == {"published": "als"}
     second = first.copy()
     second[3_000:6_000] += 5_000  # 0.030 from the first night, 0.058 from the trained one
     assert changed_share(interactions_sketch(interactions(users, first)), interactions_sketch(interactions(users, second))) < 0.05
