@@ -7,7 +7,8 @@ answers as the source's did, and the source's check (jobs/index_check.py) stands
 search parameters and exact neighbours are carried once the copy is seen to hold every staged
 row, where tonight's check would be measured under the same conditions (its bar, ladder and
 searches: checked_under). Measured again, the same 400 searches took 2.3 s of an unchanged night
-at 1M rows, 1.4 s of it opening the version the load had just closed (bench scale, 2026-12-01).
+at 1M rows, 1.4 s of it opening the version the load had just closed (bench scale, 2026-12-01;
+the load now leaves it open: stores/qdrant_edge_store.py finalize).
 """
 
 from __future__ import annotations

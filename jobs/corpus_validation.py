@@ -142,8 +142,9 @@ def validated_corpus(
     """(good rows, rows read, rows rejected) of a corpus; rejects quarantined first, into
     `rejects_path`. `validation`: where this corpus's validations are kept (validation_entry),
     taken instead of reading its rows again where its files and rules are the same. `driver`:
-    whether a few moved files' rows may be checked in this process (DRIVER_ROWS); False keeps
-    it idle (JobSettings.driver_rows 0), every row checked by Ray tasks."""
+    whether the moved files' rows may be checked in this process's threads, where they are few
+    or Ray is one machine (DRIVER_ROWS); False keeps it idle (JobSettings.driver_rows 0), every
+    row checked by Ray tasks."""
     known = None if validation is None else known_validation(validation.whole, rejects_path, corpus.max_reject_ratio)
     if known is None:
         known = validate_files(corpus, arrow_dataset(corpus), rejects_path, validation, driver)
