@@ -320,7 +320,7 @@ def run_recs_job(
         start = time.perf_counter()
         values, ranked_in = None, None
         if rescored:
-            chosen, block = np.flatnonzero(rescoring), job.users_per_block
+            chosen, block = np.flatnonzero(rescoring), ranking.users_per_call(job.users_per_block, dims)
             with progress.stage(output, "top-k", rescored, counted=True) as counter:
                 in_driver = rescored <= job.topk_driver_users or (job.topk_driver_users > 0 and one_node())
                 ranked_in = "driver" if in_driver and not gpus else "actors"

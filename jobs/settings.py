@@ -58,8 +58,9 @@ class JobSettings(BaseSettings):
     stay idle). Not where there are GPUs, which the actors hold."""
 
     users_per_block: int = Field(512, ge=1)
-    """Recommendations: users scored per matrix multiply, against tiles of items whose
-    [block, tile] float32 score buffer (bounded: jobs/topk.py) is allocated once per actor."""
+    """Recommendations, exact top-k: users scored per matrix multiply, against tiles of items
+    whose [block, tile] float32 score buffer (bounded: jobs/topk.py) is allocated once per actor.
+    The IVF index ranks up to 256 MB of query vectors per call (jobs/candidate_topk.py)."""
 
     pushgateway_url: str | None = None
     """A Prometheus Pushgateway (http://host:9091) each run pushes its metrics to

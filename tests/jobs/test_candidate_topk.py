@@ -24,6 +24,7 @@ from precompute.jobs.candidate_topk import (
     read_in_place,
     recall,
     sample_users,
+    search_by_list,
 )
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
 from precompute.jobs.recs_models import ContentTowers, Seen, seen_by_user
@@ -126,6 +127,20 @@ def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out
     assert found[0].tolist() == best[200:210].tolist()
 
 
+def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one() -> None:
+    """Deeper than some lists are long: a list's missing places stay -1, never another id."""
+    rng = np.random.default_rng(7)
+    items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
+    index, users = build_index(items), clustered(rng, 400, rng.normal(size=(20, DIM)))
+    depth = 2 * max(index.invlists.list_size(number) for number in range(index.nlist))
+    for nprobe in (1, 3):
+        scores, found = search_by_list(index, users, depth, nprobe)
+        expected_scores, expected = index.search(users, depth, params=faiss.SearchParametersIVF(nprobe=nprobe))
+        np.testing.assert_array_equal(found, expected)
+        np.testing.assert_allclose(scores[found >= 0], expected_scores[expected >= 0], rtol=1e-5, atol=1e-5)
+    assert (found == -1).any()
+
+
 def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
     """What `make(*args)` returns, and the bytes of this process's own memory (USS) it added."""
     process = psutil.Process()
@@ -147,7 +162,8 @@ def test_a_ranker_searches_the_index_where_its_serialized_bytes_lie() -> None:
     ranker = ranker_of(items, K, 128, None, Ranking("ivf", "", nprobe=8, index=read))
     del serialized, read  # the index keeps the bytes it points into
     queries = clustered(rng, 50, rng.normal(size=(20, DIM)))
-    np.testing.assert_array_equal(ranker.index.search(queries, K)[1], index.search(queries, K)[1])
+    expected = index.search(queries, K, params=faiss.SearchParametersIVF(nprobe=8))[1]
+    np.testing.assert_array_equal(search_by_list(ranker.index, queries, K, 8)[1], expected)
 
 
 def test_the_exact_ranker_scores_the_item_matrix_where_it_lies() -> None:
