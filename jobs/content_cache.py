@@ -69,6 +69,22 @@ def content_keys(identity: str, texts: list[str]) -> list[bytes]:
     return [hashlib.sha256(prefix + text.encode()).digest()[:16] for text in texts]
 
 
+def key_array(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Content keys (a binary column of 16-byte keys) as a numpy array of 16-byte strings, taken
+    from the column's buffer: bench scale's 1M items' keys in 3 ms, against 0.8-1.7 s through a
+    Python bytes object per key (by hand, AVX2 AMD EPYC), in every night's items and again in an
+    incremental night's comparison with the published ones."""
+    keys = pc.cast(column, pa.binary(16))
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    return np.frombuffer(keys.buffers()[1], "S16", count=len(keys), offset=keys.offset * 16)
+
+
+def key_column(keys: np.ndarray) -> pa.Array:
+    """`keys` (key_array's) as an Arrow column, byte for byte: pyarrow's own conversion of a
+    numpy bytes array drops each key's trailing zero bytes."""
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(keys), [None, pa.py_buffer(np.ascontiguousarray(keys))])
+
+
 def with_content_keys(batch: pa.Table, identity: str) -> pa.Table:
     """A map_batches step (no model): the batch with its rows' content keys."""
     return batch.append_column(

@@ -56,7 +56,7 @@ def saved(state: WorkPath, *names: str) -> list[np.ndarray]:
         return [arrays[name] for name in names]
 
 
-def kept_index(previous: Previous | None, keys: list[bytes], dims: int) -> KeptIndex | None:
+def kept_index(previous: Previous | None, keys: np.ndarray, dims: int) -> KeptIndex | None:
     """The index the published version's run kept, when it has one over `dims` columns and at
     most MOVED_SHARE of `keys` (tonight's content keys, in the vocabulary's order) moved since
     it was built. `previous`: the published version whose model tonight's is (recs_state.plan),
@@ -67,7 +67,7 @@ def kept_index(previous: Previous | None, keys: list[bytes], dims: int) -> KeptI
     built, centroids = saved(state, "keys", "centroids")
     if len(built) != len(keys) or centroids.shape[1] != dims:
         return None
-    moved = np.flatnonzero(built != np.array(keys, dtype="S16"))
+    moved = np.flatnonzero(built != keys)
     if len(moved) > MOVED_SHARE * len(keys):
         return None
     return KeptIndex(previous.version, state, moved)
@@ -82,7 +82,7 @@ def item_lists(index: faiss.IndexIVF) -> np.ndarray:
     return lists
 
 
-def keep_index(state: WorkPath, index: faiss.IndexIVF, keys: list[bytes], kept: KeptIndex | None) -> None:
+def keep_index(state: WorkPath, index: faiss.IndexIVF, keys: np.ndarray, kept: KeptIndex | None) -> None:
     """The index tonight's ranking used, left in tonight's state for the next night: the kept
     one's file copied as it is (its build's keys and lists with it), or a new index's centroids,
     lists and `keys`."""
@@ -91,4 +91,4 @@ def keep_index(state: WorkPath, index: faiss.IndexIVF, keys: list[bytes], kept: 
         return
     centroids = index.quantizer.reconstruct_n(0, index.nlist)
     with (state / INDEX_FILE).writer() as out:
-        np.savez(out, centroids=centroids, lists=item_lists(index), keys=np.array(keys, dtype="S16"))
+        np.savez(out, centroids=centroids, lists=item_lists(index), keys=keys)

@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from precompute.jobs import nights
-from precompute.jobs.content_cache import KEY
+from precompute.jobs.content_cache import KEY, key_array, key_column
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, same_night
 from precompute.jobs.staging import committed_dataset
@@ -78,8 +78,9 @@ class Items(NamedTuple):
     ids: list[str]
     vectors: np.ndarray
     """[items, dim] float32, L2-normalised; row i is the embedding of ids[i]."""
-    keys: list[bytes]
-    """Content key of each item's text: changes exactly when its embedding may change."""
+    keys: np.ndarray
+    """[items] 16-byte strings (content_cache.key_array): the content key of each item's text,
+    which changes exactly when its embedding may change."""
 
 
 class Plan(NamedTuple):
@@ -102,7 +103,7 @@ def staged_items(run_dir: WorkPath) -> Items:
     """The embeddings an output committed, sorted by id: parts arrive in any order, values need one."""
     table = committed_dataset(run_dir).to_table(columns=["id", KEY, EMBEDDING])
     table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
-    return Items(table["id"].to_pylist(), embeddings_of(table), table[KEY].to_pylist())
+    return Items(table["id"].to_pylist(), embeddings_of(table), key_array(table[KEY]))
 
 
 def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], ids: list[str], recipe: str) -> dict:
@@ -166,7 +167,7 @@ def inputs_digest(
         items_model,
         recipe,
         *(part.model_dump_json() for part in described),
-        "\n".join(items.ids).encode() + b"".join(items.keys),
+        "\n".join(items.ids).encode() + items.keys.tobytes(),
         *towers,
     )
 
@@ -190,8 +191,7 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
     for field, value in fingerprint.items():
         if before.get(field) != value:
             return full(f"{field} changed from {before.get(field)!r} to {value!r}")
-    old_keys = np.array(old_items[KEY].to_pylist(), dtype="S16")
-    changed = old_keys != np.array(items.keys, dtype="S16")
+    changed = key_array(old_items[KEY]) != items.keys
     users = pq.read_table((state / USERS_FILE).path, filesystem=state.fs)
     return Plan("incremental", f"copied from {previous.version}", previous, changed, users)
 
@@ -213,7 +213,7 @@ def stage(run_dir: WorkPath, fingerprint: dict[str, Any], items: Items, users: p
     """What the next run compares with; written before the version exists, read only once it is published."""
     state = run_dir / STATE
     state.mkdir()
-    items_table = pa.table({"id": items.ids, KEY: pa.array(items.keys, pa.binary())})
+    items_table = pa.table({"id": items.ids, KEY: key_column(items.keys)})
     pq.write_table(items_table, (state / ITEMS_FILE).path, filesystem=state.fs)
     pq.write_table(users.select(["id", FINGERPRINT]), (state / USERS_FILE).path, filesystem=state.fs)
     (state / MODEL).write_text(json.dumps(fingerprint, indent=2))

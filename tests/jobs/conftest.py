@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -25,7 +26,7 @@ def items(encoder: Encoder) -> Items:
         row["id"]: row["text"] for row in pq.read_table(DEMO_CORPUS, columns=["id", "text"]).to_pylist()
     }
     texts = [corpus[i] for i in ids]
-    return Items(ids, encoder.encode(texts), content_keys("minilm", texts))
+    return Items(ids, encoder.encode(texts), np.array(content_keys("minilm", texts), "S16"))
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,12 @@ from precompute.jobs.work_dir import WorkPath
 from tests.jobs.test_candidate_topk import DIM, ITEMS, USERS, K, clustered, interactions
 
 
-def keys_of(count: int, edited: np.ndarray | None = None) -> list[bytes]:
+def keys_of(count: int, edited: np.ndarray | None = None) -> np.ndarray:
     """Content keys of `count` items, those at `edited` changed."""
     keys = [f"key-{item:011d}".encode() for item in range(count)]
     for item in [] if edited is None else edited:
         keys[item] = f"new-{item:011d}".encode()
-    return keys
+    return np.array(keys, "S16")
 
 
 def published(run_dir: Path, version: str) -> Previous:

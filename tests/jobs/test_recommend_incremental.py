@@ -158,7 +158,7 @@ def test_an_items_changed_text_rescores_exactly_the_users_who_hold_it(
     items: Items, interactions: Path, published: Run, tmp_path: Path
 ) -> None:
     edited = len(items.ids) // 2
-    keys = [*items.keys]
+    keys = items.keys.copy()
     keys[edited] = content_keys(MODEL, ["a new description"])[0]
     vectors = items.vectors.copy()
     vectors[edited] = vectors[edited - 1]
@@ -190,7 +190,7 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
         planned = plan(model_fingerprint(model, k, scoring(weight), items.ids, RECIPE), items, previous)
         return planned.reason if planned.mode == "full" else "incremental"
 
-    added = Items([*items.ids, "zzz-new"], items.vectors, [*items.keys, b"0" * 16])
+    added = Items([*items.ids, "zzz-new"], items.vectors, np.append(items.keys, np.array([b"0" * 16], "S16")))
     removed = Items(items.ids[1:], items.vectors[1:], items.keys[1:])
     assert reason() == "incremental"
     assert reason(k=5) == "k changed from 10 to 5"
@@ -312,7 +312,7 @@ def test_a_night_under_the_same_model_fills_the_index_its_published_run_built(
     first = recs_run(items, interactions, tmp_path / "first", topk="ivf")
     assert first.report.ranking["kept_from"] is None and (tmp_path / "first" / STATE / INDEX_FILE).is_file()
     edited = len(items.ids) // 2
-    keys = [*items.keys]
+    keys = items.keys.copy()
     keys[edited] = content_keys(MODEL, ["a new description"])[0]
     vectors = items.vectors.copy()
     vectors[edited] = vectors[edited - 1]
