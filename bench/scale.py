@@ -6,10 +6,10 @@ runs the real nightly flow (bench/scale_run.py) on generated inputs with three o
 names another, a throwaway redis-server and an in-process Qdrant under the bench directory.
 Stage seconds come from the run report (and Prefect's task times for GC and the recs check);
 the growth exponent of a stage between the two largest sizes is log(t2/t1) / log(n2/n1):
-1 is linear, 2 quadratic. The largest size then runs again with 1% of its texts (in the newest
-of the corpus's files, bench/scale_data.py) and of its users' interactions changed, to show
-what a nightly rerun recomputes, and a third time on the same inputs: an unchanged night's wall
-time beside the full run's.
+1 is linear, 2 quadratic. The largest size then runs again with 1% of its texts changed (in the
+newest of the corpus's files, bench/scale_data.py) and 1% of its users' new interactions in a file
+added to the interactions' log, to show what a nightly rerun recomputes, and a third time on the
+same inputs: an unchanged night's wall time beside the full run's.
 
 There is no baseline to run beside: the reference is linear growth (exponent 1), printed
 next to every stage.
@@ -90,7 +90,7 @@ keep_versions = 0
 
 [outputs.recs]
 kind = "recs"
-input = {{ path = "interactions.parquet", user = "user_id", item = "item_id", weight = "weight" }}
+input = {{ path = "interactions", user = "user_id", item = "item_id", weight = "weight" }}
 items = "embeddings"
 popularity_weight = {POPULARITY_WEIGHT}
 min_lift = {MIN_LIFT}
@@ -301,7 +301,7 @@ def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:
     if rerun:
         print(
             f"rerun of {rerun['rows']:,} rows with {rerun.get('texts_changed')} texts and {rerun.get('users_changed')} users' "
-            f"interactions changed: embeddings reused {rerun['embeddings']['reused']}, computed {rerun['embeddings']['computed']}; "
+            f"new interactions: embeddings reused {rerun['embeddings']['reused']}, computed {rerun['embeddings']['computed']}; "
             f"labels reused {rerun['labels']['reused']}, computed {rerun['labels']['computed']}; "
             f"recs rescored {rerun['recs']['rescored']}, copied {rerun['recs']['copied']} (mode {rerun['recs']['mode']}; "
             f"ALS {rerun['recs'].get('als')})"

@@ -7,7 +7,7 @@ as related products do. Interactions follow the shapes real ones have: item popu
 Zipf (a few items in most users' lists, most items in one or two), the number of
 interactions per user is long-tailed (log-normal), and half of a user's picks are items
 made from the user's "taste" document, so content predicts something, as it does in real
-data. Everything is vectorised (numpy, pyarrow compute): 1M rows take seconds.
+data. The interactions are a log's files, to which a rerun adds a day's. Everything is vectorised (numpy, pyarrow compute): 1M rows take seconds.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ROW_GROUP_ROWS = 65_536
 task holds a whole row group: pyarrow's default (1M rows) made every Ray worker that read the
 1M-row corpus hold 300 MB of it at once, so per-process memory grew with the input."""
 FILE_ROWS = 10_000
-"""Rows per corpus file: the corpus is a folder of files, as a data lake's table is (100 files at
+"""Rows per corpus file (and interactions file): the corpus is a folder of files, as a data lake's table is (100 files at
 1M rows), so that a night's validation reads again only the files that moved."""
 NEWEST_FILES = 2
 """A rerun's changed texts fall in the newest files, NEWEST_FILES x `share` of them (at least one):
@@ -143,17 +143,18 @@ def interactions(table: pa.Table, seed: int = 0) -> pa.Table:
     )
 
 
-def changed_interactions(
-    table: pa.Table, corpus_table: pa.Table, share: float, seed: int
-) -> tuple[pa.Table, int]:
-    """`share` of the users get a new list of interactions (drawn like the originals): (table, users changed)."""
+def new_interactions(table: pa.Table, corpus_table: pa.Table, share: float, seed: int) -> tuple[pa.Table, int]:
+    """A day's interactions: `share` of the users interact again (drawn like the originals), with
+    items they do not hold yet: (the new rows, users who got some)."""
     fresh = interactions(corpus_table, seed)
     users = pc.unique(table["user_id"])
     rng = np.random.default_rng(seed)
     chosen = users.filter(pa.array(rng.random(len(users)) < share))
-    keep = table.filter(pc.invert(pc.is_in(table["user_id"], chosen)))
     new = fresh.filter(pc.is_in(fresh["user_id"], chosen))
-    return pa.concat_tables([keep, new]).sort_by("user_id"), len(chosen)
+    held = pc.binary_join_element_wise(table["user_id"], table["item_id"], "\x00")
+    pairs = pc.binary_join_element_wise(new["user_id"], new["item_id"], "\x00")
+    new = new.filter(pc.invert(pc.is_in(pairs, held)))
+    return new, len(pc.unique(new["user_id"]))
 
 
 def write_corpus(folder: Path, table: pa.Table, before: pa.Table | None = None) -> None:
@@ -166,25 +167,35 @@ def write_corpus(folder: Path, table: pa.Table, before: pa.Table | None = None) 
             pq.write_table(part, folder / f"part-{start // FILE_ROWS:05d}.parquet", row_group_size=ROW_GROUP_ROWS)
 
 
+def write_interactions(folder: Path, table: pa.Table) -> None:
+    """The interactions as a log's files of FILE_ROWS rows in `folder`, in user order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for start in range(0, max(table.num_rows, 1), FILE_ROWS):
+        name = f"part-{start // FILE_ROWS:05d}.parquet"
+        pq.write_table(table.slice(start, FILE_ROWS), folder / name, row_group_size=ROW_GROUP_ROWS)
+
+
 def write_inputs(directory: Path, rows: int, seed: int = 0) -> tuple[Path, Path]:
-    """The corpus/ folder (write_corpus) and interactions.parquet of `rows` rows under
-    `directory` (kept if already there)."""
+    """The corpus/ folder (write_corpus) and the interactions/ folder (write_interactions) of
+    `rows` rows under `directory` (kept if already there)."""
     directory.mkdir(parents=True, exist_ok=True)
-    corpus_path, interactions_path = directory / "corpus", directory / "interactions.parquet"
+    corpus_path, interactions_path = directory / "corpus", directory / "interactions"
     if not (corpus_path.exists() and interactions_path.exists()):
         table = corpus(rows, seed)
         write_corpus(corpus_path, table)
-        pq.write_table(interactions(table, seed), interactions_path, row_group_size=ROW_GROUP_ROWS)
+        write_interactions(interactions_path, interactions(table, seed))
     return corpus_path, interactions_path
 
 
 def change_inputs(directory: Path, share: float, seed: int = 1) -> dict[str, int]:
-    """Give `share` of the corpus texts (in its newest files) and of the users' interactions new
-    values, in place."""
-    corpus_path, interactions_path = directory / "corpus", directory / "interactions.parquet"
+    """Give `share` of the corpus texts (in its newest files) new values in place, and `share`
+    of the users new interactions, in a file added to the log (an event log's new day: its
+    older files do not move)."""
+    corpus_path, interactions_path = directory / "corpus", directory / "interactions"
     before = pq.read_table(corpus_path)
     table, texts_changed = changed_corpus(before, share, seed)
     write_corpus(corpus_path, table, before)
-    seen, users_changed = changed_interactions(pq.read_table(interactions_path), table, share, seed)
-    pq.write_table(seen, interactions_path, row_group_size=ROW_GROUP_ROWS)
+    new, users_changed = new_interactions(pq.read_table(interactions_path), table, share, seed)
+    day = len(list(interactions_path.glob("*.parquet")))
+    pq.write_table(new, interactions_path / f"part-{day:05d}.parquet", row_group_size=ROW_GROUP_ROWS)
     return {"texts_changed": texts_changed, "users_changed": users_changed}

@@ -5,7 +5,7 @@ work directory and the Qdrant edge store under SIZE_DIR (set by the parent throu
 PRECOMPUTE_JOB_WORK_DIR and PRECOMPUTE_QDRANT_PATH), and writes SIZE_DIR/result.json: per run,
 the run report, the seconds of the flow's tasks (from Prefect), peak RSS, Redis memory and
 Qdrant disk. With --rerun-share, a second run follows on the same stores after that share
-of the corpus texts and of the users' interactions changed (what a nightly rerun recomputes),
+of the corpus texts changed and of the users got new interactions (what a nightly rerun recomputes),
 then a third on the same inputs again: an unchanged night.
 A process per size keeps the sizes independent and the driver's peak RSS its own.
 """

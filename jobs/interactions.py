@@ -10,18 +10,14 @@ as UTC.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from precompute.jobs.inputs import TIME_TYPES, InteractionsInput, is_time
-from precompute.jobs.validate import REASON, id_key, keep_rejects
-from precompute.jobs.work_dir import WorkPath
-from precompute.models.datasets import arrow_dataset
+from precompute.jobs.validate import REASON, id_key
 from precompute.models.text_columns import lossless, utf8_errors
 
 USER, ITEM, WEIGHT, TIME = "user_id", "item_id", "weight", "time"
@@ -29,9 +25,6 @@ INDEX = "item_index"
 """The item's position in the item table (sorted by id): what values and vectors are indexed by."""
 SECONDS = "seconds"
 """The row's time as float64 (null without a time column): the order of a user's history."""
-CHECK_ROWS = 1_000_000
-"""Rows tagged at a time: each tag_rejects hashes the item table's ids (0.085 s for 1M items,
-whether it then looks up 8,192 rows or 490,023), so the input's batches are gathered first."""
 
 
 def iso_seconds(value: object) -> float | None:
@@ -154,42 +147,6 @@ def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[
         interactions.time: TIME,
     }
     return {old: new for old, new in names.items() if old != new and old in present}
-
-
-def validated_interactions(
-    interactions: InteractionsInput, items: pa.Array, rejects_path: WorkPath
-) -> tuple[pa.Table, int, int]:
-    """(good rows as `clean` makes them, rows read, rows rejected) of the input, its rejects
-    quarantined into `rejects_path` (failing past its max_reject_ratio). Read and checked in
-    this process, which trains on the good rows anyway: on bench scale's 490,023 interactions
-    the pass took 0.25 s here against 2.8 s as a Ray Data pass (read, tag, rejects, good rows
-    to the driver), and held one chunk of the input besides the good rows. `items`: the item
-    table's ids, as strings."""
-    source = arrow_dataset(interactions)
-    renames = column_renames(interactions, source.schema.names)
-    rows, good, rejects = 0, [], []
-    for chunk in chunks(source, CHECK_ROWS):
-        tagged = tag_rejects(chunk.rename_columns([renames.get(n, n) for n in chunk.column_names]), items)
-        bad = pc.is_valid(tagged[REASON])
-        rejects.append(tagged.filter(bad).drop_columns([INDEX, SECONDS]))
-        good.append(clean(tagged.filter(pc.invert(bad))))
-        rows += chunk.num_rows
-    count = keep_rejects(rejects, rows, interactions.max_reject_ratio, rejects_path, "interactions")
-    return pa.concat_tables(good), rows, count
-
-
-def chunks(source: pads.Dataset, rows: int) -> Iterator[pa.Table]:
-    """The dataset's rows in its files' order, as tables of at least `rows` (the last one may
-    hold fewer); one empty table where it has none."""
-    pending, count, read = [], 0, False
-    for batch in source.to_batches():
-        pending.append(batch)
-        count += batch.num_rows
-        if count >= rows:
-            yield pa.Table.from_batches(pending, source.schema)
-            pending, count, read = [], 0, True
-    if pending or not read:
-        yield pa.Table.from_batches(pending, source.schema)
 
 
 def clean(batch: pa.Table) -> pa.Table:

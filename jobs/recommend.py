@@ -39,7 +39,8 @@ from ray.actor import ActorHandle
 from precompute.jobs import progress
 from precompute.jobs.candidate_topk import CandidateTopK, Ranking, choose_ranking, ranker_of, read_in_place
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import INDEX, validated_interactions
+from precompute.jobs.interaction_files import KeptFiles, validated_interactions
+from precompute.jobs.interactions import INDEX
 from precompute.jobs.kept_index import keep_index, kept_index
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, one_node, ray_session
@@ -68,6 +69,7 @@ from precompute.jobs.recs_state import (
     stage,
     trained_digest,
     unchanged_night,
+    vocabulary_digest,
 )
 from precompute.jobs.sequence_towers import SequenceTowers
 from precompute.jobs.sequence_train import save_weights, warm_start
@@ -75,13 +77,16 @@ from precompute.jobs.settings import JobSettings
 from precompute.jobs.topk import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.user_histories import history_blocks, seen_of, user_rows
 from precompute.jobs.validate import REJECTS
-from precompute.jobs.work_dir import WorkPath
+from precompute.jobs.work_dir import WorkPath, cache_dir
+from precompute.models.datasets import input_files
 from precompute.models.settings import EngineSettings
 from precompute.stores.key_value_sink import KeyValueSink
 from precompute.stores.key_value_versions import CopyPlan
 from precompute.stores.records import RANKED, encode_ranked
 
 SAMPLES = 5
+INTERACTIONS = "interactions"
+"""The folder of the output's cache where its input's files' validations are kept (jobs/interaction_files.py)."""
 RECIPE = "towers/log1p-prior/exact-topk/v3"
 """The scoring code's identity in the model fingerprint: change it when a change to the code changes values."""
 
@@ -220,7 +225,8 @@ def run_recs_job(
         raise ValueError(f"item ids must be unique: {repeated} duplicates")
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
-    inputs = inputs_digest(interactions, settings, items, items_model, RECIPE, own, engine)
+    files, vocabulary = input_files(interactions).digests(), vocabulary_digest(items.ids)
+    inputs = inputs_digest(interactions, files, settings, vocabulary, items.keys, items_model, RECIPE, own, engine)
     seconds: dict[str, float] = {"digest": time.perf_counter() - start}
     if (night := unchanged_night(inputs, previous, work_dir)) is not None:
         assert previous is not None  # unchanged_night compares with it
@@ -248,7 +254,8 @@ def run_recs_job(
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
         start = time.perf_counter()
-        valid, rows, rejects = validated_interactions(interactions, item_ids, rejects_path)
+        kept_files = KeptFiles(cache_dir(job.work_dir, output) / INTERACTIONS, files, vocabulary)
+        valid, rows, rejects = validated_interactions(interactions, item_ids, rejects_path, kept_files)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -258,7 +265,7 @@ def run_recs_job(
 
         start = time.perf_counter()
         before = None if previous is None else previous.run_dir / STATE
-        kept = kept_als(None if before is None else before / ALS_FILE, settings, items.ids, interactions_sketch(valid))
+        kept = kept_als(None if before is None else before / ALS_FILE, settings, vocabulary, interactions_sketch(valid))
         warm = None if before is None else warm_start(before / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
         quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm, kept=kept)
         trained = settings.model != "content"
@@ -270,7 +277,7 @@ def run_recs_job(
             "content_weight": settings.content_weight if trained else None,
             "popularity_weight": settings.popularity_weight,
         }
-        fingerprint = model_fingerprint(items_model, settings.k, scoring, items.ids, RECIPE)
+        fingerprint = model_fingerprint(items_model, settings.k, scoring, len(items.ids), vocabulary, RECIPE)
         planned = plan(fingerprint, items, previous)
 
         start = time.perf_counter()
@@ -285,7 +292,7 @@ def run_recs_job(
             rescoring, gone = rescore(users, planned.users)
             mode, copy = "incremental", CopyPlan(planned.previous.version, gone)
         rescored = int(rescoring.sum())
-        stage(work_dir, fingerprint, items, users)
+        stage(work_dir, fingerprint, item_ids, items.keys, users)
         figures = {"rows": rows, "rejects": rejects, "users": users.num_rows, "quality": asdict(quality)}
         record_night(work_dir / STATE, Night(inputs, figures))
         sequence_report = None
@@ -294,7 +301,7 @@ def run_recs_job(
             save_weights(sequence.model, settings.sequence, items.ids, work_dir / STATE / SEQUENCE_WEIGHTS)
             sequence_report = {"training": asdict(sequence.report), "engines": sequence.engines}
         if als := next(((part, scale) for part, scale in parts if isinstance(part, ALSTowers)), None):
-            save_als(work_dir / STATE / ALS_FILE, *als, settings, items.ids, kept, asdict(quality))
+            save_als(work_dir / STATE / ALS_FILE, *als, settings, vocabulary, kept, asdict(quality))
         seconds["group"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -88,7 +88,7 @@ class BlendTowers:
         self.content, self.content_weight = content, content_weight
         matrices = [towers.items for towers, _ in parts] + ([content.items] if content else [])
         self.widths = [matrix.shape[1] for matrix in matrices[: len(parts)]]
-        self.items = np.hstack(matrices).astype(np.float32)
+        self.items = np.hstack(matrices).astype(np.float32, copy=False)  # hstack has copied them
         self.share_columns()
 
     def share_columns(self) -> None:
@@ -101,7 +101,7 @@ class BlendTowers:
         vectors = [towers.users(seen) / scale for towers, scale in self.parts]
         if self.content:
             vectors.append(self.content_weight * self.content.users(seen))
-        return np.hstack(vectors).astype(np.float32)
+        return np.hstack(vectors).astype(np.float32, copy=False)
 
     def __getstate__(self) -> dict[str, object]:
         parts = []

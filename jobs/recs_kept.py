@@ -35,7 +35,6 @@ import pyarrow as pa
 from precompute.jobs.interactions import INDEX, USER, WEIGHT
 from precompute.jobs.recs_models import ALSTowers, als_model
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.recs_state import vocabulary_digest
 from precompute.jobs.work_dir import WorkPath
 
 SKETCH = 2**20
@@ -77,10 +76,11 @@ def changed_share(before: np.ndarray, now: np.ndarray) -> float:
     return float(1 - np.isin(smallest, np.intersect1d(before, now, assume_unique=True)).mean())
 
 
-def trained_with(settings: RecsSpec, item_ids: list[str]) -> str:
-    """What an ALS's item factors mean: its settings and the catalogue, in order."""
+def trained_with(settings: RecsSpec, vocabulary: str) -> str:
+    """What an ALS's item factors mean: its settings and the catalogue, in order (`vocabulary`:
+    jobs/recs_state.py vocabulary_digest)."""
     fields = {name: getattr(settings, name) for name in ("factors", "regularization_als", "alpha", "iterations")}
-    return json.dumps({**fields, "vocabulary": vocabulary_digest(item_ids)}, sort_keys=True)
+    return json.dumps({**fields, "vocabulary": vocabulary}, sort_keys=True)
 
 
 def save_als(
@@ -88,7 +88,7 @@ def save_als(
     towers: ALSTowers,
     scale: float,
     settings: RecsSpec,
-    item_ids: list[str],
+    vocabulary: str,
     kept: KeptALS,
     quality: dict[str, Any],
 ) -> None:
@@ -105,13 +105,13 @@ def save_als(
             item_factors=np.asarray(towers.model.item_factors, np.float32),
             scale=np.float64(scale),
             sketch=kept.trained_on,
-            trained_with=np.array(trained_with(settings, item_ids)),
+            trained_with=np.array(trained_with(settings, vocabulary)),
             quality=np.array(json.dumps(quality)),
             judged_with=np.array(settings.model_dump_json()),
         )
 
 
-def kept_als(path: WorkPath | None, settings: RecsSpec, item_ids: list[str], sketch: np.ndarray) -> KeptALS:
+def kept_als(path: WorkPath | None, settings: RecsSpec, vocabulary: str, sketch: np.ndarray) -> KeptALS:
     """The published version's ALS (at `path`; None: nothing is published) and its scale when
     tonight, whose interactions' sketch is `sketch`, may keep them, else why not."""
     if path is None:
@@ -119,7 +119,7 @@ def kept_als(path: WorkPath | None, settings: RecsSpec, item_ids: list[str], ske
     if not path.is_file():
         return retrain("the published version left no ALS", sketch)
     with path.fs.open_input_file(path.path) as file, np.load(file, allow_pickle=False) as saved:
-        if str(saved["trained_with"]) != trained_with(settings, item_ids):
+        if str(saved["trained_with"]) != trained_with(settings, vocabulary):
             return retrain("the ALS settings or the items changed", sketch)
         trained_on = saved["sketch"]
         share = changed_share(trained_on, sketch)

@@ -12,26 +12,61 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
 from precompute.jobs.recs_models import Seen, user_ids, users_subset
-from precompute.jobs.recs_state import FINGERPRINT, interactions_fingerprint
+from precompute.jobs.recs_state import FINGERPRINT
 
 ITEMS, WEIGHTS = "items", "weights"
 HOLDS = "holds_changed"
+LANES = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03))
+"""Two seeds of the fingerprint's 64-bit halves."""
+
+
+def mixed(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (Steele, Lea and Flood, 2014) of each uint64: a change of one bit of
+    the input changes each bit of the output with probability about one half."""
+    z = values.copy()
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def fingerprints(seen: Seen) -> np.ndarray:
+    """Each user's history (item positions and weights, in the job's history order: the order a
+    sequence model reads) -> 16 bytes, for every user at once: each interaction hashed with its
+    place in the history, the hashes summed per user, in two 64-bit lanes. Positions are enough
+    because a run compares fingerprints only under the identical vocabulary. Not a cryptographic
+    hash: two histories a night tells apart collide with a chance of about 2**-128. A blake2b
+    digest per user took 0.17 s for bench scale's 100,000 users (a Python call each)."""
+    lengths = np.diff(seen.offsets)
+    place = np.arange(len(seen.items), dtype=np.uint64) - np.repeat(seen.offsets[:-1], lengths).astype(np.uint64)
+    row = (seen.items.astype(np.uint64) << np.uint64(32)) ^ seen.weights.astype("<f4").view(np.uint32)
+    lanes = np.zeros((len(lengths), 2), np.uint64)
+    for lane, seed in enumerate(LANES):
+        hashed = mixed(mixed(row ^ seed) ^ (place * seed))
+        if len(hashed):
+            lanes[:, lane] = np.add.reduceat(hashed, seen.offsets[:-1])
+    return lanes.astype("<u8").view("S16").reshape(-1)
 
 
 def user_rows(seen: Seen, changed: np.ndarray) -> pa.Table:
-    """Every user's id, fingerprint (their history: jobs/recs_state.py interactions_fingerprint)
-    and whether they hold an item that `changed` (a mask over the items) marks: what decides
-    who is rescored, and what the next night compares with (about 40 bytes a user)."""
-    bounds = zip(seen.offsets[:-1], seen.offsets[1:], strict=True)
-    fingerprints = [interactions_fingerprint(seen.items[a:b], seen.weights[a:b]) for a, b in bounds]
+    """Every user's id, fingerprint (their history: `fingerprints`) and whether they hold an
+    item that `changed` (a mask over the items) marks: what decides who is rescored, and what
+    the next night compares with (about 40 bytes a user)."""
     holds = np.logical_or.reduceat(changed[seen.items], seen.offsets[:-1]) if len(seen.items) else []
     return pa.table(
         {
             "id": pa.array(seen.ids, pa.string()),
-            FINGERPRINT: pa.array(fingerprints, pa.binary()),
+            FINGERPRINT: pc.cast(
+                pa.FixedSizeBinaryArray.from_buffers(
+                    pa.binary(16), len(seen.offsets) - 1, [None, pa.py_buffer(fingerprints(seen))]
+                ),
+                pa.binary(),
+            ),
             HOLDS: pa.array(holds, pa.bool_()),
         }
     )

@@ -39,9 +39,12 @@ from precompute.stores.vectors import SEARCH_KEY, VectorStore
 NOT_PAYLOAD = {"text", KEY, EMBEDDING, COMPUTED, "id"}
 LOAD_BATCH = 256
 CHANGES = "changes.parquet"
-"""In a copied version's run folder: each row the copy wrote (its id and vector) and each id it
-deleted (a null vector), with which its index check updates the source version's exact
-neighbours rather than score every row again (jobs/index_check.py)."""
+"""In a copied version's run folder: each row the copy wrote (its id, content key and vector) and
+each id it deleted (a null vector), with the source version's name in the file's metadata
+(SOURCE): its index check updates the source version's exact neighbours with them rather than
+score every row again (jobs/index_check.py), and the recommendations patch the source's item
+table (jobs/item_table.py)."""
+SOURCE = b"source"
 COPY_SHARE = 0.2
 """Changed and deleted points, as a share of the published version's, past which a version is
 loaded whole: Qdrant's vacuum rewrites a segment past 20% deleted points anyway (its default
@@ -107,9 +110,10 @@ def load_version(
     else:
         store.copy_version(copy.source, version, meta)
         store.delete(version, copy.gone)
-        with changes_file(run_dir, meta["dim"]) as changes:
+        with changes_file(run_dir, parts.schema, copy.source) as changes:
             written = write(store, version, parts, payload_columns, copy.changed, changes)
-            gone = pa.table({"id": copy.gone, EMBEDDING: pa.nulls(len(copy.gone))}, changes.schema)
+            nothing = pa.nulls(len(copy.gone))
+            gone = pa.table({"id": copy.gone, KEY: nothing, EMBEDDING: nothing}, changes.schema)
             changes.write_table(gone)
     store.finalize(version)
     mode, deleted = ("whole", 0) if copy is None else ("copy", len(copy.gone))
@@ -148,9 +152,11 @@ def plan_copy(
 
 
 @contextmanager
-def changes_file(run_dir: WorkPath, dim: int) -> Iterator[pq.ParquetWriter]:
-    """The copy's CHANGES, written as its rows are upserted."""
-    schema = pa.schema([("id", pa.string()), (EMBEDDING, pa.list_(pa.float32(), dim))])
+def changes_file(run_dir: WorkPath, staged: pa.Schema, source: str) -> Iterator[pq.ParquetWriter]:
+    """The CHANGES of a copy of `source` whose staged parts have the schema `staged`, written as
+    its rows are upserted."""
+    fields = [("id", pa.string()), staged.field(KEY), staged.field(EMBEDDING)]
+    schema = pa.schema(fields, metadata={SOURCE: source.encode()})
     with (run_dir / CHANGES).replaced() as tmp:
         dictionary = dictionary_columns(schema)
         with pq.ParquetWriter(tmp.path, schema, filesystem=tmp.fs, use_dictionary=dictionary) as writer:
@@ -177,6 +183,6 @@ def write(
             ids = [str(i) for i in table["id"].to_pylist()]
             store.upsert(version, ids, embeddings_of(table), table.select(payload_columns).to_pylist())
             if changes is not None:
-                changes.write_table(pa.table({"id": ids, EMBEDDING: table[EMBEDDING]}, changes.schema))
+                changes.write_table(pa.table({"id": ids, KEY: table[KEY], EMBEDDING: table[EMBEDDING]}, changes.schema))
             written += table.num_rows
     return written

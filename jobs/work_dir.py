@@ -3,6 +3,8 @@ clean-up that keeps it the size of what the stores hold.
 
     <work_dir>/runs/<output>/<version>/   a run's rejects and staged parts (jobs/staging.py)
     <work_dir>/cache/<output>/CURRENT     the run whose parts the next run reads (jobs/content_cache.py)
+    <work_dir>/cache/<output>/items/      an embeddings output's versions sorted by id (jobs/item_table.py)
+    <work_dir>/cache/<output>/interactions/  a recs input's files validated (jobs/interaction_files.py)
     <work_dir>/validated/<key>/           a corpus's validation, for any job reading the same files, and
     <work_dir>/validated/files/<key>/     each file's (jobs/corpus_validation.py)
     <work_dir>/reports/<run>.json|.html   run reports; metrics/ beside them
@@ -157,6 +159,18 @@ class WorkPath:
         if self.local is not None:
             return self.local
         return LOCAL_STATE / "remote" / hashlib.sha256(str(self).encode()).hexdigest()[:16]
+
+
+def read_ipc(file: WorkPath) -> pa.Table:
+    """An Arrow IPC file, memory-mapped on local disk (its rows are not copied), read whole elsewhere."""
+    source = pa.memory_map(str(file.local)) if file.local is not None else file.fs.open_input_file(file.path)
+    return pa.ipc.open_file(source).read_all()
+
+
+def write_ipc(file: WorkPath, table: pa.Table) -> None:
+    """`table` as an Arrow IPC file, replacing `file` whole (WorkPath.writer)."""
+    with file.writer() as out, pa.ipc.new_file(out, table.schema) as writer:
+        writer.write_table(table)
 
 
 def runs(work_dir: WorkPath, output: str) -> WorkPath:

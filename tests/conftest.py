@@ -39,6 +39,15 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PRECOMPUTE_ENGINE_CALIBRATION_TEXTS"] = CALIBRATION_TEXTS
 
 
+@pytest.fixture(autouse=True)
+def job_work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test's JobSettings() works in a folder of its own, never the user's
+    ~/.local/share/precompute: the jobs keep caches there (jobs/interaction_files.py)."""
+    folder = tmp_path / "job-work"
+    monkeypatch.setenv("PRECOMPUTE_JOB_WORK_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh cache per run, or PRECOMPUTE_TEST_ENGINE_CACHE's: `make mutation` runs the same

@@ -103,11 +103,11 @@ class Recs(OutputKind):
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
         from precompute.jobs import work_dir
         from precompute.jobs.embed import STAGED
+        from precompute.jobs.item_table import sorted_items
         from precompute.jobs.own_towers import own_towers
         from precompute.jobs.ray_session import ray_session
         from precompute.jobs.recommend import RecsJobReport, run_recs_job
         from precompute.jobs.recs_quality import beats_most_popular
-        from precompute.jobs.recs_state import staged_items
         from precompute.stores.key_value_versions import NewVersion
 
         output: RecsOutputSpec = run.pipeline.outputs[name]
@@ -120,7 +120,7 @@ class Recs(OutputKind):
             """Recommend from the published embeddings into a new version, rescoring only the users
             whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
             model's held-out NDCG@10 beats most-popular's by `min_lift`."""
-            items = staged_items(embeddings)
+            items = sorted_items(embeddings, items_version, work_dir.cache_dir(run.work_dir, output.items))
 
             def job(new: NewVersion, folder: work_dir.WorkPath) -> RecsJobReport:
                 """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from precompute.jobs import interactions
+from precompute.jobs import interaction_files
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import INDEX, row_reason, tag_rejects, validated_interactions
+from precompute.jobs.interaction_files import validated_interactions
+from precompute.jobs.interactions import INDEX, row_reason, tag_rejects
 from precompute.jobs.validate import REASON, RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 
@@ -57,9 +58,9 @@ def test_integer_item_ids_are_found_by_their_decimal_text() -> None:
 
 
 def test_a_folder_of_files_validated_in_chunks_keeps_every_row_once_in_order(tmp_path: Path, monkeypatch) -> None:
-    """Files gathered into chunks (CHECK_ROWS, 3 here) across their boundaries: each good row once,
+    """Files gathered into groups (CHECK_ROWS, 3 here) and split back: each good row once,
     in the files' order, each bad one in the rejects with its reason, under the job's column names."""
-    monkeypatch.setattr(interactions, "CHECK_ROWS", 3)
+    monkeypatch.setattr(interaction_files, "CHECK_ROWS", 3)
     folder = tmp_path / "interactions"
     folder.mkdir()
     files = [

@@ -19,7 +19,7 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.nights import Previous
 from precompute.jobs.recommend import RECIPE, RecsJobReport, run_recs_job
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.recs_state import INDEX_FILE, STATE, Items, model_fingerprint, plan
+from precompute.jobs.recs_state import INDEX_FILE, STATE, Items, model_fingerprint, plan, vocabulary_digest
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value import KeyValueStore
@@ -187,7 +187,7 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
         return {"model": "content", "trained": None, "content_weight": None, "popularity_weight": weight}
 
     def reason(items: Items = items, model: str = MODEL, k: int = 10, weight: float = 0.4) -> str:
-        planned = plan(model_fingerprint(model, k, scoring(weight), items.ids, RECIPE), items, previous)
+        planned = plan(model_fingerprint(model, k, scoring(weight), len(items.ids), vocabulary_digest(items.ids), RECIPE), items, previous)
         return planned.reason if planned.mode == "full" else "incremental"
 
     added = Items([*items.ids, "zzz-new"], items.vectors, np.append(items.keys, np.array([b"0" * 16], "S16")))
@@ -199,7 +199,7 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
     assert reason(added) == "the items changed: 1 added, 0 removed"
     assert reason(removed) == "the items changed: 0 added, 1 removed"
     nothing = Previous(previous.version, WorkPath.of(tmp_path), previous.records)
-    assert plan(model_fingerprint(MODEL, 10, scoring(), items.ids, RECIPE), items, nothing).reason == (
+    assert plan(model_fingerprint(MODEL, 10, scoring(), len(items.ids), vocabulary_digest(items.ids), RECIPE), items, nothing).reason == (
         "the published version 20261124T030000Z-aaaaaa left no recs state"
     )
 

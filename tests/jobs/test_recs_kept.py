@@ -11,6 +11,7 @@ from precompute.jobs.interactions import INDEX, USER, WEIGHT
 from precompute.jobs.recs_kept import SKETCH, changed_share, interactions_sketch, kept_als, retrain, save_als
 from precompute.jobs.recs_models import ALSTowers, als_model
 from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.recs_state import vocabulary_digest
 from precompute.jobs.work_dir import WorkPath
 
 
@@ -48,34 +49,35 @@ def test_a_kept_als_is_compared_with_the_night_it_was_trained_on_and_keeps_its_f
     trained one, past retrain_share (5%), so it trains; compared night to night it never would."""
     rng = np.random.default_rng(2)
     settings, ids = RecsSpec(model="als", retrain_share=0.05), [f"i{i}" for i in range(10_000)]
+    vocabulary = vocabulary_digest(ids)
     users, items = rng.integers(0, 50_000, 200_000), rng.integers(0, 5_000, 200_000)
     model = als_model(settings)
     model.item_factors = rng.random((len(ids), settings.factors), dtype=np.float32)
     trained, figures = interactions_sketch(interactions(users, items)), {"published": "als+content"}
     path = WorkPath.of(tmp_path / "als.npz")
-    save_als(path, ALSTowers(model), 2.0, settings, ids, retrain("first night", trained), figures)
+    save_als(path, ALSTowers(model), 2.0, settings, vocabulary, retrain("first night", trained), figures)
 
     first = items.copy()
     first[:3_000] += 5_000  # share 2 * 3,000 / 203,000 = 0.030
-    kept = kept_als(path, settings, ids, interactions_sketch(interactions(users, first)))
+    kept = kept_als(path, settings, vocabulary, interactions_sketch(interactions(users, first)))
     assert kept.towers is not None and (kept.scale, kept.quality) == (2.0, figures)
     assert kept.reason == "kept: 3.0% of the interactions changed since it was trained"
     assert np.array_equal(kept.trained_on, trained)
     other_blend = settings.model_copy(update={"content_weight": 0.5})  # its figures were not this blend's
-    assert kept_als(path, other_blend, ids, interactions_sketch(interactions(users, first))).quality is None
+    assert kept_als(path, other_blend, vocabulary, interactions_sketch(interactions(users, first))).quality is None
 
     night = WorkPath.of(tmp_path / "night-2" / "als.npz")
     night.parent.mkdir()
-    save_als(night, kept.towers, kept.scale, settings, ids, kept, figures)  # as a kept night saves it: a copy
+    save_als(night, kept.towers, kept.scale, settings, vocabulary, kept, figures)  # as a kept night saves it: a copy
     assert night.read_bytes() == path.read_bytes()
-    reblended = kept_als(path, other_blend, ids, interactions_sketch(interactions(users, first)))
+    reblended = kept_als(path, other_blend, vocabulary, interactions_sketch(interactions(users, first)))
     measured = WorkPath.of(tmp_path / "night-2b" / "als.npz")
     measured.parent.mkdir()
-    save_als(measured, kept.towers, kept.scale, other_blend, ids, reblended, {"published": "als"})  # measured tonight
-    assert kept_als(measured, other_blend, ids, interactions_sketch(interactions(users, first))).quality == {"published": "als"}
+    save_als(measured, kept.towers, kept.scale, other_blend, vocabulary, reblended, {"published": "als"})  # measured tonight
+    assert kept_als(measured, other_blend, vocabulary, interactions_sketch(interactions(users, first))).quality == {"published": "als"}
     second = first.copy()
     second[3_000:6_000] += 5_000  # 0.030 from the first night, 0.058 from the trained one
     assert changed_share(interactions_sketch(interactions(users, first)), interactions_sketch(interactions(users, second))) < 0.05
-    again = kept_als(night, settings, ids, interactions_sketch(interactions(users, second)))
+    again = kept_als(night, settings, vocabulary, interactions_sketch(interactions(users, second)))
     assert again.towers is None and again.quality is None
     assert again.reason == "trained: 5.8% of the interactions changed since it was trained (retrain_share 5%)"

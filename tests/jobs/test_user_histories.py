@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs_models import seen_by_user
-from precompute.jobs.recs_state import FINGERPRINT, interactions_fingerprint
-from precompute.jobs.user_histories import HOLDS, history_blocks, seen_of, user_rows
+from precompute.jobs.recs_models import Seen, seen_by_user
+from precompute.jobs.recs_state import FINGERPRINT
+from precompute.jobs.user_histories import HOLDS, fingerprints, history_blocks, seen_of, user_rows
 
 
 def interactions() -> pa.Table:
@@ -32,10 +32,34 @@ def test_each_user_gets_a_fingerprint_of_their_history_in_time_order_and_whether
     rows = user_rows(seen, changed)
 
     assert rows["id"].to_pylist() == ["u1", "u2", "u3"] and rows[HOLDS].to_pylist() == [True, True, False]
-    u1 = interactions_fingerprint(np.array([1, 5, 2]), np.array([1.0, 2.0, 0.5], np.float32))
-    assert rows[FINGERPRINT][0].as_py() == u1
+    alone = fingerprints(Seen(np.array([0, 3]), np.array([1, 5, 2]), np.array([1.0, 2.0, 0.5], np.float32)))
+    assert rows[FINGERPRINT][0].as_py() == alone[0] and len(alone[0]) == 16
     assert len(set(rows[FINGERPRINT].to_pylist())) == 3
 
+
+def test_a_fingerprint_moves_with_any_item_weight_or_place_in_the_history_and_only_its_users() -> None:
+    """Users' histories fingerprinted at once: the same history gives the same fingerprint
+    whoever holds it and wherever it is in the table; an item, a weight, an order, one more or
+    one fewer interaction gives another."""
+
+    def of(*histories: list[tuple[int, float]]) -> list[bytes]:
+        offsets = np.cumsum([0, *map(len, histories)])
+        items = np.array([item for h in histories for item, _ in h], np.int64)
+        weights = np.array([weight for h in histories for _, weight in h], np.float32)
+        return list(fingerprints(Seen(offsets, items, weights)))
+
+    history = [(3, 1.0), (7, 0.5), (1, 1.0)]
+    variants = [
+        [(3, 1.0), (7, 0.5), (2, 1.0)],  # an item
+        [(3, 1.0), (7, 0.25), (1, 1.0)],  # a weight
+        [(7, 0.5), (3, 1.0), (1, 1.0)],  # the order
+        [(3, 1.0), (7, 0.5)],  # one fewer
+        [*history, (1, 1.0)],  # one more, repeating an item
+        [(1, 1.0), (3, 1.0), (7, 0.5)],
+    ]
+    printed = of(history, *variants, history)
+    assert printed[0] == printed[-1] == of([(0, 1.0)], history)[1]
+    assert len(set(printed[:-1])) == len(variants) + 1
 
 def test_the_blocks_of_chosen_users_read_back_as_their_histories(ray_local) -> None:
     seen = seen_by_user(interactions())

@@ -32,8 +32,9 @@ def test_inputs_are_deterministic_with_unique_ids_and_interactions_that_referenc
 def test_a_rerun_changes_the_share_asked_for_in_the_newest_files_and_keeps_every_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The corpus is a folder of files; a rerun's changed texts are the share asked for, all in
-    the newest files, and no other file is written again."""
+    """The corpus and the interactions are folders of files; a rerun's changed texts are the
+    share asked for, all in the newest files, and no other file is written again; its new
+    interactions are a file of their own, added to the log."""
     monkeypatch.setattr(scale_data, "FILE_ROWS", 500)
     corpus_path, interactions_path = write_inputs(tmp_path, 4000)
     files = sorted(corpus_path.iterdir())
@@ -51,6 +52,13 @@ def test_a_rerun_changes_the_share_asked_for_in_the_newest_files_and_keeps_every
     users = len(pc.unique(seen_before["user_id"]))
     assert 0 < changed["users_changed"] <= 0.1 * users
     assert pc.all(pc.is_in(seen_after["item_id"], after["id"])).as_py()
+    log = sorted(interactions_path.iterdir())
+    assert [f.name for f in log] == [f"part-{n:05d}.parquet" for n in range(len(log))] and len(log) >= 2
+    assert pq.read_table(log[:-1]).equals(seen_before)  # the older days as they were
+    new = pq.read_table(log[-1])
+    assert len(pc.unique(new["user_id"])) == changed["users_changed"]
+    pairs = [pc.binary_join_element_wise(t["user_id"], t["item_id"], "/") for t in (seen_before, new)]
+    assert not pc.any(pc.is_in(pairs[1], pairs[0])).as_py()  # items the users did not hold
 
 
 @pytest.mark.slow  # a real nightly run in a process of its own: a minute or two on 2 CPUs

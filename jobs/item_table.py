@@ -1,0 +1,122 @@
+"""An embeddings version's items sorted by id, as the recommendations read them: carried from the
+version it copies, not read and sorted again every night.
+
+Reading an embeddings version's staged parts whole and sorting them by id took 1.1-3.9 s of a
+night at 1M items (bench scale, every night, the unchanged one too). A version's table is kept
+in `<work_dir>/cache/<embeddings output>/items/` as a base (`<base>.arrow`: ids sorted, content
+keys, vectors, in Arrow IPC, memory-mapped) and the rows that differ from it
+(`<version>.delta.arrow`: their positions, keys and vectors), named by `<version>.json`. A
+version that is a copy of one whose table is kept, with the same ids, is that table with the
+copy's changes applied (jobs/vector_load.py CHANGES); any other, or one whose rows differing
+from the base would pass REBASE_SHARE of them, is read whole into a base of its own. The
+tables of the KEPT latest versions stay, with their bases.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from precompute.jobs.content_cache import KEY, key_array
+from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
+from precompute.jobs.recs_state import Items
+from precompute.jobs.staging import committed_dataset
+from precompute.jobs.vector_load import CHANGES, SOURCE
+from precompute.jobs.work_dir import WorkPath, read_ipc, write_ipc
+
+TABLES = "items"
+POSITION = "position"
+REBASE_SHARE = 0.05
+"""Rows differing from the base, as a share of them, past which a version is read into a base
+of its own: every night's delta holds all of them, and grows with the nights since the base."""
+KEPT = 4
+"""Versions whose tables stay: the published one and the few a rollback or a slow reader holds."""
+
+
+def sorted_items(staged: WorkPath, version: str, cache: WorkPath) -> Items:
+    """The items of embeddings `version` (its committed parts in `staged`), sorted by id: a
+    value's indices point there. `cache`: the embeddings output's cache folder."""
+    folder = cache / TABLES
+    kept = table_of(folder, version)
+    if kept is None:
+        kept = carried(folder, staged, version)
+    if kept is None:
+        kept = rebased(folder, staged, version)
+    base, delta = kept
+    return patched(base, delta)
+
+
+def table_of(folder: WorkPath, version: str) -> tuple[pa.Table, pa.Table] | None:
+    """A kept version's (base, delta); None where it is not kept."""
+    record = folder / f"{version}.json"
+    if not record.is_file():
+        return None
+    base = folder / f"{json.loads(record.read_text())['base']}.arrow"
+    if not base.is_file():
+        return None
+    return read_ipc(base), read_ipc(folder / f"{version}.delta.arrow")
+
+
+def carried(folder: WorkPath, staged: WorkPath, version: str) -> tuple[pa.Table, pa.Table] | None:
+    """The table of the version this one copies, with the copy's CHANGES applied; None where
+    it is not a copy, its source's table is not kept, or the ids moved."""
+    changes = staged / CHANGES
+    if not changes.is_file():
+        return None
+    moved = pq.read_table(changes.path, filesystem=changes.fs)
+    source = (moved.schema.metadata or {}).get(SOURCE)
+    if source is None or KEY not in moved.column_names:
+        return None
+    kept = table_of(folder, source.decode())
+    if kept is None or moved[EMBEDDING].null_count:
+        return None  # not kept, or ids deleted: another vocabulary
+    base, before = kept
+    positions = pc.index_in(pc.cast(moved["id"], base.schema.field("id").type), value_set=base["id"])
+    if positions.null_count:
+        return None  # ids added: another vocabulary
+    keys = pc.cast(moved[KEY], pa.binary(16))
+    now = pa.table({POSITION: pc.cast(positions, pa.int64()), KEY: keys, EMBEDDING: moved[EMBEDDING]})
+    unmoved = before.filter(pc.invert(pc.is_in(before[POSITION], value_set=now[POSITION])))
+    delta = pa.concat_tables([unmoved.cast(now.schema), now]).sort_by(POSITION)
+    if delta.num_rows > REBASE_SHARE * base.num_rows:
+        return None
+    record(folder, version, json.loads((folder / f"{source.decode()}.json").read_text())["base"], delta)
+    return base, delta
+
+
+def rebased(folder: WorkPath, staged: WorkPath, version: str) -> tuple[pa.Table, pa.Table]:
+    """The version's committed parts read whole and sorted by id, kept as a base of its own."""
+    table = committed_dataset(staged).to_table(columns=["id", KEY, EMBEDDING])
+    table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
+    base = pa.table({"id": table["id"], KEY: pc.cast(table[KEY], pa.binary(16)), EMBEDDING: table[EMBEDDING]})
+    write_ipc(folder / f"{version}.arrow", base.combine_chunks())
+    empty = pa.schema([(POSITION, pa.int64()), base.schema.field(KEY), base.schema.field(EMBEDDING)]).empty_table()
+    record(folder, version, version, empty)
+    return read_ipc(folder / f"{version}.arrow"), empty
+
+
+def patched(base: pa.Table, delta: pa.Table) -> Items:
+    """The base's items with the delta's rows in place."""
+    vectors, keys = embeddings_of(base), key_array(base[KEY])
+    if delta.num_rows:
+        positions = delta[POSITION].to_numpy()
+        vectors, keys = vectors.copy(), keys.copy()
+        vectors[positions], keys[positions] = embeddings_of(delta), key_array(delta[KEY])
+    return Items(base["id"].to_pylist(), vectors, keys)
+
+
+def record(folder: WorkPath, version: str, base: str, delta: pa.Table) -> None:
+    """Keep `version`'s table (its delta last, then its record), and only the KEPT latest
+    versions' tables with their bases."""
+    write_ipc(folder / f"{version}.delta.arrow", delta)
+    (folder / f"{version}.json").write_text(json.dumps({"base": base, "rows": delta.num_rows}))
+    latest = sorted(f.name.removesuffix(".json") for f in folder.glob("*.json"))[-KEPT:]
+    bases = {json.loads((folder / f"{v}.json").read_text())["base"] for v in latest}
+    for file in folder.iterdir():
+        name, kind = file.name.split(".", 1)
+        if name and (name not in bases if kind == "arrow" else name not in latest):
+            file.unlink()
+
