@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import mmap
 import posixpath
 import uuid
 from collections.abc import Iterator
@@ -162,9 +163,15 @@ class WorkPath:
 
 
 def read_ipc(file: WorkPath) -> pa.Table:
-    """An Arrow IPC file, memory-mapped on local disk (its rows are not copied), read whole elsewhere."""
-    source = pa.memory_map(str(file.local)) if file.local is not None else file.fs.open_input_file(file.path)
-    return pa.ipc.open_file(source).read_all()
+    """An Arrow IPC file, memory-mapped on local disk (its rows are not copied), read whole
+    elsewhere. Mapped with its pages read in at once (MAP_POPULATE, where Linux has it): 1M
+    items' vectors faulted in page by page took 0.56 s to copy out, populated 0.09 s (by hand)."""
+    if file.local is None:
+        return pa.ipc.open_file(file.fs.open_input_file(file.path)).read_all()
+    with open(file.local, "rb") as opened:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(opened.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+    return pa.ipc.open_file(pa.py_buffer(mapped)).read_all()
 
 
 def write_ipc(file: WorkPath, table: pa.Table) -> None:
