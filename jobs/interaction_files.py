@@ -37,8 +37,8 @@ CHECK_ROWS = 1_000_000
 whether it then looks up 8,192 rows or 490,023), so the moved files are read together."""
 GOOD, REJECTED, FIGURES, NIGHTS = "good.arrow", "rejects.arrow", "figures.json", "nights.json"
 KEPT_NIGHTS = 8
-"""Nights whose entries are kept: a failed night, or one of another output reading the same log
-with the same items, still finds the files it read."""
+"""Nights whose entries are kept: the night after a failed or rolled-back one still finds the
+files the published night read."""
 
 
 class KeptFiles(NamedTuple):
@@ -101,7 +101,7 @@ def validated_interactions(
             write_entry(entries[path], checked)
     ordered = [found[f.path] for f in fragments]
     if kept is not None:
-        kept.record([entries[f.path].name for f in fragments])
+        kept.record([entries[f.path].name for f in fragments if f.path in entries])
     rows = sum(file.rows for file in ordered)
     count = keep_rejects([file.rejects for file in ordered], rows, interactions.max_reject_ratio, rejects_path, "interactions")
     if not ordered:  # no file: the good rows of an empty input, in their schema
