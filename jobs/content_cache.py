@@ -44,7 +44,7 @@ from precompute.jobs.staging import (
     read_committed,
     write_part,
 )
-from precompute.jobs.work_dir import WorkPath
+from precompute.jobs.work_dir import WorkPath, copy_file
 
 POINTER = "CURRENT"
 KEY = "content_key"
@@ -130,7 +130,7 @@ def keep_part(fs: FileSystem, part: str, target: WorkPath, stale: list[ObjectRef
             rows = file.read(columns=[c for c in stored if c != COMPUTED])  # kept: none computed
             return write_part(rows.filter(pc.invert(moved)), target)
     name = part_name()
-    fs.copy_file(part, (target / name).path)
+    copy_file(fs, part, (target / name).path)
     return {"name": name, "rows": len(moved), "computed": 0}
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from precompute.jobs.work_dir import WorkPath
+from precompute.jobs.work_dir import WorkPath, copy_file
 
 NIGHT = "night.json"
 
@@ -75,8 +75,9 @@ def same_night(inputs: str, folder: WorkPath | None) -> Night | None:
 
 
 def copy_files(source: WorkPath, target: WorkPath, names: Iterable[str]) -> None:
-    """Each of `names` that `source` holds, copied into `target` (server-side on object storage)."""
+    """Each of `names` that `source` holds, copied into `target` (work_dir.copy_file: linked on
+    local disk, server-side on object storage)."""
     target.mkdir()
     for name in names:
         if (file := source / name).is_file():
-            file.fs.copy_file(file.path, (target / name).path)
+            copy_file(file.fs, file.path, (target / name).path)

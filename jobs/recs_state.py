@@ -122,13 +122,13 @@ def trained_digest(towers: BlendTowers, own: OwnTowers | None) -> str:
     matrices and scales (not the content part's vectors: a changed item's holders are rescored,
     as under the content model), and the towers model's user vectors (a user whose features
     moved must be rescored, so all are)."""
-    digest = hashlib.blake2b(digest_size=16)
+    digest = hashlib.sha256()  # in hardware (SHA-NI): 1M items' ALS factors in 0.21 s, blake2b 0.47
     for part, scale in towers.parts:
         hash_rows(digest, part.items)
         digest.update(np.float64(scale).tobytes())
     if own is not None:
         hash_rows(digest, own.user_vectors)
-    return digest.hexdigest()
+    return digest.hexdigest()[:32]
 
 
 HASHED_ROWS = 65_536

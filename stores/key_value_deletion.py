@@ -4,7 +4,7 @@ Deletion first moves a version out of the registry into `dropping`, in one scrip
 the published version; publish switches only to a registered version, in one script too
 (key_value.py FLIP). So a version being deleted is never published, and the published one is
 never deleted. A version's buckets are then UNLINKed a hundred a round trip, found from its
-registered bucket count rather than by KEYS or SCAN; its `dropping` entry goes last, so a
+registered bucket count rather than by KEYS or SCAN, then its meta; its `dropping` entry goes last, so a
 deletion interrupted by a crash is finished by the next collection.
 """
 
@@ -94,7 +94,7 @@ def claim(client: Client, settings: RedisSettings, keys: OutputKeys, version: st
 
 
 def purge(client: Client, settings: RedisSettings, keys: OutputKeys, version: str) -> None:
-    """UNLINK every bucket of a claimed version, then forget it."""
+    """UNLINK every bucket of a claimed version and its meta, then forget it."""
     with unavailable_as_store_error(settings):
         raw = client.hget(keys.dropping, version)
         if raw is None:  # another process finished it
@@ -107,4 +107,5 @@ def purge(client: Client, settings: RedisSettings, keys: OutputKeys, version: st
                 pipe.unlink(keys.bucket(version, bucket))
             pipe.execute()
             time.sleep((time.perf_counter() - began) * GC_PAUSE)
+        client.unlink(keys.meta(version))
         client.hdel(keys.dropping, version)

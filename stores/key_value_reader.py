@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -29,19 +28,14 @@ from precompute.stores.redis_settings import (
     RedisSettings,
     bucket_of,
     output_keys,
+    stored_meta,
     unavailable_as_store_error,
 )
 
 SWITCHES = 3
 """Pointer moves followed within one call before giving up with a retryable error."""
 CACHED_VERSIONS = 8
-"""Registry entries kept (two outputs, a few versions each); an entry may hold a large vocabulary."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    buckets: int
-    meta: dict[str, Any]
+"""Bucket counts kept (two outputs, a few versions each)."""
 
 
 def async_client(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
@@ -65,7 +59,7 @@ class KeyValueReader:
         self._client = async_client(self.settings)
         self._published: dict[str, str] = {}
         """The version each output's pointer named last time: where the next read looks first."""
-        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._bucket_counts: dict[tuple[str, str], int] = {}
 
     async def get(self, output: str, item_id: str) -> tuple[str, bytes | None]:
         """(published version, value or None for an unknown id)."""
@@ -85,7 +79,7 @@ class KeyValueReader:
             if version is None:
                 version = await self._follow(keys, await self._client.get(keys.pointer))
             for _ in range(SWITCHES):
-                buckets = (await self._entry(keys, version)).buckets
+                buckets = await self._buckets(keys, version)
                 pipe = self._client.pipeline(transaction=False)
                 for field in fields:
                     pipe.hget(keys.bucket(version, bucket_of(field, buckets)), field)
@@ -98,29 +92,33 @@ class KeyValueReader:
 
     async def meta(self, output: str, version: str) -> dict[str, Any]:
         """What create_version stored with the version (e.g. its vocabulary); read once per version."""
+        keys = output_keys(self.settings, output)
         with unavailable_as_store_error(self.settings):
-            return (await self._entry(output_keys(self.settings, output), version)).meta
+            raw, entry = await self._client.get(keys.meta(version)), await self._registered(keys, version)
+        return stored_meta(raw, entry)
 
     async def _follow(self, keys: OutputKeys, pointer: bytes | None) -> str:
         if pointer is None:
             raise VersionNotFoundError(f"nothing of output {keys.output!r} is published")
         version = pointer.decode()
-        await self._entry(keys, version)
+        await self._buckets(keys, version)
         self._published[keys.output] = version
         return version
 
-    async def _entry(self, keys: OutputKeys, version: str) -> _Entry:
-        entry = self._entries.get((keys.output, version))
-        if entry is not None:
-            return entry
+    async def _buckets(self, keys: OutputKeys, version: str) -> int:
+        buckets = self._bucket_counts.get((keys.output, version))
+        if buckets is not None:
+            return buckets
+        buckets = self._bucket_counts[keys.output, version] = (await self._registered(keys, version))["buckets"]
+        if len(self._bucket_counts) > CACHED_VERSIONS:
+            del self._bucket_counts[next(iter(self._bucket_counts))]
+        return buckets
+
+    async def _registered(self, keys: OutputKeys, version: str) -> dict[str, Any]:
         raw = await self._client.hget(keys.registry, version)
         if raw is None:
             raise VersionNotFoundError(f"version {version!r} of output {keys.output!r} does not exist")
-        decoded = json.loads(raw)
-        entry = self._entries[keys.output, version] = _Entry(decoded["buckets"], decoded["meta"])
-        if len(self._entries) > CACHED_VERSIONS:
-            del self._entries[next(iter(self._entries))]
-        return entry
+        return json.loads(raw)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -4,7 +4,8 @@ The layout lives here, and nowhere else, because both halves need it: the writer
 (key_value.py, which imports Ray) and the service's reader (key_value_reader.py, which must not).
 
     {pc:labels}:current                   string: the published version; publish is one SET
-    {pc:labels}:versions                  hash: version -> JSON {rows, buckets, created, meta}
+    {pc:labels}:versions                  hash: version -> JSON {rows, buckets, created}
+    {pc:labels}:20261122T031500-ab12cd:meta string: that version's meta (JSON), e.g. its vocabulary
     {pc:labels}:dropping                  hash: versions being deleted (moved here from :versions)
     pc:labels:20261122T031500-ab12cd:{17} hash: item id -> value, bucket 17 of that version
 
@@ -14,19 +15,20 @@ most `hash-max-listpack-entries` fields (512 by default in Redis 7.0) of at most
 `hash-max-listpack-value` bytes each (64: a top-10 ranked value is 60, and ids must stay
 under it too). A key per record costs several times the overhead instead (`precompute bench
 publish` measures both). Cluster:
-the three bookkeeping keys of an output share one hash tag, so the scripts that check and
-flip them touch one slot; buckets are tagged by number, so a version spreads over slots.
+the bookkeeping keys of an output (and its versions' meta) share one hash tag, so the scripts
+that check and flip them touch one slot; buckets are tagged by number, so a version spreads over slots.
 """
 
 from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -122,8 +124,20 @@ class OutputKeys:
     def dropping(self) -> str:
         return f"{{{self.prefix}:{self.output}}}:dropping"
 
+    def meta(self, version: str) -> str:
+        """What create_version stored with the version (e.g. a 1M-item vocabulary, 16 MB of
+        JSON), apart from its registry entry so that reading a bucket count or listing the
+        versions never decodes it; in the registry's slot, so one script writes both."""
+        return f"{{{self.prefix}:{self.output}}}:{version}:meta"
+
     def bucket(self, version: str, bucket: int) -> str:
         return f"{self.prefix}:{self.output}:{version}:{{{bucket}}}"
+
+
+def stored_meta(raw: bytes | None, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A version's meta, from its own key; a version registered before meta had one holds it
+    inline in its registry entry."""
+    return orjson.loads(raw) if raw is not None else entry.get("meta", {})
 
 
 def output_keys(settings: RedisSettings, output: str) -> OutputKeys:

@@ -108,3 +108,11 @@ def test_only_the_latest_versions_tables_stay_with_their_bases(tmp_path: Path, m
     names = sorted(p.name for p in (cache / TABLES).iterdir())
     assert names == ["v1.arrow", "v3.delta.arrow", "v3.json", "v4.delta.arrow", "v4.json"]
     assert same(sorted_items(WorkPath.of(tmp_path / "v4"), "v4", cache), table)
+
+
+def test_moved_ids_are_found_at_their_rows_and_an_id_not_there_or_twice_finds_none() -> None:
+    among = pa.chunked_array([pa.array(["a", "b", "c"]), pa.array(["d", "e"])])
+    assert item_table.positions_of(pa.array(["e", "a", "c"]), among).tolist() == [4, 0, 2]
+    assert item_table.positions_of(pa.array(["e", "zzz"]), among) is None  # an id added
+    assert item_table.positions_of(pa.array(["b", "b"]), among) is None
+    assert item_table.positions_of(pa.array([], pa.string()), among).tolist() == []

@@ -75,3 +75,16 @@ def test_what_stays_on_this_machine_goes_beside_a_local_work_dir_and_apart_for_a
     assert str(remote) == "s3://bucket/precompute" and remote.local is None
     assert remote.machine_dir() == work_dir.LOCAL_STATE / "remote" / remote.machine_dir().name
     assert remote.machine_dir() != WorkPath(remote.fs, "bucket/other", "s3").machine_dir()
+
+
+def test_a_local_copy_is_a_link_that_replaces_its_target_and_never_writes_through_it(tmp_path: Path) -> None:
+    """The copy shares the source's bytes (no 256 MB written again), and copying over a target
+    that is itself linked elsewhere replaces the name: the other link keeps its content."""
+    source, target, elsewhere = (WorkPath.of(tmp_path / name) for name in ("source", "target", "elsewhere"))
+    source.write_bytes(b"new")
+    elsewhere.write_bytes(b"old")
+    work_dir.copy_file(elsewhere.fs, elsewhere.path, target.path)
+    work_dir.copy_file(source.fs, source.path, target.path)
+    assert (tmp_path / "target").stat().st_ino == (tmp_path / "source").stat().st_ino
+    assert target.read_bytes() == b"new" and elsewhere.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "source", "target"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from precompute.stores.key_value_sink import BUCKET
 from precompute.stores.key_value_versions import CopyPlan, NewVersion, OutputVersions
 from precompute.stores.records import decode_ranked, encode_ranked
 from precompute.stores.redis_server import redis_server
-from precompute.stores.redis_settings import RedisSettings
+from precompute.stores.redis_settings import RedisSettings, output_keys
 from tests.waiting import wait_for
 
 N = 250
@@ -112,8 +113,8 @@ def test_write_publish_get(store: KeyValueStore, settings: RedisSettings) -> Non
     assert store.current(OUTPUT) == V1
     [info] = store.versions(OUTPUT)
     assert (info.name, info.rows, info.is_current) == (V1, N, True)
-    assert info.meta == {"vocabulary": ["a", "b"], "ordinal": 1}
-    assert asyncio.run(read(settings, []))[2] == info.meta
+    assert store.meta(OUTPUT, V1) == {"vocabulary": ["a", "b"], "ordinal": 1}
+    assert asyncio.run(read(settings, []))[2] == store.meta(OUTPUT, V1)
 
 
 def test_nothing_published(store: KeyValueStore, settings: RedisSettings) -> None:
@@ -174,12 +175,14 @@ def test_garbage_collection_keeps_current_and_newest(store: KeyValueStore, setti
         store.drop_version(OUTPUT, V4)
     buckets = {f"{settings.prefix}:{OUTPUT}:{v}:{{{b}}}".encode() for v in (V3, V4) for b in range(3)}
     bookkeeping = {
-        f"{{{settings.prefix}:{OUTPUT}}}:{k}".encode() for k in ("current", "versions", "published")
+        f"{{{settings.prefix}:{OUTPUT}}}:{k}".encode()
+        for k in ("current", "versions", "published", f"{V3}:meta", f"{V4}:meta")
     }
     assert keys_of(settings) == buckets | bookkeeping  # no orphan key of a deleted version
 
     store.drop_version(OUTPUT, V3)
     assert [v.name for v in store.versions(OUTPUT)] == [V4]
+    assert not any(V3.encode() in key for key in keys_of(settings))  # its meta went with it
     with pytest.raises(VersionNotFoundError):
         store.drop_version(OUTPUT, V3)
 
@@ -561,3 +564,16 @@ def test_versions_of_thousands_of_buckets_are_counted_and_copied_whole(
     assert asyncio.run(read(settings, ids))[:2] == (V2, values)
     assert store.collect_garbage(OUTPUT, keep=0) == [V1]  # its buckets unlinked a chunk a round trip
     assert not [key for key in keys_of(settings) if V1.encode() in key]
+
+
+def test_a_version_registered_with_its_meta_inline_reads_it_from_there(
+    store: KeyValueStore, settings: RedisSettings
+) -> None:
+    """A version made before meta had a key of its own keeps being read after an upgrade."""
+    keys = output_keys(settings, OUTPUT)
+    entry = {"rows": 0, "buckets": 1, "created": "2026-11-01T00:00:00+00:00", "meta": {"vocabulary": ["a"]}}
+    with redis.Redis.from_url(settings.url) as client:
+        client.hset(keys.registry, V1, json.dumps(entry))
+    assert store.meta(OUTPUT, V1) == {"vocabulary": ["a"]}
+    store.publish(OUTPUT, V1)
+    assert asyncio.run(read(settings, []))[2] == {"vocabulary": ["a"]}
