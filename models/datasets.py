@@ -139,10 +139,10 @@ class InputFiles:
                 while chunk := stream.read(1 << 23):
                     digest.update(chunk)
             files[file] = digest.hexdigest()[:32]
-        whole = hashlib.blake2b(how.encode(), digest_size=16)
+        whole = hashlib.sha256(how.encode())
         for file, digest in files.items():
             whole.update(f"\x00{file}\x00{digest}".encode())
-        return Digests(whole.hexdigest(), files)
+        return Digests(whole.hexdigest()[:32], files)
 
     def _format(self) -> str | pads.FileFormat:
         return pads.CsvFileFormat(convert_options=self.csv_options()) if self.format == "csv" else self.format

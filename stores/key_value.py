@@ -341,7 +341,7 @@ class KeyValueStore:
             return stored_meta(self._client.get(keys.meta(version)), entry)
 
     def _names(self, keys: OutputKeys) -> list[str]:
-        """Registered versions, oldest first, without reading their (possibly large) metadata."""
+        """Registered versions, oldest first, by name alone (HKEYS: no entry read)."""
         with unavailable_as_store_error(self.settings):
             return sorted(name.decode() for name in self._client.hkeys(keys.registry))
 
