@@ -32,7 +32,7 @@ import faiss
 import numpy as np
 import torch
 
-from precompute.jobs.kept_index import KeptIndex
+from precompute.jobs.kept_index import KeptIndex, index_data
 from precompute.jobs.recs_models import Seen, Towers, users_subset
 from precompute.jobs.topk import BlockedTopK
 
@@ -193,14 +193,6 @@ def search_by_list(
     return heap.D, heap.I
 
 
-def index_data(item_vectors: np.ndarray, prior: np.ndarray | None) -> np.ndarray:
-    """What the index holds: the items, the prior as one more coordinate."""
-    data = np.asarray(item_vectors, np.float32)
-    if prior is not None:
-        data = np.hstack([data, prior[:, None].astype(np.float32)])
-    return np.ascontiguousarray(data)
-
-
 def build_index(data: np.ndarray) -> faiss.IndexIVFFlat:
     """An inner-product IVF index of about √items lists over `data` (index_data's rows)."""
     faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))
@@ -264,8 +256,7 @@ def choose_ranking(
     if method == "exact":
         return Ranking("exact", "exact: asked for")
     start = time.perf_counter()
-    data = index_data(towers.items, prior)
-    index = build_index(data) if kept is None else kept.over(data)
+    index = build_index(index_data(towers.items, prior)) if kept is None else kept.over(towers.items, prior)
     build_s = round(time.perf_counter() - start, 2)
     built = "" if kept is None else f", the index kept from {kept.version} ({len(kept.moved):,} moved since)"
     sample = sample_users(histories, check_users(users))

@@ -75,7 +75,8 @@ def key_array(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     Python bytes object per key (by hand, AVX2 AMD EPYC), in every night's items and again in an
     incremental night's comparison with the published ones."""
     keys = pc.cast(column, pa.binary(16))
-    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    if isinstance(keys, pa.ChunkedArray):  # one chunk viewed: Arrow's concatenation copies it
+        keys = keys.chunk(0) if keys.num_chunks == 1 else keys.combine_chunks()
     return np.frombuffer(keys.buffers()[1], "S16", count=len(keys), offset=keys.offset * 16)
 
 

@@ -15,6 +15,7 @@ tables of the KEPT latest versions stay, with their bases.
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,7 @@ from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.recs_state import Items
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.vector_load import CHANGES, SOURCE
-from precompute.jobs.work_dir import WorkPath, read_ipc, write_ipc
+from precompute.jobs.work_dir import WorkPath, mapped_ipc, patchable, read_ipc, write_ipc
 
 TABLES = "items"
 POSITION = "position"
@@ -35,6 +36,14 @@ REBASE_SHARE = 0.05
 of its own: every night's delta holds all of them, and grows with the nights since the base."""
 KEPT = 4
 """Versions whose tables stay: the published one and the few a rollback or a slow reader holds."""
+
+
+class Kept(NamedTuple):
+    base: pa.Table
+    delta: pa.Table
+    mapped: np.ndarray | None
+    """The base file's bytes, mapped copy-on-write (work_dir.mapped_ipc): the delta is patched
+    into them, so that 1% of the items moved does not copy the other 99% first."""
 
 
 def sorted_items(staged: WorkPath, version: str, cache: WorkPath) -> Items:
@@ -46,22 +55,22 @@ def sorted_items(staged: WorkPath, version: str, cache: WorkPath) -> Items:
         kept = carried(folder, staged, version)
     if kept is None:
         kept = rebased(folder, staged, version)
-    base, delta = kept
-    return patched(base, delta)
+    return patched(kept)
 
 
-def table_of(folder: WorkPath, version: str) -> tuple[pa.Table, pa.Table] | None:
-    """A kept version's (base, delta); None where it is not kept."""
+def table_of(folder: WorkPath, version: str) -> Kept | None:
+    """A kept version's table; None where it is not kept."""
     record = folder / f"{version}.json"
     if not record.is_file():
         return None
     base = folder / f"{json.loads(record.read_text())['base']}.arrow"
     if not base.is_file():
         return None
-    return read_ipc(base), read_ipc(folder / f"{version}.delta.arrow")
+    table, mapped = mapped_ipc(base)
+    return Kept(table, read_ipc(folder / f"{version}.delta.arrow"), mapped)
 
 
-def carried(folder: WorkPath, staged: WorkPath, version: str) -> tuple[pa.Table, pa.Table] | None:
+def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
     """The table of the version this one copies, with the copy's CHANGES applied; None where
     it is not a copy, its source's table is not kept, or the ids moved."""
     changes = staged / CHANGES
@@ -74,7 +83,7 @@ def carried(folder: WorkPath, staged: WorkPath, version: str) -> tuple[pa.Table,
     kept = table_of(folder, source.decode())
     if kept is None or moved[EMBEDDING].null_count:
         return None  # not kept, or ids deleted: another vocabulary
-    base, before = kept
+    base, before, mapped = kept
     positions = positions_of(pc.cast(moved["id"], base.schema.field("id").type), base["id"])
     if positions is None:
         return None  # ids added: another vocabulary
@@ -85,7 +94,7 @@ def carried(folder: WorkPath, staged: WorkPath, version: str) -> tuple[pa.Table,
     if delta.num_rows > REBASE_SHARE * base.num_rows:
         return None
     record(folder, version, json.loads((folder / f"{source.decode()}.json").read_text())["base"], delta)
-    return base, delta
+    return Kept(base, delta, mapped)
 
 
 def positions_of(ids: pa.Array | pa.ChunkedArray, among: pa.ChunkedArray) -> np.ndarray | None:
@@ -101,7 +110,7 @@ def positions_of(ids: pa.Array | pa.ChunkedArray, among: pa.ChunkedArray) -> np.
     return positions
 
 
-def rebased(folder: WorkPath, staged: WorkPath, version: str) -> tuple[pa.Table, pa.Table]:
+def rebased(folder: WorkPath, staged: WorkPath, version: str) -> Kept:
     """The version's committed parts read whole and sorted by id, kept as a base of its own."""
     table = committed_dataset(staged).to_table(columns=["id", KEY, EMBEDDING])
     table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
@@ -109,15 +118,16 @@ def rebased(folder: WorkPath, staged: WorkPath, version: str) -> tuple[pa.Table,
     write_ipc(folder / f"{version}.arrow", base.combine_chunks())
     empty = pa.schema([(POSITION, pa.int64()), base.schema.field(KEY), base.schema.field(EMBEDDING)]).empty_table()
     record(folder, version, version, empty)
-    return read_ipc(folder / f"{version}.arrow"), empty
+    return Kept(read_ipc(folder / f"{version}.arrow"), empty, None)
 
 
-def patched(base: pa.Table, delta: pa.Table) -> Items:
+def patched(kept: Kept) -> Items:
     """The base's items with the delta's rows in place."""
+    base, delta, mapped = kept
     vectors, keys = embeddings_of(base), key_array(base[KEY])
     if delta.num_rows:
         positions = delta[POSITION].to_numpy()
-        vectors, keys = vectors.copy(), keys.copy()
+        vectors, keys = patchable(vectors, mapped), patchable(keys, mapped)
         vectors[positions], keys[positions] = embeddings_of(delta), key_array(delta[KEY])
     return Items(base["id"].to_pylist(), vectors, keys)
 

@@ -35,6 +35,7 @@ import pyarrow as pa
 from precompute.jobs.interactions import INDEX, USER, WEIGHT
 from precompute.jobs.recs_models import ALSTowers, als_model
 from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.recs_state import part_digest
 from precompute.jobs.work_dir import WorkPath, copy_file
 
 SKETCH = 2**20
@@ -109,6 +110,7 @@ def save_als(
             trained_with=np.array(trained_with(settings, vocabulary)),
             quality=np.array(json.dumps(quality)),
             judged_with=np.array(settings.model_dump_json()),
+            digest=np.frombuffer(part_digest(towers), np.uint8),
         )
 
 
@@ -133,4 +135,5 @@ def kept_als(path: WorkPath | None, settings: RecsSpec, vocabulary: str, sketch:
         # Its figures hold for the blend it was measured in: every recs setting as it was then.
         judged = "judged_with" in saved.files and str(saved["judged_with"]) == settings.model_dump_json()
         quality = json.loads(str(saved["quality"])) if judged else None
-        return KeptALS(ALSTowers(model), float(saved["scale"]), reason, trained_on, quality, path)
+        digest = saved["digest"].tobytes() if "digest" in saved.files else None  # older files: hashed tonight
+        return KeptALS(ALSTowers(model, digest), float(saved["scale"]), reason, trained_on, quality, path)

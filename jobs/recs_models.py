@@ -173,9 +173,12 @@ class TransitionTowers:
 class ALSTowers:
     name = "als"
 
-    def __init__(self, model: object) -> None:
+    def __init__(self, model: object, digest: bytes | None = None) -> None:
         self.model = model
         self.items = np.ascontiguousarray(model.item_factors, np.float32)
+        self.digest = digest
+        """Its item factors hashed (jobs/recs_state.py part_digest), once known: a kept ALS's as
+        saved with them (jobs/recs_kept.py)."""
 
     def users(self, seen: Seen) -> np.ndarray:
         if not self.model.item_factors.flags.writeable:

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
+from precompute.jobs import kept_index as kept_index_module
 from precompute.jobs.candidate_topk import (
     INDEX_BUILD_USERS,
     IVF_MIN_ITEMS,
@@ -15,7 +17,6 @@ from precompute.jobs.candidate_topk import (
     CandidateTopK,
     build_index,
     choose_ranking,
-    index_data,
 )
 from precompute.jobs.kept_index import MOVED_SHARE, KeptIndex, keep_index, kept_index
 from precompute.jobs.nights import Previous
@@ -37,7 +38,8 @@ def published(run_dir: Path, version: str) -> Previous:
     return Previous(version, WorkPath.of(run_dir), range(10**6))
 
 
-def test_a_kept_index_ranks_the_next_nights_vectors_at_the_recall_the_gate_asks(tmp_path: Path) -> None:
+def test_a_kept_index_ranks_the_next_nights_vectors_at_the_recall_the_gate_asks(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(kept_index_module, "FILL_ROWS", 333)  # filled by blocks, the last one short
     rng = np.random.default_rng(7)
     centres = rng.normal(size=(20, DIM))
     items, prior = clustered(rng, ITEMS, centres), rng.uniform(0, 2, ITEMS).astype(np.float32)
@@ -73,10 +75,15 @@ def test_a_kept_index_ranks_the_next_nights_vectors_at_the_recall_the_gate_asks(
     assert kept_index(None, keys_of(ITEMS), DIM + 1) is None
 
 
-def test_an_item_moved_since_the_build_is_found_in_tonights_list_not_its_old_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fill_rows", [7, kept_index_module.FILL_ROWS])
+def test_an_item_moved_since_the_build_is_found_in_tonights_list_not_its_old_one(
+    tmp_path: Path, monkeypatch, fill_rows: int
+) -> None:
     """Item 7 was built into the index as the opposite of what the user wants, so into a list the
     user's search does not probe; tonight it is the user's best. Left in its old list it is
-    missed; placed again as moved, it is the user's first."""
+    missed; placed again as moved, it is the user's first. Each item's score is its own, however
+    many blocks fill the lists."""
+    monkeypatch.setattr(kept_index_module, "FILL_ROWS", fill_rows)
     rng = np.random.default_rng(8)
     items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
     user = rng.normal(size=(1, DIM)).astype(np.float32)
@@ -88,7 +95,7 @@ def test_an_item_moved_since_the_build_is_found_in_tonights_list_not_its_old_one
     seen = Seen(np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0, np.float32))
 
     def top(moved: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        index = KeptIndex("v1", WorkPath.of(tmp_path / STATE), np.array(moved, np.int64)).over(index_data(items, None))
+        index = KeptIndex("v1", WorkPath.of(tmp_path / STATE), np.array(moved, np.int64)).over(items, None)
         return CandidateTopK(index, ITEMS, K, None, 4)(torch.from_numpy(user), seen)
 
     (blind, _), (found, scores) = top([]), top([7])

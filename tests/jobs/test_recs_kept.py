@@ -11,7 +11,7 @@ from precompute.jobs.interactions import INDEX, USER, WEIGHT
 from precompute.jobs.recs_kept import SKETCH, changed_share, interactions_sketch, kept_als, retrain, save_als
 from precompute.jobs.recs_models import ALSTowers, als_model
 from precompute.jobs.recs_spec import RecsSpec
-from precompute.jobs.recs_state import vocabulary_digest
+from precompute.jobs.recs_state import part_digest, vocabulary_digest
 from precompute.jobs.work_dir import WorkPath
 
 
@@ -63,6 +63,7 @@ def test_a_kept_als_is_compared_with_the_night_it_was_trained_on_and_keeps_its_f
     assert kept.towers is not None and (kept.scale, kept.quality) == (2.0, figures)
     assert kept.reason == "kept: 3.0% of the interactions changed since it was trained"
     assert np.array_equal(kept.trained_on, trained)
+    assert kept.towers.digest == part_digest(ALSTowers(model))  # saved with the factors, not hashed again
     other_blend = settings.model_copy(update={"content_weight": 0.5})  # its figures were not this blend's
     assert kept_als(path, other_blend, vocabulary, interactions_sketch(interactions(users, first))).quality is None
 
@@ -81,3 +82,19 @@ def test_a_kept_als_is_compared_with_the_night_it_was_trained_on_and_keeps_its_f
     again = kept_als(night, settings, vocabulary, interactions_sketch(interactions(users, second)))
     assert again.towers is None and again.quality is None
     assert again.reason == "trained: 5.8% of the interactions changed since it was trained (retrain_share 5%)"
+
+
+def test_an_als_saved_without_its_digest_is_hashed_when_kept_to_the_same_digest(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    settings, ids = RecsSpec(model="als"), [f"i{i}" for i in range(500)]
+    model = als_model(settings)
+    model.item_factors = rng.random((len(ids), settings.factors), dtype=np.float32)
+    sketch = interactions_sketch(interactions(rng.integers(0, 100, 1_000), rng.integers(0, 500, 1_000)))
+    path = WorkPath.of(tmp_path / "als.npz")
+    save_als(path, ALSTowers(model), 1.0, settings, vocabulary_digest(ids), retrain("first night", sketch), {})
+    with np.load(tmp_path / "als.npz") as saved:
+        older = {name: saved[name] for name in saved.files if name != "digest"}
+    np.savez(tmp_path / "als.npz", **older)
+    kept = kept_als(path, settings, vocabulary_digest(ids), sketch)
+    assert kept.towers is not None and kept.towers.digest is None
+    assert part_digest(kept.towers) == part_digest(ALSTowers(model)) == kept.towers.digest

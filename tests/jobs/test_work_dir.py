@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from precompute.jobs import work_dir
@@ -20,7 +21,9 @@ def committed(run: WorkPath) -> WorkPath:
     return run
 
 
-def test_a_cache_pointer_names_its_run_relative_to_the_cache_so_a_moved_work_dir_keeps_it(tmp_path: Path) -> None:
+def test_a_cache_pointer_names_its_run_relative_to_the_cache_so_a_moved_work_dir_keeps_it(
+    tmp_path: Path,
+) -> None:
     work = WorkPath.of(tmp_path / "work")
     run = committed(work_dir.run_dir(work, "docs", "v1") / "embeddings")
     cache = work_dir.cache_dir(work, "docs")
@@ -88,3 +91,22 @@ def test_a_local_copy_is_a_link_that_replaces_its_target_and_never_writes_throug
     assert (tmp_path / "target").stat().st_ino == (tmp_path / "source").stat().st_ino
     assert target.read_bytes() == b"new" and elsewhere.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "source", "target"]
+
+
+def test_a_mapped_column_is_patched_in_this_process_only_and_a_read_column_is_copied(tmp_path: Path) -> None:
+    """A patch writes the mapping's private pages: the file, and every other reader's view of it,
+    keep the bytes written; a table read whole (object storage) is patched in a copy."""
+    file = WorkPath.of(tmp_path / "table.arrow")
+    work_dir.write_ipc(file, pa.table({"x": pa.array(np.arange(1000, dtype=np.float32))}))
+    table, mapped = work_dir.mapped_ipc(file)
+    values = table["x"].chunk(0).to_numpy()
+    patched = work_dir.patchable(values, mapped)
+    assert patched.ctypes.data == values.ctypes.data  # the mapped bytes, not a copy
+    patched[[3, 999]] = -1.0
+    assert table["x"][3].as_py() == -1.0  # the same bytes, so the table sees the patch too
+    assert (
+        work_dir.read_ipc(file)["x"][3].as_py() == 3.0 and work_dir.read_ipc(file)["x"][999].as_py() == 999.0
+    )
+    copied = work_dir.patchable(values, None)
+    copied[0] = 7.0
+    assert values[0] == 0.0 and copied.ctypes.data != values.ctypes.data
