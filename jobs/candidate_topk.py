@@ -1,15 +1,15 @@
-"""Top-k for large catalogues: candidates from an inverted-file index over the item vectors (faiss
-IVF, inner product), at the fewest probed lists whose top k keeps `min_recall` of the exact top
-k on a sample of users.
+"""Top-k for large catalogues: candidates from an inverted-file index over the item vectors
+(jobs/item_lists.py, inner product), at the fewest probed lists whose top k keeps `min_recall`
+of the exact top k on a sample of users.
 
 Exact top-k (jobs/topk.py) scores every user against every item: users x items, which grows as
 N² when both grow with the input. The index clusters the items into about √items lists (k-means
 on a sample); a user is scored against the lists' centroids, then against the items of its
 `nprobe` best lists: about (1 + nprobe)·√items dot products, so ranking grows as users·√items
-(N^1.5), and so does the build, which places each item in the list of its best centroid. The
-lists hold the item vectors themselves, so a candidate's score is its exact one. The score u . v
-+ prior is an inner product with one coordinate more (item: its prior, user: 1), so the index
-serves every model whose score is two towers' dot product, blends included.
+(N^1.5), and so does the build, which places each item in the list of its best centroid. A
+list is scored from the item matrix itself, so a candidate's score is its exact one. The score
+u . v + prior is an inner product with one coordinate more (item: its prior, user: 1), so the
+index serves every model whose score is two towers' dot product, blends included.
 
 It replaced an inner-product HNSW graph (faiss IndexHNSWFlat, 32 links an item), whose build
 dominated the stage: on 1M synthetic items of 129 dims (clustered towers, a content part, a
@@ -22,7 +22,6 @@ against 40.6 s). What the job measured at scale: README, "Scale".
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,9 @@ import faiss
 import numpy as np
 import torch
 
-from precompute.jobs.kept_index import KeptIndex, index_data
+from precompute.jobs.item_lists import ItemLists, build_lists, search_by_list
+from precompute.jobs.kept_check import CheckLists, carried_check, fresh_check, saved_check
+from precompute.jobs.kept_index import KeptIndex
 from precompute.jobs.recs_models import Seen, Towers, users_subset
 from precompute.jobs.topk import BlockedTopK
 
@@ -45,10 +46,6 @@ kept: the build costs about 5 µs an item (1M items of 129 dims: 5.0 s, 2 vCPUs)
 2.6 ns a user-item (10,000 users x 100,000 items: 2.62 s), so a build repays itself past about
 2,000 users, whatever the catalogue. With a kept index (jobs/kept_index.py) only the recall
 check's exact scores must be repaid (check_users)."""
-POINTS_PER_LIST, TRAIN_ITERATIONS = 64, 10
-"""k-means of the lists' centroids: on a sample of this many items a list, this many rounds (1.7
-s of training at 1M items, 2 vCPUs; faiss's defaults, 256 items a list and 25 rounds, are ten
-times the work)."""
 NPROBE_LADDER = (8, 16, 32, 64, 128, 256)
 """Lists probed, tried in turn on the sample; the first that keeps min_recall serves."""
 CHECK_USERS = 500
@@ -86,9 +83,13 @@ class Ranking:
     """The version whose run built the index, when it was kept (jobs/kept_index.py)."""
     moved: int = 0
     """A kept index's items moved since its build, placed again in tonight's best list."""
-    index: faiss.IndexIVF | None = field(default=None, repr=False)
-    """The index the users are ranked from: the driver's, or a top-k actor's read in place
-    from its serialized bytes (read_in_place)."""
+    carried: int = 0
+    """Sample users whose exact best items were carried from the kept check (jobs/kept_check.py),
+    not scored against every item."""
+    lists: ItemLists | None = field(default=None, repr=False)
+    """The lists the users are ranked from (no vectors: a top-k actor's come with its towers)."""
+    check: CheckLists | None = field(default=None, repr=False)
+    """The sample the lists were checked on, kept for the next night with them."""
 
     def users_per_call(self, users_per_block: int, dims: int) -> int:
         """Users a ranker takes per call: exact, `users_per_block` (its score buffer's rows); the
@@ -107,6 +108,7 @@ class Ranking:
             "build_s": self.build_s,
             "kept_from": self.kept_from,
             "moved": self.moved,
+            "carried": self.carried,
         }
 
 
@@ -114,16 +116,17 @@ class CandidateTopK:
     """Top-k of user . item + prior, the user's seen items excluded, from the items of the
     `nprobe` lists whose centroids score best for the user. A user whose candidates run short of
     k unseen items (a long history) is searched again 4x deeper in 4x as many lists, up to every
-    item of every list: an exact scan. `prior`: the one the index holds as its last coordinate
+    item of every list: an exact scan. `prior`: searched as the items' last coordinate
     (index_data), which a user's query meets with a 1."""
 
     def __init__(
-        self, index: faiss.IndexIVF, item_count: int, k: int, prior: np.ndarray | None, nprobe: int
+        self, lists: ItemLists, item_vectors: np.ndarray, k: int, prior: np.ndarray | None, nprobe: int
     ) -> None:
         faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))  # Ray sets OMP_NUM_THREADS=1
-        self.index, self.nprobe, self.items = index, nprobe, item_count
+        self.lists, self.quantizer, self.nprobe = lists, lists.quantizer(), nprobe
+        self.item_vectors, self.prior, self.items = item_vectors, prior, len(item_vectors)
         self.with_prior = prior is not None
-        self.k = min(k, item_count)
+        self.k = min(k, self.items)
 
     def __call__(self, user_vectors: torch.Tensor, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
         """(indices, scores) as BlockedTopK gives them."""
@@ -135,7 +138,7 @@ class CandidateTopK:
         todo, depth, nprobe = np.arange(len(users)), min(self.items, self.k + DEPTH_MARGIN), self.nprobe
         while len(todo):
             exhaustive = depth == self.items  # every list's every item: the unseen ones are all there are
-            probes = self.index.nlist if exhaustive else min(self.index.nlist, nprobe)
+            probes = self.lists.nlist if exhaustive else min(self.lists.nlist, nprobe)
             found, found_scores, short = self._search(users[todo], users_subset(seen, todo), depth, probes)
             short &= not exhaustive
             indices[todo[~short]], scores[todo[~short]] = found[~short], found_scores[~short]
@@ -148,7 +151,9 @@ class CandidateTopK:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The top k of the `depth` best items of the `nprobe` lists, seen ones dropped: (indices,
         scores, short), short where fewer than k of them are unseen."""
-        found_scores, found = search_by_list(self.index, users, depth, nprobe)
+        found_scores, found = search_by_list(
+            self.lists, self.quantizer, self.item_vectors, self.prior, users, depth, nprobe
+        )
         rows = np.repeat(np.arange(len(users)), np.diff(seen.offsets))
         seen_keys = rows * self.items + seen.items
         keys = np.arange(len(users))[:, None] * self.items + found
@@ -160,48 +165,6 @@ class CandidateTopK:
         top_scores = np.take_along_axis(found_scores, order, 1)
         top[np.isneginf(top_scores)] = -1
         return top, top_scores, short
-
-
-def search_by_list(
-    index: faiss.IndexIVFFlat, users: np.ndarray, depth: int, nprobe: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, ids) of each user's `depth` best items in its `nprobe` best lists, best first
-    (-1 past the items there are), as index.search gives them, found list by list: the users who
-    probe a list are scored against its items in one matrix multiply (faiss.knn), where
-    index.search scans each probed list once per user. By hand at 1M items of 449 dims, 1,000
-    lists, 8 probed (2 vCPUs, AMD EPYC): 100,000 users in 14.0 s against 98.1 s, the same top 10;
-    at 100,000 items, 10,000 users 1.23 s against 3.02 s. It pays in large calls: the same
-    100,000 users took 36.4 s in calls of 16,384 (Ranking.users_per_call). faiss's
-    contrib.big_batch_search is this loop, but copies every list on each call (0.65 s at 1M
-    items) and maps a list shorter than `depth` to wrong ids."""
-    _, probes = index.quantizer.search(users, min(nprobe, index.nlist))
-    order = np.argsort(probes, axis=None, kind="stable")
-    bounds = np.searchsorted(probes.ravel()[order], np.arange(index.nlist + 1))
-    heap = faiss.ResultHeap(len(users), depth, keep_max=True)
-    for number in np.flatnonzero(np.diff(bounds)):
-        size = index.invlists.list_size(int(number))
-        if not size:
-            continue
-        ids = faiss.rev_swig_ptr(index.invlists.get_ids(int(number)), size)
-        codes = faiss.rev_swig_ptr(index.invlists.get_codes(int(number)), size * index.code_size)
-        probing = order[bounds[number] : bounds[number + 1]] // probes.shape[1]
-        scores, found = faiss.knn(
-            users[probing], codes.view(np.float32).reshape(size, index.d), min(depth, size), faiss.METRIC_INNER_PRODUCT
-        )
-        heap.add_result_subset(probing, scores, ids[found])
-    heap.finalize()
-    return heap.D, heap.I
-
-
-def build_index(data: np.ndarray) -> faiss.IndexIVFFlat:
-    """An inner-product IVF index of about √items lists over `data` (index_data's rows)."""
-    faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))
-    lists = max(1, round(math.sqrt(len(data))))
-    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(data.shape[1]), data.shape[1], lists, faiss.METRIC_INNER_PRODUCT)
-    index.cp.max_points_per_centroid, index.cp.niter = POINTS_PER_LIST, TRAIN_ITERATIONS
-    index.train(data)
-    index.add(data)
-    return index
 
 
 def check_users(users: int) -> int:
@@ -224,6 +187,22 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
         if (truth >= 0).any()
     ]
     return float(np.mean(shares)) if shares else 1.0
+
+
+def checked_sample(
+    kept: KeptIndex | None, towers: Towers, prior: np.ndarray | None, histories: Seen, users: int, k: int, block: int
+) -> tuple[Seen, CheckLists, int]:
+    """The recall check's users, their exact best items, and how many of them were carried: the
+    kept lists' check carried to tonight (jobs/kept_check.py) while MIN_CHECK_USERS of its users
+    are left (all of them, in a smaller user base), else a fresh sample of check_users(users),
+    every item scored."""
+    moved = np.empty(0, np.int64) if kept is None else kept.moved
+    if kept is not None and (saved := saved_check(kept.state)) is not None:
+        carried = carried_check(saved, towers, prior, histories, k, block, moved)
+        if carried is not None and len(carried[1].users) >= min(MIN_CHECK_USERS, len(histories.offsets) - 1):
+            return carried
+    sample = sample_users(histories, check_users(users))
+    return sample, fresh_check(towers, prior, sample, k, block, moved), 0
 
 
 def choose_ranking(
@@ -256,22 +235,21 @@ def choose_ranking(
     if method == "exact":
         return Ranking("exact", "exact: asked for")
     start = time.perf_counter()
-    index = build_index(index_data(towers.items, prior)) if kept is None else kept.over(towers.items, prior)
+    lists = build_lists(towers.items, prior) if kept is None else kept.over(towers.items, prior)
     build_s = round(time.perf_counter() - start, 2)
     built = "" if kept is None else f", the index kept from {kept.version} ({len(kept.moved):,} moved since)"
-    sample = sample_users(histories, check_users(users))
-    vectors = torch.from_numpy(towers.users(sample))
-    truth, _ = BlockedTopK(towers.items, k, block, prior)(vectors, sample)
+    sample, check, carried = checked_sample(kept, towers, prior, histories, users, k, block)
+    vectors, truth = torch.from_numpy(check.vectors), check.truth(k)
     curve = []
     for nprobe in NPROBE_LADDER:
         start = time.perf_counter()
-        found, _ = CandidateTopK(index, items, k, prior, nprobe)(vectors, sample)
+        found, _ = CandidateTopK(lists, towers.items, k, prior, nprobe)(vectors, sample)
         per_user_ms = 1e3 * (time.perf_counter() - start) / max(len(truth), 1)
         curve.append({"nprobe": nprobe, "recall": round(recall(found, truth), 4), "ms_per_user": round(per_user_ms, 3)})
         if curve[-1]["recall"] >= min_recall:
             return Ranking(
                 "ivf",
-                f"ivf: {items:,} items in {index.nlist:,} lists{built}; {nprobe} probed keep "
+                f"ivf: {items:,} items in {lists.nlist:,} lists{built}; {nprobe} probed keep "
                 f"{curve[-1]['recall']:.4f} of the exact top {k}",
                 nprobe,
                 curve[-1]["recall"],
@@ -280,7 +258,9 @@ def choose_ranking(
                 build_s,
                 None if kept is None else kept.version,
                 0 if kept is None else len(kept.moved),
-                index,
+                carried,
+                lists,
+                check,
             )
     return Ranking(
         "exact",
@@ -298,15 +278,5 @@ def ranker_of(
     """The ranker an actor holds for `ranking`."""
     if ranking.method == "exact":
         return BlockedTopK(item_vectors, k, block, prior)
-    assert ranking.index is not None  # choose_ranking keeps the index it chose
-    return CandidateTopK(ranking.index, len(item_vectors), k, prior, ranking.nprobe)
-
-
-def read_in_place(serialized: np.ndarray) -> faiss.IndexIVF:
-    """The index read where its serialized bytes lie (faiss's ZeroCopyIOReader), not copied. In
-    a top-k actor they lie in Ray's object store, so a node's actors share one copy of its lists
-    (the item vectors): for 300,000 items of 129 dims, 155 MB private per actor deserialized,
-    0.2 MB in place. The index points into `serialized`, so it holds a reference to it."""
-    index = faiss.read_index(faiss.ZeroCopyIOReader(faiss.swig_ptr(serialized), serialized.nbytes))
-    index.referenced_objects = [serialized]
-    return index
+    assert ranking.lists is not None  # choose_ranking keeps the lists it chose
+    return CandidateTopK(ranking.lists, item_vectors, k, prior, ranking.nprobe)

@@ -18,7 +18,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from precompute.jobs.index_check import EXACT_FILE, IndexCheckError, Validation
+from precompute.jobs.check_sample import EXACT_FILE
+from precompute.jobs.index_check import IndexCheckError, Validation
 from precompute.jobs.nights import copy_files
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.work_dir import WorkPath

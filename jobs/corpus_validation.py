@@ -3,11 +3,11 @@ in the work directory, so a night reads again only the files that moved.
 
 A corpus is often a folder of files of which a night rewrites a few (a data lake's partitions).
 Each file's validation is kept by the digest of its bytes and the rules it was checked by
-(`<work_dir>/validated/files/<key>/`: its rows, its rejects with their reasons, and the ids of it
-that the corpus repeated, which every file rejects). A night reads the ids of every file (which
-ids repeat is a property of the whole corpus; only those of the moved files, and those repeated
-before, are counted), takes each file whose bytes, rules and repeated ids are as recorded, and
-checks the others a run of row groups at a time: by Ray tasks across a cluster, in this
+(`<work_dir>/validated/files/<key>/`: its rows, its rejects with their reasons, the ids of it
+that the corpus repeated, which every file rejects, and a digest of its ids in order). Which ids
+repeat is a property of the whole corpus (jobs/corpus_repeats.py: only the moved files' ids are
+read where each holds the ids it held). A night takes each file whose bytes, rules and repeated
+ids are as recorded, and checks the others a run of row groups at a time: by Ray tasks across a cluster, in this
 process's threads on one machine or where they are few (DRIVER_ROWS). Never a Ray Data operator
 (on bench scale's 1M rows by hand, a whole validation took 0.7-1.2 s as tasks against 8.7-10.2 s
 through Ray Data; one moved file of 100, 0.10-0.13 s). The whole corpus's validation is kept as
@@ -33,6 +33,15 @@ import pyarrow.parquet as pq
 import ray
 from ray import ObjectRef
 
+from precompute.jobs.corpus_repeats import (
+    FIGURES,
+    corpus_duplicates,
+    corpus_ids,
+    ids_digest,
+    repeated_in,
+    same_ids,
+    unmoved,
+)
 from precompute.jobs.inputs import CorpusInput, read_input
 from precompute.jobs.nights import inputs_digest
 from precompute.jobs.ray_session import one_node
@@ -41,20 +50,17 @@ from precompute.jobs.validate import (
     REASON,
     REJECTS,
     check_ratio,
-    id_key,
     keep_rejects,
-    repeated_ids,
     tag_rejects,
 )
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import Digests, arrow_dataset
-from precompute.models.text_columns import as_text, lossless
+from precompute.models.text_columns import as_text
 
 VALIDATED = "validated"
 """<work_dir>/validated/<key>/: a corpus's validation (FIGURES, and its REJECTS), by the digest of
 its files and rules; <work_dir>/validated/files/<key>/: one file's, by its bytes and the rules."""
 FILES = "files"
-FIGURES = "figures.json"
 DRIVER_ROWS = 100_000
 """The moved files' rows are checked in this process, a thread per CPU, when they are at most
 this many or Ray is this one machine, not by Ray tasks: a night's first task starts a worker and
@@ -106,13 +112,21 @@ def known_validation(entry: WorkPath, rejects_path: WorkPath, max_ratio: float) 
     return KnownValidation(figures["rows"], figures["rejects"], set(figures["duplicates"]))
 
 
-def record_validation(entry: WorkPath, known: KnownValidation, rejects_path: WorkPath, files: list[str]) -> None:
-    """Keep a validation's figures and rejects in `entry`, the names of its `files`' entries,
+def record_validation(
+    entry: WorkPath, known: KnownValidation, rejects_path: WorkPath, files: dict[str, str]
+) -> None:
+    """Keep a validation's figures and rejects in `entry`, its `files`' entries' names by path,
     and the KEPT_VALIDATIONS newest of the folder's entries with the files' they name."""
     entry.mkdir()
     if known.rejects:
         rejects_path.fs.copy_file(rejects_path.path, (entry / REJECTS).path)
-    figures = {**known._asdict(), "duplicates": sorted(known.duplicates), "files": files, "at": time.time()}
+    figures = {
+        **known._asdict(),
+        "duplicates": sorted(known.duplicates),
+        "files": list(files.values()),
+        "paths": files,
+        "at": time.time(),
+    }
     (entry / FIGURES).write_text(json.dumps(figures))
     entries = [e for e in entry.parent.folders() if (e / FIGURES).is_file()]
     recorded = [json.loads((e / FIGURES).read_text()) | {"entry": e} for e in entries]
@@ -220,9 +234,16 @@ def validate_files(
     """Quarantine the corpus's rejects into `rejects_path`, file by file (the module's docstring),
     failing past its max_reject_ratio; record what was found in `validation`."""
     fragments = {fragment.path: fragment for fragment in source.get_fragments()}
-    ids = corpus_ids(source, fragments, corpus.id)
-    duplicates = corpus_duplicates(ids, None if validation is None else unmoved(validation))
-    repeated = repeated_in(ids, duplicates)
+    before = None if validation is None else unmoved(validation.whole.parent, validation.files)
+    moved_files = {path: f for path, f in fragments.items() if before is None or path not in before.files}
+    ids = corpus_ids(source, moved_files, corpus.id)
+    repeated = None if validation is None else same_ids(validation.whole.parent / FILES, before, list(fragments), ids)
+    if repeated is None or before is None:
+        ids |= corpus_ids(source, {p: f for p, f in fragments.items() if p not in moved_files}, corpus.id)
+        duplicates = corpus_duplicates(ids, before)
+        repeated = dict(repeated_in(ids, duplicates))
+    else:
+        duplicates = before.duplicates
     found: dict[str, tuple[int, pa.Table | None]] = {}
     kwargs = {"renames": canonical_columns(corpus), "duplicates": duplicates, "max_text_bytes": corpus.max_text_bytes}
     moved = []
@@ -245,96 +266,33 @@ def validate_files(
     for path, (rows, tables) in checked.items():
         found[path] = (rows, pa.concat_tables(tables))
         if validation is not None:
-            record_file(validation.files[path], *found[path], repeated[path])
+            record_file(validation.files[path], *found[path], repeated[path] or [], ids_digest(ids[path]))
     rows = sum(r for r, _ in found.values())
     count = keep_rejects([t for _, t in found.values() if t is not None], rows, corpus.max_reject_ratio, rejects_path)
     known = KnownValidation(rows, count, duplicates)
     if validation is not None:
-        record_validation(validation.whole, known, rejects_path, [validation.files[p].name for p in fragments])
+        record_validation(validation.whole, known, rejects_path, {p: validation.files[p].name for p in fragments})
     return known
 
 
-def corpus_ids(source: pads.FileSystemDataset, fragments: dict[str, pads.Fragment], column: str) -> dict[str, pa.Table]:
-    """Each file's ids (`fragments`, by path: `source`'s), in the corpus's type, as the one column
-    `id` (as repeated_ids takes them), read in one scan: 0.05 s for 1M ids in 100 files, where a
-    read a file took 0.11-0.18 s."""
-    read: dict[str, list[pa.RecordBatch]] = {path: [] for path in fragments}
-    for tagged in source.scanner(columns=[column]).scan_batches():
-        read[tagged.fragment.path].append(tagged.record_batch)
-    schema = pa.schema([source.schema.field(column)])
-    return {path: lossless(pa.Table.from_batches(b, schema).rename_columns(["id"])) for path, b in read.items()}
-
-
-class Unmoved(NamedTuple):
-    """What a kept validation of a corpus that shares files with this one says of them."""
-
-    files: set[str]
-    """This corpus's files (their paths) that it held as they are now."""
-    duplicates: set[str]
-    """The ids it found repeated."""
-
-
-def unmoved(validation: Validation) -> Unmoved | None:
-    """Of the kept whole validations, the one that shares most files with this corpus; None where
-    none shares a file."""
-    folder = validation.whole.parent
-    best = Unmoved(set(), set())
-    for entry in (e for e in folder.folders() if (e / FIGURES).is_file()):
-        figures = json.loads((entry / FIGURES).read_text())
-        held = set(figures.get("files", []))
-        files = {path for path, file_entry in validation.files.items() if file_entry.name in held}
-        if len(files) > len(best.files):
-            best = Unmoved(files, set(figures["duplicates"]))
-    return best if best.files else None
-
-
-def corpus_duplicates(ids: dict[str, pa.Table], unmoved: Unmoved | None) -> set[str]:
-    """The ids that the corpus (each file's `ids`) holds more than once. Only a moved file's ids,
-    and those that were repeated before, can be: with `unmoved`, only they are counted (of 1M
-    ids, a group-by of every id took 0.15-0.27 s on 2 CPUs)."""
-    everything = pa.concat_tables(ids.values())
-    if unmoved is None:
-        return repeated_ids(everything)
-    before = pa.table({"id": as_ids(unmoved.duplicates, everything.schema.field("id").type)})
-    candidates = pa.concat_tables([before, *(table for path, table in ids.items() if path not in unmoved.files)])
-    return repeated_ids(everything.filter(pc.is_in(everything["id"], value_set=candidates["id"])))
-
-
-def as_ids(keys: set[str], kind: pa.DataType) -> pa.Array:
-    """Ids as id_key wrote them, back in their column's `kind` (integers, or text as its bytes)."""
-    if pa.types.is_integer(kind):
-        return pa.array([int(key) for key in keys], kind)
-    return pa.array([key.encode("utf-8", "surrogateescape") for key in keys], kind)
-
-
-def repeated_in(ids: dict[str, pa.Table], duplicates: set[str]) -> dict[str, list[str]]:
-    """Which of each file's `ids` the corpus repeats, sorted (what its entry records)."""
-    if not duplicates:
-        return {path: [] for path in ids}
-    repeated = as_ids(duplicates, next(iter(ids.values())).schema.field("id").type)
-    return {
-        path: sorted({id_key(i) for i in table.filter(pc.is_in(table["id"], value_set=repeated))["id"].to_pylist()})
-        for path, table in ids.items()
-    }
-
-
-def known_file(entry: WorkPath, repeated: list[str]) -> tuple[int, pa.Table | None] | None:
-    """A file's recorded (rows, rejects) where it was found repeating the same ids; else None."""
+def known_file(entry: WorkPath, repeated: list[str] | None) -> tuple[int, pa.Table | None] | None:
+    """A file's recorded (rows, rejects) where it was found repeating the same ids (None: the
+    corpus repeats what it did, same_ids); else None."""
     if not (entry / FIGURES).is_file():
         return None
     figures = json.loads((entry / FIGURES).read_text())
-    if figures["duplicates"] != repeated:
+    if repeated is not None and figures["duplicates"] != repeated:
         return None
     rejects = pq.read_table((entry / REJECTS).path, filesystem=entry.fs) if figures["rejects"] else None
     return figures["rows"], rejects
 
 
-def record_file(entry: WorkPath, rows: int, rejects: pa.Table | None, repeated: list[str]) -> None:
+def record_file(entry: WorkPath, rows: int, rejects: pa.Table | None, repeated: list[str], ids: str) -> None:
     entry.mkdir()
     count = 0 if rejects is None else rejects.num_rows
     if count:
         pq.write_table(rejects, (entry / REJECTS).path, filesystem=entry.fs)
-    (entry / FIGURES).write_text(json.dumps({"rows": rows, "rejects": count, "duplicates": repeated}))
+    (entry / FIGURES).write_text(json.dumps({"rows": rows, "rejects": count, "duplicates": repeated, "ids": ids}))
 
 
 def parts(fragment: pads.Fragment) -> list[pads.Fragment]:

@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,7 +37,7 @@ import torch
 from ray.actor import ActorHandle
 
 from precompute.jobs import progress
-from precompute.jobs.candidate_topk import CandidateTopK, Ranking, choose_ranking, ranker_of, read_in_place
+from precompute.jobs.candidate_topk import CandidateTopK, choose_ranking, ranker_of
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interaction_files import KeptFiles, validated_interactions
 from precompute.jobs.interactions import INDEX
@@ -151,9 +150,9 @@ def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
 
 
 class TopKActor:
-    """Holds the model's towers, the prior and the ranker (exact, or the IVF index, read in place
-    from its serialized bytes in Ray's object store: a node's actors share one copy); scores a
-    block of users per call."""
+    """Holds the model's towers (their item matrix read where Ray's object store holds it: a
+    node's actors share one copy), the prior and the ranker (exact, or the items' lists, which
+    hold no vector); scores a block of users per call."""
 
     def __init__(
         self,
@@ -162,16 +161,12 @@ class TopKActor:
         k: int,
         block: int,
         ranking: ray.ObjectRef,
-        index: ray.ObjectRef | None = None,
         counter: ActorHandle | None = None,
     ) -> None:
         # Ray sets OMP_NUM_THREADS=1 in an actor with under one CPU; the matmul wants every core.
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.towers: Towers = ray.get(towers)
-        chosen: Ranking = ray.get(ranking)
-        if index is not None:
-            chosen = replace(chosen, index=read_in_place(ray.get(index)))
-        self.ranker = ranker_of(self.towers.items, k, block, prior, chosen)
+        self.ranker = ranker_of(self.towers.items, k, block, prior, ray.get(ranking))
         self.counter = counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -329,9 +324,9 @@ def run_recs_job(
             rescored,
             previous_index,
         )
-        if ranking.index is not None:
+        if ranking.lists is not None:
             carried = previous_index if ranking.kept_from else None
-            keep_index(work_dir / STATE, ranking.index, items.keys, carried)
+            keep_index(work_dir / STATE, ranking.lists, items.keys, carried, ranking.check)
         seconds["index"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -352,8 +347,7 @@ def run_recs_job(
                             "prior": prior,
                             "k": settings.k,
                             "block": block,
-                            "ranking": ray.put(replace(ranking, index=None)),
-                            "index": None if ranking.index is None else ray.put(faiss.serialize_index(ranking.index)),
+                            "ranking": ray.put(replace(ranking, check=None)),
                             "counter": counter,
                         },
                         batch_size=block,

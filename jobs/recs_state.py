@@ -13,8 +13,11 @@ A run stages, in its run folder, `recs_state/`:
                    changes (jobs/recs_kept.py)
     index.npz      the items' IVF lists (centroids and each item's list, without the vectors)
                    and the content keys they were built over, when the top k was ranked by
-                   them: the next incremental night fills them instead of scoring exactly
-                   (jobs/kept_index.py)
+                   them: the next incremental night searches them instead of scoring
+                   exactly (jobs/kept_index.py)
+    check.npz      the recall check's sample users with their exact best items, beside
+                   index.npz: the next night scores only the items that moved for them
+                   (jobs/kept_check.py)
     night.json     a digest of everything the version was made from (the interactions' files,
                    the items, the settings), with what the run measured of it (rows, rejects,
                    held-out quality)
@@ -58,13 +61,14 @@ if TYPE_CHECKING:
     from precompute.jobs.recs_spec import RecsSpec
 
 STATE = "recs_state"
-MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, INDEX_FILE = (
+MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, INDEX_FILE, CHECK_FILE = (
     "model.json",
     "items.arrow",
     "users.arrow",
     "sequence.pt",
     "als.npz",
     "index.npz",
+    "check.npz",
 )
 FINGERPRINT = "fingerprint"
 
@@ -244,7 +248,7 @@ def unchanged_night(inputs: str, previous: Previous | None, run_dir: WorkPath) -
     copy_files(
         previous.run_dir / STATE,
         run_dir / STATE,
-        [MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, INDEX_FILE, NIGHT],
+        [MODEL, ITEMS_FILE, USERS_FILE, SEQUENCE_WEIGHTS, ALS_FILE, INDEX_FILE, CHECK_FILE, NIGHT],
     )
     copy_files(previous.run_dir, run_dir, [REJECTS])
     return night

@@ -27,6 +27,7 @@ from precompute.stores.vectors import VectorStore, open_vector_store
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
+    from precompute.jobs.check_sample import Searches
     from precompute.lookup.app import Service
     from precompute.lookup.served import Served
     from precompute.models.settings import Engine
@@ -73,7 +74,7 @@ OPENING_WORDS = (4, 8, 16, 32)
 """The check's searches made from held-out texts: their opening words, one of these many by the
 text's hash (a phrase to a sentence). By hash, not by place in the sample: a night that moves
 one gate text leaves every other text's search as it was, which a copy's check keeps
-(jobs/index_check.py search_keys)."""
+(jobs/check_sample.py Searches.keys)."""
 
 
 def opening_searches(texts: list[str]) -> list[str]:
@@ -98,15 +99,19 @@ def check_texts(output: EmbeddingsSpec, engine: Engine) -> tuple[list[str], list
     return opening, [text for text in column[output.queries.text].to_pylist() if isinstance(text, str) and text.strip()]
 
 
-def check_queries(
-    engine: Engine, opening: list[str], users: list[str] | None
-) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
-    """The check_texts' vectors, by the engine that embedded the corpus (its gate already passed:
-    opening it is a cache hit), and their texts in that order (jobs/index_check.py search_keys)."""
+def check_searches(engine: Engine, opening: list[str], users: list[str] | None) -> Searches:
+    """The check_texts as the index check's Searches, embedded (when the check needs their vectors)
+    by the engine that embedded the corpus: its gate already passed, so opening it is a cache hit."""
+    from precompute.jobs.check_sample import Searches
     from precompute.models import load_encoder
 
-    with load_encoder(engine) as encoder:
-        return encoder.encode(opening), None if users is None else encoder.encode(users), opening + (users or [])
+    texts = opening + (users or [])
+
+    def embed() -> np.ndarray:
+        with load_encoder(engine) as encoder:
+            return encoder.encode(texts)
+
+    return Searches(len(opening), len(texts) - len(opening), texts, embed)
 
 
 class Embeddings(OutputKind):
@@ -170,12 +175,11 @@ class Embeddings(OutputKind):
                 if copy_of is not None and embedded.unchanged_from == source:
                     validation = carried_check(store, version, staged, (source, copy_of), embedded.loaded, conditions)
                 if validation is None:
-                    opening, users, searched = check_queries(engine, *texts)
                     cache = work_dir.cache_dir(run.work_dir, name)
                     start = None if source is None else store.searched_with(source)
                     validation = check_index(
-                        store, version, staged, CHECK_QUERIES, output.min_recall, users, opening, searched, **limits,
-                        cache=cache, start=start, copy_of=copy_of,
+                        store, version, staged, CHECK_QUERIES, output.min_recall, check_searches(engine, *texts),
+                        **limits, cache=cache, start=start, copy_of=copy_of, count=embedded.loaded,
                     )
                 keep_check(staged, validation, conditions)
                 return validation

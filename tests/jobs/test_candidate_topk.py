@@ -9,6 +9,7 @@ import faiss
 import numpy as np
 import psutil
 import pyarrow as pa
+import pytest
 import torch
 
 from precompute.jobs.candidate_topk import (
@@ -17,16 +18,14 @@ from precompute.jobs.candidate_topk import (
     NPROBE_LADDER,
     CandidateTopK,
     Ranking,
-    build_index,
     check_users,
     choose_ranking,
     ranker_of,
-    read_in_place,
     recall,
     sample_users,
-    search_by_list,
 )
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.item_lists import ItemLists, build_lists, index_data, search_by_list
 from precompute.jobs.recs_models import ContentTowers, Seen, seen_by_user
 from precompute.jobs.topk import BlockedTopK
 
@@ -91,7 +90,7 @@ def test_an_index_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_
     towers = ContentTowers(clustered(rng, ITEMS, rng.normal(size=(20, DIM))))
 
     missed = choose_ranking("ivf", towers, None, K, 128, histories, 1.01, False, USERS)  # above any recall
-    assert missed.method == "exact" and missed.index is None
+    assert missed.method == "exact" and missed.lists is None
     assert [step["nprobe"] for step in missed.curve] == list(NPROBE_LADDER)
     assert "under 1.01" in missed.reason
 
@@ -107,9 +106,9 @@ def test_auto_builds_an_index_only_for_enough_users_to_repay_it() -> None:
     towers = ContentTowers(clustered(rng, IVF_MIN_ITEMS + 1, rng.normal(size=(20, 8))))
 
     few = choose_ranking("auto", towers, None, K, 128, histories, 0.99, False, INDEX_BUILD_USERS)
-    assert (few.method, few.index) == ("exact", None) and "too few to repay" in few.reason
+    assert (few.method, few.lists) == ("exact", None) and "too few to repay" in few.reason
     many = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, INDEX_BUILD_USERS + 1)
-    assert many.method == "ivf" and many.index is not None
+    assert many.method == "ivf" and many.lists is not None
     assert choose_ranking("ivf", towers, None, K, 128, histories, 0.99, False, 0).reason == "exact: no user to rank"
 
 
@@ -122,23 +121,42 @@ def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out
     history = np.sort(best[:200])
     seen = Seen(np.array([0, 200]), history.astype(np.int64), np.ones(200, np.float32))
 
-    found, _ = CandidateTopK(build_index(items), ITEMS, K, None, 8)(torch.from_numpy(user), seen)
+    found, _ = CandidateTopK(build_lists(items, None), items, K, None, 8)(torch.from_numpy(user), seen)
 
     assert found[0].tolist() == best[200:210].tolist()
 
 
-def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one() -> None:
-    """Deeper than some lists are long: a list's missing places stay -1, never another id."""
+def faiss_ivf(lists: ItemLists, data: np.ndarray) -> faiss.IndexIVFFlat:
+    """faiss's own IVF index holding `data` (index_data's rows) in the same lists."""
+    quantizer = lists.quantizer()
+    index = faiss.IndexIVFFlat(quantizer, data.shape[1], lists.nlist, faiss.METRIC_INNER_PRODUCT)
+    index.referenced_objects = [quantizer]  # faiss does not own it
+    index.is_trained = True
+    assignment = lists.assignment().astype(np.int64)
+    index.add_core(len(data), faiss.swig_ptr(data), None, faiss.swig_ptr(assignment))
+    return index
+
+
+@pytest.mark.parametrize("with_prior", [False, True])
+def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one(with_prior: bool) -> None:
+    """The lists' search gathers each probed list's rows from the item matrix and prior, and
+    finds what faiss's IVF index holding those rows finds. Deeper than some lists are long: a
+    list's missing places stay -1, never another id."""
     rng = np.random.default_rng(7)
     items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
-    index, users = build_index(items), clustered(rng, 400, rng.normal(size=(20, DIM)))
-    depth = 2 * max(index.invlists.list_size(number) for number in range(index.nlist))
+    prior = rng.uniform(0, 2, ITEMS).astype(np.float32) if with_prior else None
+    lists, users = build_lists(items, prior), clustered(rng, 400, rng.normal(size=(20, DIM)))
+    if with_prior:
+        users = np.hstack([users, np.ones((len(users), 1), np.float32)])
+    index = faiss_ivf(lists, index_data(items, prior))
+    depth = 2 * int(np.diff(lists.bounds).max())
     for nprobe in (1, 3):
-        scores, found = search_by_list(index, users, depth, nprobe)
+        scores, found = search_by_list(lists, lists.quantizer(), items, prior, users, depth, nprobe)
         expected_scores, expected = index.search(users, depth, params=faiss.SearchParametersIVF(nprobe=nprobe))
         np.testing.assert_array_equal(found, expected)
         np.testing.assert_allclose(scores[found >= 0], expected_scores[expected >= 0], rtol=1e-5, atol=1e-5)
     assert (found == -1).any()
+    assert sorted(lists.order.tolist()) == list(range(ITEMS))  # every item in exactly one list
 
 
 def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
@@ -149,21 +167,39 @@ def private_growth(make: Callable[..., object], *args: object) -> tuple[object, 
     return made, process.memory_full_info().uss - before
 
 
-def test_a_ranker_searches_the_index_where_its_serialized_bytes_lie() -> None:
-    """In a top-k actor those bytes lie in Ray's object store, shared by the node's actors; a
-    deserialized index is a private copy per actor (README, "Scale": TopKActor's memory)."""
+def test_the_lists_are_those_faiss_trains_for_an_inner_product_index() -> None:
+    """With a prior ten times the vectors' scale, as bench scale ranks: k-means trained otherwise
+    (centroids of any norm, or another sample) can strand the few items every user wants in a
+    list few users probe. The lists hold each item where faiss's own IVF index puts it."""
+    rng = np.random.default_rng(8)
+    items = clustered(rng, 20 * ITEMS, rng.normal(size=(20, DIM)))
+    prior = 10 * rng.random(len(items)).astype(np.float32)
+    lists, data = build_lists(items, prior), index_data(items, prior)
+    quantizer = faiss.IndexFlatIP(data.shape[1])
+    index = faiss.IndexIVFFlat(quantizer, data.shape[1], lists.nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.max_points_per_centroid, index.cp.niter = 64, 10
+    index.train(data)
+    index.add(data)
+    faiss_lists = np.empty(len(items), np.int64)
+    for number in range(index.nlist):
+        size = index.invlists.list_size(number)
+        faiss_lists[faiss.rev_swig_ptr(index.invlists.get_ids(number), size)] = number
+    np.testing.assert_array_equal(lists.assignment(), faiss_lists)
+
+
+def test_the_lists_ranker_scores_the_item_matrix_where_it_lies() -> None:
+    """The lists hold item positions, not vectors: a top-k actor's ranker searches the item matrix
+    Ray's object store hands it (read-only, shared by the node's actors) and copies none of it."""
     rng = np.random.default_rng(5)
     items = clustered(rng, 60_000, rng.normal(size=(20, DIM)))
-    index = build_index(items)
-    serialized = faiss.serialize_index(index)
-    serialized.setflags(write=False)  # as Ray's object store hands it out
-    read, grown = private_growth(read_in_place, serialized)
-    assert grown < 0.1 * serialized.nbytes, f"{grown / 1e6:.1f} MB private for a {serialized.nbytes / 1e6:.1f} MB index"
-    ranker = ranker_of(items, K, 128, None, Ranking("ivf", "", nprobe=8, index=read))
-    del serialized, read  # the index keeps the bytes it points into
+    lists = build_lists(items, None)
+    items.setflags(write=False)  # as Ray's object store hands it out
+    ranker, grown = private_growth(ranker_of, items, K, 128, None, Ranking("ivf", "", nprobe=8, lists=lists))
+    assert grown < 0.1 * items.nbytes, f"{grown / 1e6:.1f} MB private for {items.nbytes / 1e6:.1f} MB of items"
     queries = clustered(rng, 50, rng.normal(size=(20, DIM)))
-    expected = index.search(queries, K, params=faiss.SearchParametersIVF(nprobe=8))[1]
-    np.testing.assert_array_equal(search_by_list(ranker.index, queries, K, 8)[1], expected)
+    expected = faiss_ivf(lists, items).search(queries, K, params=faiss.SearchParametersIVF(nprobe=8))[1]
+    seen = Seen(np.zeros(51, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    np.testing.assert_array_equal(ranker(torch.from_numpy(queries), seen)[0], expected)
 
 
 def test_the_exact_ranker_scores_the_item_matrix_where_it_lies() -> None:

@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from precompute.jobs import corpus_validation
+from precompute.jobs.corpus_repeats import as_ids
 from precompute.jobs.corpus_validation import GoodRows, validated_corpus, validation_entry
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.validate import REASON, RejectRatioExceededError, id_key
@@ -219,6 +220,43 @@ def test_an_id_that_a_moved_file_repeats_is_rejected_in_the_unmoved_file_too(
     assert sorted(checked) == ["a.parquet", "b.parquet"]
 
 
+def test_a_file_rewritten_with_the_same_ids_is_the_only_one_whose_ids_are_read(
+    ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows edited in place leave the corpus's ids as they were, so it repeats what it repeated
+    (here "x", in both files, rejected in both) and the unmoved file's ids are not read; a
+    rewrite that adds an id reads every file's ids again."""
+    folder = tmp_path / "corpus"
+    write_files(folder, {"a.parquet": [("x", "one"), ("a2", "two")], "b.parquet": [("b1", "three"), ("x", "four")]})
+    corpus = CorpusInput(path=str(folder), max_reject_ratio=0.6)
+    read: list[list[str]] = []
+    corpus_ids = corpus_validation.corpus_ids
+
+    def spy(source: pads.FileSystemDataset, fragments: dict, column: str) -> dict[str, pa.Table]:
+        read.append(sorted(Path(path).name for path in fragments))
+        return corpus_ids(source, fragments, column)
+
+    monkeypatch.setattr(corpus_validation, "corpus_ids", spy)
+    validated_corpus(corpus, WorkPath.of(tmp_path / "r1.parquet"), entry(tmp_path, corpus))
+
+    read.clear()
+    write_files(folder, {"b.parquet": [("b1", "three, revised"), ("x", "four, revised")]})
+    good, rows, rejects = validated_corpus(corpus, WorkPath.of(tmp_path / "r2.parquet"), entry(tmp_path, corpus))
+    assert read == [["b.parquet"]]
+    assert (rows, rejects) == (4, 2) and [r["id"] for r in read_good(good)] == ["a2", "b1"]
+
+    read.clear()
+    write_files(folder, {"b.parquet": [("b1", "three"), ("x", "four"), ("b3", "five")]})
+    assert validated_corpus(corpus, WorkPath.of(tmp_path / "r3.parquet"), entry(tmp_path, corpus))[1:] == (5, 2)
+    assert read == [["b.parquet"], ["a.parquet"]]
+
+    # Every kept validation shares a.parquet alone with the next night: the newest is compared.
+    read.clear()
+    write_files(folder, {"b.parquet": [("b1", "three"), ("x", "four"), ("b3", "five, revised")]})
+    assert validated_corpus(corpus, WorkPath.of(tmp_path / "r4.parquet"), entry(tmp_path, corpus))[1:] == (5, 2)
+    assert read == [["b.parquet"]]
+
+
 def test_a_repeat_between_files_that_were_never_validated_together_is_found(ray_local, tmp_path: Path) -> None:
     """Each file was validated before, but not beside the other: the id both hold is found
     repeated all the same (the counted ids are those of the files that the most alike validation
@@ -269,7 +307,7 @@ def test_recorded_ids_read_back_as_the_ids_they_were(ids: pa.Array) -> None:
     """A validation records repeated ids as text (id_key); the next night's count takes them back
     in their column's type, an id that is not UTF-8 included."""
     keys = {id_key(i) for i in ids.to_pylist()}
-    assert corpus_validation.as_ids(keys, ids.type).sort().equals(ids.sort())
+    assert as_ids(keys, ids.type).sort().equals(ids.sort())
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])

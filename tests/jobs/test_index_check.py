@@ -17,10 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from precompute.jobs import exact_neighbours as neighbours_module
 from precompute.jobs import index_check
 from precompute.jobs.carried_check import carried_check, checked_under, keep_check
+from precompute.jobs.check_sample import EXACT_FILE, Searches
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column, embeddings_of
+from precompute.jobs.exact_neighbours import DEPTH, TIE, K, Neighbours, moved_neighbours, unit_rows
 from precompute.jobs.index_check import GRAPH_FILE, IndexCheckError, check_index, next_graph
 from precompute.jobs.staging import commit, committed_dataset
 from precompute.jobs.vector_load import load_version
@@ -142,7 +145,7 @@ def test_exact_neighbours_read_step_by_step_are_every_row_within_tie_of_the_dept
     """Scored 7 rows at a time over three parts, a query's neighbours are those scoring every row
     at once finds down to the DEPTH-th best less TIE, ties past it included (25 copies of one
     vector), its own row left out; its floor is the K-th best."""
-    monkeypatch.setattr(index_check, "READ_ROWS", 7)
+    monkeypatch.setattr(neighbours_module, "READ_ROWS", 7)
     vectors = VECTORS.copy()
     vectors[100:125] = vectors[0]
     run_dir = tmp_path / "run"
@@ -154,15 +157,15 @@ def test_exact_neighbours_read_step_by_step_are_every_row_within_tie_of_the_dept
     queries = vectors[[0, 5, 150]]
     own = [IDS[0], None, IDS[150]]
 
-    found = index_check.exact_neighbours(committed_dataset(WorkPath.of(run_dir)), queries, own)
+    found = neighbours_module.exact_neighbours(committed_dataset(WorkPath.of(run_dir)), queries, own)
 
     for query, mine, near in zip(queries, own, found, strict=True):
         scores = {i: float(s) for i, s in zip(IDS, vectors @ query, strict=True) if i != mine}
         ranked = sorted(scores.values(), reverse=True)
-        deepest = ranked[index_check.DEPTH - 1]
-        assert near.floor == pytest.approx(ranked[index_check.K - 1], abs=1e-6)
-        assert near.bound == pytest.approx(deepest - index_check.TIE, abs=1e-6)
-        assert set(near.scores) == {i for i, s in scores.items() if s >= deepest - index_check.TIE}
+        deepest = ranked[DEPTH - 1]
+        assert near.floor == pytest.approx(ranked[K - 1], abs=1e-6)
+        assert near.bound == pytest.approx(deepest - TIE, abs=1e-6)
+        assert set(near.scores) == {i for i, s in scores.items() if s >= deepest - TIE}
     assert set(found[0].scores) == {f"doc-{i}" for i in range(100, 125)}  # tied past the DEPTH-th best
 
 
@@ -233,7 +236,7 @@ def test_the_users_queries_and_opening_words_searches_are_measured_beside_the_st
     with store(tmp_path, IDS, VECTORS, full_scan_threshold_kb=1) as version:
         run_dir = staged(tmp_path)
         validation = check_index(
-            version, V1, run_dir, queries=50, min_recall=1.0, user_queries=queries, opening_queries=opening
+            version, V1, run_dir, queries=50, min_recall=1.0, searches=Searches.of(DIM, opening, queries)
         )
     assert (validation.canaries, validation.user_queries, validation.opening_queries) == (50, 40, 30)
     assert validation.recall_at_10 == 1.0
@@ -242,9 +245,9 @@ def test_the_users_queries_and_opening_words_searches_are_measured_beside_the_st
     (tmp_path / "again").mkdir()
     with store(tmp_path / "again", IDS, noisy, full_scan_threshold_kb=1) as version:
         run_dir = staged(tmp_path / "again")
-        for searches in ({"user_queries": queries}, {"opening_queries": opening}):
+        for searches in (Searches.of(DIM, users=queries), Searches.of(DIM, opening)):
             with pytest.raises(IndexCheckError, match="even by exact scan"):
-                check_index(version, V1, run_dir, queries=1, min_recall=1.0, **searches)
+                check_index(version, V1, run_dir, queries=1, min_recall=1.0, searches=searches)
 
 
 def test_with_the_exact_scan_off_a_version_short_of_recall_at_max_hnsw_ef_is_refused(tmp_path: Path) -> None:
@@ -294,7 +297,7 @@ def copied_night(
     opened = QdrantEdgeStore(VectorStoreSettings(path=tmp_path / "qdrant"), "docs", pointer_check_s=0)
     first = staged_run(tmp_path, "run-1", IDS, VECTORS, keys)
     load_version(opened, V1, first, {}, "none", None)
-    check_index(opened, V1, first, queries=100, min_recall=0.9, opening_queries=opening, search_texts=texts)
+    check_index(opened, V1, first, queries=100, min_recall=0.9, searches=Searches.of(DIM, opening, texts=texts))
     vectors, ids = VECTORS.copy(), list(IDS)
     vectors[:moved] = embeddings(moved, seed=2)
     vectors[:5] = vectors[0]
@@ -318,26 +321,26 @@ def test_a_copys_check_updates_its_sources_exact_neighbours_with_the_rows_it_cha
     plus the rows it wrote, and equal scoring every row (the K best within TIE, ties included);
     the source's queries whose own row moved leave the sample."""
     opened, first, second = copied_night(tmp_path, moved=15, opening=OPENING)
-    source = pq.read_table((first / index_check.EXACT_FILE).path)
+    source = pq.read_table((first / EXACT_FILE).path)
     monkeypatch.setattr(index_check, "exact_neighbours", None)  # a full scan would raise
 
     with opened:
         validation = check_index(
-            opened, V2, second, queries=100, min_recall=0.9, opening_queries=OPENING, copy_of=first
+            opened, V2, second, queries=100, min_recall=0.9, searches=Searches.of(DIM, OPENING), copy_of=first
         )
 
     moved_own = sum(own is not None and int(own.split("-")[1]) < 15 for own in source["own"].to_pylist())
     assert validation.canaries == validation.canaries_found == 100 - moved_own
     assert 0 < moved_own <= 10 and validation.opening_queries == len(OPENING)
     monkeypatch.undo()
-    saved = pq.read_table((second / index_check.EXACT_FILE).path)
+    saved = pq.read_table((second / EXACT_FILE).path)
     queries = embeddings_of(saved)
     full = index_check.exact_neighbours(committed_dataset(second), queries, saved["own"].to_pylist())
     for ids, scores, near in zip(saved["ids"].to_pylist(), saved["scores"].to_pylist(), full, strict=True):
-        copied = index_check.Neighbours(dict(zip(ids, scores, strict=True)), 0.0)
+        copied = Neighbours(dict(zip(ids, scores, strict=True)), 0.0)
         assert copied.floor == pytest.approx(near.floor, abs=1e-6)
-        tied = {i for i, s in near.scores.items() if s >= near.floor - index_check.TIE}
-        assert tied == {i for i, s in copied.scores.items() if s >= copied.floor - index_check.TIE}
+        tied = {i for i, s in near.scores.items() if s >= near.floor - TIE}
+        assert tied == {i for i, s in copied.scores.items() if s >= copied.floor - TIE}
 
 
 @pytest.mark.parametrize(
@@ -355,7 +358,7 @@ def test_a_copys_check_scores_every_row_again_when_its_sources_lists_do_not_serv
     full = index_check.exact_neighbours
     monkeypatch.setattr(index_check, "exact_neighbours", lambda *a: scanned.append(1) or full(*a))
     with opened:
-        validation = check_index(opened, V2, second, queries=100, min_recall=0.9, opening_queries=opening, copy_of=first)
+        validation = check_index(opened, V2, second, queries=100, min_recall=0.9, searches=Searches.of(DIM, opening), copy_of=first)
     assert scanned == [1], why
     assert validation.canaries == validation.canaries_found == 100
 
@@ -378,24 +381,24 @@ def test_a_copys_check_keeps_its_sources_searches_by_text_though_tonights_vector
     monkeypatch.setattr(index_check, "exact_neighbours", lambda *a: calls.append(1) or full(*a))
     with opened:
         validation = check_index(
-            opened, V2, second, queries=100, min_recall=0.9, opening_queries=drifted, search_texts=tonight, copy_of=first
+            opened, V2, second, queries=100, min_recall=0.9, searches=Searches.of(DIM, drifted, texts=tonight), copy_of=first
         )
     assert calls == scanned
-    saved = pq.read_table((second / index_check.EXACT_FILE).path)
+    saved = pq.read_table((second / EXACT_FILE).path)
     searches = embeddings_of(saved)[[own is None for own in saved["own"].to_pylist()]]
     if scanned:
-        assert validation.opening_queries == len(OPENING) and np.allclose(searches, index_check.unit_rows(drifted))
+        assert validation.opening_queries == len(OPENING) and np.allclose(searches, unit_rows(drifted))
     else:
         assert validation.opening_queries == len(OPENING) - new
-        assert np.allclose(searches, index_check.unit_rows(OPENING[: len(OPENING) - new]), atol=1e-6)
+        assert np.allclose(searches, unit_rows(OPENING[: len(OPENING) - new]), atol=1e-6)
 
 
 def test_a_list_that_lost_more_than_its_depth_beyond_k_no_longer_knows_its_k_best() -> None:
     query = np.eye(1, DIM, dtype=np.float32)
-    near = index_check.Neighbours({f"r{i}": 1.0 - i / 100 for i in range(20)}, 0.8 - index_check.TIE)
+    near = Neighbours({f"r{i}": 1.0 - i / 100 for i in range(20)}, 0.8 - TIE)
     lost = {f"r{i}" for i in range(11)}  # 9 of 20 left: the 10th best may be any row outside the list
-    assert index_check.moved_neighbours([near], query, lost, [], np.empty((0, DIM), np.float32)) is None
-    kept = index_check.moved_neighbours([near], query, lost - {"r0"}, [], np.empty((0, DIM), np.float32))
+    assert moved_neighbours([near], query, lost, [], np.empty((0, DIM), np.float32)) is None
+    kept = moved_neighbours([near], query, lost - {"r0"}, [], np.empty((0, DIM), np.float32))
     assert kept is not None and kept[0].floor == pytest.approx(0.81)
 
 
@@ -426,6 +429,59 @@ def test_an_unchanged_nights_copy_carries_its_sources_check_unless_a_point_is_mi
         carried = carried_check(opened, V2, second, (V1, first), loaded.count, tonight)
         assert carried == replace(checked, carried_from=V1)
         assert opened.searched_with(V2) == SearchParams(**checked.search) == SearchParams(hnsw_ef=128)
-        assert (second / index_check.EXACT_FILE).is_file()
+        assert (second / EXACT_FILE).is_file()
         with pytest.raises(IndexCheckError, match=f"version {V2} holds {ROWS - 1} points, {ROWS} were staged"):
             carried_check(opened, V2, second, (V1, first), ROWS - 1, tonight)
+
+
+def saved_asked(run_dir: WorkPath) -> index_check.Asked:
+    saved = pq.read_table((run_dir / EXACT_FILE).path)
+    neighbours = [
+        Neighbours(dict(zip(ids, scores, strict=True)), bound)
+        for ids, scores, bound in zip(*(saved[c].to_pylist() for c in ("ids", "scores", "bound")), strict=True)
+    ]
+    return index_check.Asked(embeddings_of(saved), saved["own"].to_pylist(), saved["search"].to_pylist(), neighbours)
+
+
+def test_a_copys_check_searches_again_only_what_its_changes_touch(tmp_path: Path) -> None:
+    """At its source's rung a copy's check searches the queries whose exact list or hits its
+    changes touched, and a sample of the others, each of which finds what it found in the
+    source; its figures are those of searching every query."""
+    opened, first, second = copied_night(tmp_path, moved=5, opening=OPENING)
+    with opened:
+        validation = check_index(opened, V2, second, queries=100, min_recall=0.9, searches=Searches.of(DIM, OPENING), copy_of=first)
+        asked = saved_asked(second)
+        params = SearchParams(**validation.search)
+        every, _ = index_check.measure(opened, V2, validation.count, asked, params, np.arange(len(asked.own)))
+
+    assert validation.curve[0]["searched"] < len(asked.own)
+    assert validation.recall_at_10 == round(sum(o.good for o in every) / sum(o.asked for o in every), 4)
+    assert validation.canaries_found == sum(o.found is True for o in every) == validation.canaries
+
+
+def test_a_copys_check_searches_every_query_when_one_it_would_carry_scores_otherwise(tmp_path: Path) -> None:
+    """The source's outcomes are only carried while the sample of untouched queries scores as the
+    source scored them: here the source's file says every search found nothing right."""
+    opened, first, second = copied_night(tmp_path, moved=5, opening=OPENING)
+    exact = (first / EXACT_FILE).path
+    source = pq.read_table(exact)
+    nothing = pa.array([0] * source.num_rows, pa.int32())
+    pq.write_table(source.set_column(source.schema.get_field_index("good"), "good", nothing), exact)
+    with opened:
+        validation = check_index(opened, V2, second, queries=100, min_recall=0.9, searches=Searches.of(DIM, OPENING), copy_of=first)
+    assert validation.curve[0]["searched"] == validation.canaries + validation.opening_queries
+
+
+def test_a_copys_check_embeds_no_search_its_source_measured(tmp_path: Path) -> None:
+    """A copy searches its source's vectors of tonight's texts: the engine is never opened."""
+    texts = [f"opening words {i}" for i in range(len(OPENING))]
+    opened, first, second = copied_night(tmp_path, moved=5, opening=OPENING, texts=texts)
+
+    def embed() -> np.ndarray:
+        raise AssertionError("a copy's check embedded its searches")
+
+    with opened:
+        validation = check_index(
+            opened, V2, second, queries=100, min_recall=0.9, searches=Searches(len(texts), 0, texts, embed), copy_of=first
+        )
+    assert validation.opening_queries == len(texts)
