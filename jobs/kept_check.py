@@ -7,7 +7,7 @@ scored: 251 users against bench scale's 1M items took 1.26 s of its 1% rerun's t
 the stage. Under the model fingerprint that kept the lists (jobs/kept_index.py), an item's score
 for a user moves only with the item's vector (its content key) or its prior, and with the user's
 vector and history. So the check keeps (CHECK_FILE, beside the lists) each sample user's vector,
-a digest of their history, and their DEPTH best unseen items with the scores they had, under the
+their history's fingerprint, and their DEPTH best unseen items with the scores they had, under the
 prior they had; the next night scores only the items that moved since against the users that did
 not, and scores every item again only for a user who moved, or whose kept items no longer hold
 their k best (more of them moved below the rest than DEPTH - k).
@@ -15,7 +15,6 @@ their k best (more of them moved below the rest than DEPTH - k).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 from precompute.jobs.recs_models import Seen, Towers, users_subset
 from precompute.jobs.recs_state import CHECK_FILE
 from precompute.jobs.topk import BlockedTopK
+from precompute.jobs.user_histories import fingerprints
 from precompute.jobs.work_dir import WorkPath
 
 MARGIN = 2
@@ -31,19 +31,6 @@ MARGIN = 2
 MOVED_SHARE = 0.05
 """Past this share of the items moved since the check was kept, every sample user is scored again
 (a prior rescaled by a new most popular item moves them all)."""
-
-
-def history_digests(seen: Seen) -> np.ndarray:
-    """A 16-byte digest of each user's items and weights, in order."""
-    return np.array(
-        [
-            hashlib.blake2b(
-                seen.items[start:stop].tobytes() + seen.weights[start:stop].tobytes(), digest_size=16
-            ).digest()
-            for start, stop in zip(seen.offsets[:-1], seen.offsets[1:], strict=True)
-        ],
-        "S16",
-    )
 
 
 @dataclass(frozen=True)
@@ -55,7 +42,7 @@ class CheckLists:
     vectors: np.ndarray
     """[users, dims] float32: their vectors (the user tower's; the prior's 1 is the ranker's)."""
     histories: np.ndarray
-    """[users] history_digests."""
+    """[users] their histories' fingerprints (jobs/user_histories.py)."""
     items: np.ndarray
     """[users, DEPTH] item positions, best first; -1 past the unseen items there are."""
     scores: np.ndarray
@@ -100,7 +87,7 @@ def fresh_check(
     items, scores, bound = exact_lists(towers, prior, sample, vectors, MARGIN * k, block)
     ids = np.asarray([] if sample.ids is None else sample.ids, str)
     none = np.empty(0, np.float32)
-    return CheckLists(ids, vectors, history_digests(sample), items, scores, bound, none if prior is None else prior, moved)
+    return CheckLists(ids, vectors, fingerprints(sample), items, scores, bound, none if prior is None else prior, moved)
 
 
 def carried_check(
@@ -127,7 +114,7 @@ def carried_check(
     vectors = towers.users(sample)
     if vectors.shape[1] != kept.vectors.shape[1]:
         return None
-    histories_now = history_digests(sample)
+    histories_now = fingerprints(sample)
     still = (vectors == kept.vectors[found]).all(axis=1) & (histories_now == kept.histories[found])
     items, scores, bound = kept.items[found].copy(), kept.scores[found].copy(), kept.bound[found].copy()
     known = still & updated(items, scores, bound, vectors, towers.items, prior, changed, sample, k)
