@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from precompute.jobs.recs_models import Seen, Towers, users_subset
+from precompute.jobs.recs_models import Seen, Towers, rows_of, users_subset
 from precompute.jobs.recs_state import CHECK_FILE
 from precompute.jobs.topk import BlockedTopK
 from precompute.jobs.user_histories import fingerprints
@@ -101,8 +101,7 @@ def carried_check(
     depth = kept.items.shape[1]
     if histories.ids is None or depth != MARGIN * k or (prior is None) != (len(kept.prior) == 0):
         return None
-    at = np.searchsorted(histories.ids, kept.users)
-    found = (at < len(histories.ids)) & (histories.ids[np.minimum(at, len(histories.ids) - 1)] == kept.users)
+    found, at = rows_of(histories.ids, kept.users)
     sample = users_subset(histories, at[found])
     changed = np.union1d(moved, kept.moved)
     if prior is not None:
