@@ -129,7 +129,7 @@ def patched(kept: Kept) -> Items:
         positions = delta[POSITION].to_numpy()
         vectors, keys = patchable(vectors, mapped), patchable(keys, mapped)
         vectors[positions], keys[positions] = embeddings_of(delta), key_array(delta[KEY])
-    return Items(base["id"].to_pylist(), vectors, keys)
+    return Items(base["id"].combine_chunks(), vectors, keys)
 
 
 def record(folder: WorkPath, version: str, base: str, delta: pa.Table) -> None:

@@ -145,15 +145,15 @@ def tower_vectors(
     return Tower(np.asarray(table[KEY].to_pylist(), str), matrix, rows, rejects, str(rejects_path))
 
 
-def aligned(tower: Tower, ids: list[str], dim: int) -> tuple[np.ndarray, int]:
+def aligned(tower: Tower, ids: pa.StringArray, dim: int) -> tuple[np.ndarray, int]:
     """Rows of `tower` in the order of `ids`, zeros where an id has none; (matrix, ids without)."""
-    has, at = rows_of(tower.ids, np.asarray(ids, str))
+    has, at = rows_of(tower.ids, np.asarray(ids.to_pylist(), str))
     matrix = np.zeros((len(ids), dim), np.float32)
     matrix[has] = tower.vectors[at[has]]
     return matrix, int((~has).sum())
 
 
-def own_towers(spec: TowersSpec, item_ids: list[str], work_dir: WorkPath, machine: EngineSettings) -> OwnTowers:
+def own_towers(spec: TowersSpec, item_ids: pa.StringArray, work_dir: WorkPath, machine: EngineSettings) -> OwnTowers:
     """The towers model of a run (item vectors in the order of `item_ids`), its report saying
     the engines chosen, rows read and rejected per features file, and items without features.
     Runs in the caller's Ray session: on GPUs where the cluster has them."""

@@ -108,8 +108,6 @@ class RecsJobReport:
     users_per_s: float
     """Rescored users over the recommend stage (actor start, top-k), not the kernel alone."""
     seconds: dict[str, float]
-    vocabulary: list[str]
-    """Item ids by position: a value's indices point here, so a publish stores it with the version."""
     samples: dict[str, bytes]
     """A few user_id -> value as written, for the read-back checks of a publish."""
     quality: RecsQuality
@@ -130,16 +128,14 @@ class RecsJobReport:
     """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
 
 
-def unique_ids(ids: list[str]) -> pa.Array:
-    """The item ids as an Arrow array; ValueError if one repeats. Items come sorted by id, so a
-    strictly rising array is told unique by comparing neighbours (1M ids in about 10 ms, where
-    counting them by a hash took 0.26 s)."""
-    array = pa.array(ids, pa.string())
-    if len(array) < 2 or pc.all(pc.less(array[:-1], array[1:])).as_py():
-        return array
-    if (repeated := len(array) - len(pc.unique(array))) > 0:
+def check_unique(ids: pa.StringArray) -> None:
+    """ValueError if an item id repeats. Items come sorted by id, so a strictly rising array is
+    told unique by comparing neighbours (1M ids in about 10 ms, where counting them by a hash
+    took 0.26 s)."""
+    if len(ids) < 2 or pc.all(pc.less(ids[:-1], ids[1:])).as_py():
+        return
+    if (repeated := len(ids) - len(pc.unique(ids))) > 0:
         raise ValueError(f"item ids must be unique: {repeated} duplicates")
-    return array
 
 
 def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
@@ -251,7 +247,6 @@ def run_recs_job(
             k=settings.k,
             users_per_s=0.0,
             seconds={stage: round(value, 3) for stage, value in seconds.items()},
-            vocabulary=list(items.ids),
             samples={},
             quality=quality_of(night.figures["quality"]),
         )
@@ -259,9 +254,9 @@ def run_recs_job(
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0) > 0
         start = time.perf_counter()
-        item_ids = unique_ids(items.ids)
+        check_unique(items.ids)
         kept_files = KeptFiles(cache_dir(job.work_dir, output) / INTERACTIONS, files, vocabulary)
-        valid, rows, rejects = validated_interactions(interactions, item_ids, rejects_path, kept_files)
+        valid, rows, rejects = validated_interactions(interactions, items.ids, rejects_path, kept_files)
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -297,7 +292,7 @@ def run_recs_job(
             rescoring, gone = rescore(users, planned.users)
             mode, copy = "incremental", CopyPlan(planned.previous.version, gone)
         rescored = int(rescoring.sum())
-        stage(work_dir, fingerprint, item_ids, items.keys, users)
+        stage(work_dir, fingerprint, items.ids, items.keys, users)
         figures = {"rows": rows, "rejects": rejects, "users": users.num_rows, "quality": asdict(quality)}
         record_night(work_dir / STATE, Night(inputs, figures))
         sequence_report = None
@@ -380,7 +375,6 @@ def run_recs_job(
         k=settings.k,
         users_per_s=round(rescored / seconds["recommend"], 1) if rescored else 0.0,
         seconds={stage: round(value, 3) for stage, value in seconds.items()},
-        vocabulary=list(items.ids),
         samples=samples,
         quality=quality,
         towers=towers_report,

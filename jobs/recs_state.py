@@ -76,7 +76,9 @@ FINGERPRINT = "fingerprint"
 class Items(NamedTuple):
     """The item tower, sorted by id: a value's indices point into `ids`."""
 
-    ids: list[str]
+    ids: pa.StringArray
+    """Kept in Arrow as the item table holds them: 1M ids took 0.05 s into a Python list and
+    0.04-0.08 s back, every night."""
     vectors: np.ndarray
     """[items, dim] float32, L2-normalised; row i is the embedding of ids[i]."""
     keys: np.ndarray
@@ -116,9 +118,11 @@ def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], items: 
     }
 
 
-def vocabulary_digest(ids: list[str]) -> str:
-    """The item ids in order: what a value's indices and a model's item rows mean."""
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+def vocabulary_digest(ids: pa.StringArray) -> str:
+    """The item ids in order: what a value's indices and a model's item rows mean (the ids
+    joined by newlines, joined in Arrow)."""
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(ids)], pa.int32()), ids), "\n")
+    return hashlib.sha256(joined[0].as_buffer()).hexdigest()[:16]
 
 
 def trained_digest(towers: BlendTowers, own: OwnTowers | None) -> str:
@@ -203,7 +207,7 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
     before = json.loads((state / MODEL).read_text())
     old_items = read_ipc(state / ITEMS_FILE)
     if before["vocabulary"] != fingerprint["vocabulary"]:
-        old, new = set(old_items["id"].to_pylist()), set(items.ids)
+        old, new = set(old_items["id"].to_pylist()), set(items.ids.to_pylist())
         return full(f"the items changed: {len(new - old)} added, {len(old - new)} removed")
     for field, value in fingerprint.items():
         if before.get(field) != value:

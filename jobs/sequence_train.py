@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -157,10 +159,10 @@ def new_model(catalogue: int, settings: SequenceSpec) -> SASRec:
     return SASRec(catalogue, settings.dim, settings.blocks, settings.heads, settings.history, settings.dropout)
 
 
-def save_weights(model: SASRec, settings: SequenceSpec, item_ids: list[str], path: WorkPath) -> None:
+def save_weights(model: SASRec, settings: SequenceSpec, item_ids: pa.StringArray, path: WorkPath) -> None:
     """What the next night starts from: the weights, the network's shape and the items' ids by row."""
     saved = io.BytesIO()
-    torch.save({"items": list(item_ids), "network": network(settings), "state": model.state_dict()}, saved)
+    torch.save({"items": item_ids.to_pylist(), "network": network(settings), "state": model.state_dict()}, saved)
     path.write_bytes(saved.getvalue())
 
 
@@ -170,7 +172,7 @@ class WarmStart(NamedTuple):
     reason: str
 
 
-def warm_start(path: WorkPath, item_ids: list[str], settings: SequenceSpec) -> WarmStart:
+def warm_start(path: WorkPath, item_ids: pa.StringArray, settings: SequenceSpec) -> WarmStart:
     """(weights for this catalogue, why) from a previous run's save_weights: each item keeps its
     embedding, a new item gets a fresh one; None (train cold) when there is none, the network's
     shape changed, or fewer than WARM_MIN_SHARED of today's items were in it."""
@@ -179,8 +181,8 @@ def warm_start(path: WorkPath, item_ids: list[str], settings: SequenceSpec) -> W
     saved = torch.load(io.BytesIO(path.read_bytes()), weights_only=True)
     if saved["network"] != network(settings):
         return WarmStart(None, f"cold: the network changed from {saved['network']} to {network(settings)}")
-    before = {item: row for row, item in enumerate(saved["items"])}
-    shared = np.array([before.get(item, -1) for item in item_ids])
+    before = pc.index_in(item_ids, value_set=pa.array(saved["items"], pa.string()))
+    shared = before.fill_null(-1).to_numpy().astype(np.int64)
     if (shared >= 0).mean() < WARM_MIN_SHARED:
         return WarmStart(None, f"cold: {(shared < 0).sum():,} of {len(item_ids):,} items are new")
     state = dict(saved["state"])

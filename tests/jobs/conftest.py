@@ -26,13 +26,13 @@ def items(encoder: Encoder) -> Items:
         row["id"]: row["text"] for row in pq.read_table(DEMO_CORPUS, columns=["id", "text"]).to_pylist()
     }
     texts = [corpus[i] for i in ids]
-    return Items(ids, encoder.encode(texts), np.array(content_keys("minilm", texts), "S16"))
+    return Items(pa.array(ids, pa.string()), encoder.encode(texts), np.array(content_keys("minilm", texts), "S16"))
 
 
 @pytest.fixture(scope="module")
 def interactions(items: Items, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real interactions with those items, plus one row of each kind the contract rejects."""
-    ids = set(items.ids)
+    ids = set(items.ids.to_pylist())
     good = [row for row in pq.read_table(DEMO_INTERACTIONS).to_pylist() if row["item_id"] in ids]
     path = tmp_path_factory.mktemp("interactions") / "interactions.parquet"
     rows = good + BAD_ROWS

@@ -48,7 +48,7 @@ def whole(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray]:
 
 def same(items: item_table.Items, table: pa.Table) -> bool:
     ids, vectors, keys = whole(table)
-    return items.ids == ids and np.array_equal(items.vectors, vectors) and bool((items.keys == keys).all())
+    return items.ids.to_pylist() == ids and np.array_equal(items.vectors, vectors) and bool((items.keys == keys).all())
 
 
 def test_a_copys_table_is_its_sources_with_the_changes_applied_and_reads_no_part(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def towers_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[TowersSpec, I
         precision="fp32",
     )
     vectors = rng.normal(size=(ITEMS, 8)).astype(np.float32)
-    items = Items(ids, vectors / np.linalg.norm(vectors, axis=1, keepdims=True), np.zeros(ITEMS, "S16"))
+    items = Items(pa.array(ids, pa.string()), vectors / np.linalg.norm(vectors, axis=1, keepdims=True), np.zeros(ITEMS, "S16"))
     return spec, items, folder / "interactions.parquet"
 
 
@@ -146,7 +146,7 @@ def test_the_job_ranks_by_the_users_own_towers_and_quarantines_feature_rows_it_c
     item_vectors[: ITEMS - 2] = fp32_vectors(spec.item, item_table)
     history: dict[str, set[int]] = {}
     for row in pq.read_table(interactions).to_pylist():
-        history.setdefault(row["user_id"], set()).add(items.ids.index(row["item_id"]))
+        history.setdefault(row["user_id"], set()).add(items.ids.to_pylist().index(row["item_id"]))
     written = {row["id"]: row["value"] for row in pq.read_table(tmp_path / "out").to_pylist()}
     assert set(written) == set(history)
     for user, vector in user_vectors.items():

@@ -135,7 +135,7 @@ def moved_interactions(items: Items, interactions: Path, tmp_path: Path) -> tupl
     rows = good_rows(interactions)
     first_of_changed = next(i for i, row in enumerate(rows) if row["user_id"] == changed)
     rows = [row for i, row in enumerate(rows) if i != first_of_changed and row["user_id"] != gone]
-    rows += [{"user_id": "u-new", "item_id": item, "weight": 1.0} for item in items.ids[:2]]
+    rows += [{"user_id": "u-new", "item_id": item, "weight": 1.0} for item in items.ids[:2].to_pylist()]
     moved = tmp_path / "interactions.parquet"
     pq.write_table(pa.Table.from_pylist(rows), moved)
     return moved, changed, gone
@@ -163,7 +163,7 @@ def test_an_items_changed_text_rescores_exactly_the_users_who_hold_it(
     vectors = items.vectors.copy()
     vectors[edited] = vectors[edited - 1]
     rerun = recs_run(Items(items.ids, vectors, keys), interactions, tmp_path, previous_of(published))
-    holders = {user for user, held in histories(interactions).items() if items.ids[edited] in held}
+    holders = {user for user, held in histories(interactions).items() if items.ids[edited].as_py() in held}
     assert rerun.report.mode == "incremental" and 0 < len(holders) < rerun.report.users
     assert set(rerun.written) == holders and rerun.report.rescored == len(holders)
 
@@ -190,7 +190,7 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
         planned = plan(model_fingerprint(model, k, scoring(weight), len(items.ids), vocabulary_digest(items.ids), RECIPE), items, previous)
         return planned.reason if planned.mode == "full" else "incremental"
 
-    added = Items([*items.ids, "zzz-new"], items.vectors, np.append(items.keys, np.array([b"0" * 16], "S16")))
+    added = Items(pa.array([*items.ids.to_pylist(), "zzz-new"], pa.string()), items.vectors, np.append(items.keys, np.array([b"0" * 16], "S16")))
     removed = Items(items.ids[1:], items.vectors[1:], items.keys[1:])
     assert reason() == "incremental"
     assert reason(k=5) == "k changed from 10 to 5"
@@ -259,7 +259,7 @@ def redis_run(
     """A run as the flow makes one (precompute/kinds/recs.py): a new version in real Redis, created
     fresh or as a server-side copy of `previous` less the users gone, written, published. Returns
     (version, report, every record the published version holds)."""
-    with KeyValueStore(redis) as store, NewVersion(store, OUTPUT, {"vocabulary": items.ids}) as new:
+    with KeyValueStore(redis) as store, NewVersion(store, OUTPUT, {"vocabulary": items.ids.to_pylist()}) as new:
         if previous is not None:
             previous = Previous(previous.version, previous.run_dir, new.copyable(previous.version))
         report = run_recs_job(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from precompute.jobs.recs_spec import SequenceSpec
@@ -13,7 +14,7 @@ from precompute.jobs.sequence_cluster import train_on_cluster
 from precompute.jobs.sequence_train import save_weights, train_sequence, warm_start
 
 ITEMS = 40
-IDS = [f"item{i:02d}" for i in range(ITEMS)]
+IDS = pa.array([f"item{i:02d}" for i in range(ITEMS)], pa.string())
 SPEC = SequenceSpec(dim=32, blocks=1, history=16, dropout=0.1, learning_rate=1e-2, batch=32, patience=3)
 
 
@@ -63,9 +64,9 @@ def test_a_warm_start_that_cannot_apply_is_cold_and_says_why(tmp_path: Path) -> 
     assert warm_start(path, IDS, wider).state is None
     assert warm_start(path, IDS, wider).reason.startswith("cold: the network changed from {'dim': 32,")
 
-    renamed = IDS[:35] + [f"new{i}" for i in range(5)]  # 5 of 40 new: under WARM_MIN_SHARED
+    renamed = pa.array(IDS[:35].to_pylist() + [f"new{i}" for i in range(5)], pa.string())  # 5 of 40 new: under WARM_MIN_SHARED
     assert warm_start(path, renamed, SPEC) == (None, "cold: 5 of 40 items are new")
-    shuffled = IDS[::-1]  # the same items in another order: each keeps its own embedding
+    shuffled = pa.array(IDS.to_pylist()[::-1], pa.string())  # the same items in another order: each keeps its own embedding
     moved = warm_start(path, shuffled, SPEC)
     np.testing.assert_array_equal(
         moved.state["item_embedding.weight"][1:].numpy(),
