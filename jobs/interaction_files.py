@@ -80,10 +80,20 @@ class FileRows(NamedTuple):
     rejects: pa.Table
 
 
+class Validated(NamedTuple):
+    good: pa.Table
+    """The good rows as `clean` makes them, file after file in the input's order."""
+    rows: int
+    rejects: int
+    files: list[tuple[str, int]]
+    """Each file's kept entry name (its bytes and how they were checked) and good rows, in the
+    same order; empty without `kept` (or where a file has no entry)."""
+
+
 def validated_interactions(
     interactions: InteractionsInput, items: pa.Array, rejects_path: WorkPath, kept: KeptFiles | None = None
-) -> tuple[pa.Table, int, int]:
-    """(good rows as `clean` makes them, rows read, rows rejected) of the input, its rejects
+) -> Validated:
+    """The input's good rows, rows read and rows rejected, its rejects
     quarantined into `rejects_path` (failing past its max_reject_ratio). `items`: the item table's
     ids, as strings. `kept`: where files' validations are kept (the module's docstring); None
     checks every file and keeps nothing. Read and checked in this process, which trains on the
@@ -104,9 +114,11 @@ def validated_interactions(
         kept.record([entries[f.path].name for f in fragments if f.path in entries])
     rows = sum(file.rows for file in ordered)
     count = keep_rejects([file.rejects for file in ordered], rows, interactions.max_reject_ratio, rejects_path, "interactions")
+    named = all(f.path in entries for f in fragments)
+    files = [(entries[f.path].name, found[f.path].good.num_rows) for f in fragments] if kept and named else []
     if not ordered:  # no file: the good rows of an empty input, in their schema
         ordered = [next(checked_tables(source.schema.empty_table(), [0], renames, items))]
-    return pa.concat_tables([file.good for file in ordered]), rows, count
+    return Validated(pa.concat_tables([file.good for file in ordered]), rows, count, files)
 
 
 def checked_files(

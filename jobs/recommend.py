@@ -41,6 +41,7 @@ from precompute.jobs.candidate_topk import CandidateTopK, choose_ranking, ranker
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interaction_files import KeptFiles, validated_interactions
 from precompute.jobs.interactions import INDEX
+from precompute.jobs.kept_histories import grouped, keep_grouping
 from precompute.jobs.kept_index import keep_index, kept_index
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, one_node, ray_session
@@ -51,7 +52,6 @@ from precompute.jobs.recs_models import (
     Seen,
     Towers,
     rows_of,
-    seen_by_user,
     user_ids,
     users_subset,
 )
@@ -126,6 +126,9 @@ class RecsJobReport:
     night."""
     als: str | None = None
     """Whether the published ALS was kept or one trained, and why (jobs/recs_kept.py)."""
+    grouping: str | None = None
+    """How the users' histories were grouped: from every row, or the published night's
+    regrouped with the new files' rows (jobs/kept_histories.py); None on an unchanged night."""
 
 
 def check_unique(ids: pa.StringArray) -> None:
@@ -256,7 +259,8 @@ def run_recs_job(
         start = time.perf_counter()
         check_unique(items.ids)
         kept_files = KeptFiles(cache_dir(job.work_dir, output) / INTERACTIONS, files, vocabulary)
-        valid, rows, rejects = validated_interactions(interactions, items.ids, rejects_path, kept_files)
+        validated = validated_interactions(interactions, items.ids, rejects_path, kept_files)
+        valid, rows, rejects = validated.good, validated.rows, validated.rejects
         seconds["validate"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -281,8 +285,9 @@ def run_recs_job(
         }
         fingerprint = model_fingerprint(items_model, settings.k, scoring, len(items.ids), vocabulary, RECIPE)
         planned = plan(fingerprint, items, previous)
-        seen = seen_by_user(valid)
-        users = user_rows(seen, planned.changed_items)
+        grouping, grouped_how = grouped(validated, vocabulary, previous)
+        seen = grouping.seen
+        users = user_rows(grouping, planned.changed_items)
         mode, reason, copy, rescoring = "full", planned.reason, None, np.ones(users.num_rows, bool)
         if planned.previous is not None and users.num_rows not in planned.previous.records:
             reason = (
@@ -293,6 +298,7 @@ def run_recs_job(
             mode, copy = "incremental", CopyPlan(planned.previous.version, gone)
         rescored = int(rescoring.sum())
         stage(work_dir, fingerprint, items.ids, items.keys, users)
+        keep_grouping(work_dir / STATE, grouping, validated, vocabulary)
         figures = {"rows": rows, "rejects": rejects, "users": users.num_rows, "quality": asdict(quality)}
         record_night(work_dir / STATE, Night(inputs, figures))
         sequence_report = None
@@ -381,4 +387,5 @@ def run_recs_job(
         sequence=sequence_report,
         ranking={**ranking.report(), "ranked_in": ranked_in},
         als=kept.reason if als else None,
+        grouping=grouped_how,
     )

@@ -70,10 +70,17 @@ HISTORY_ORDER = [(SECONDS, "ascending"), (INDEX, "ascending"), (WEIGHT, "ascendi
 the same order in every run, whatever order the rows arrive in."""
 
 
+GROUPED_ORDER = [(USER, "ascending"), *HISTORY_ORDER]
+
+
 def seen_by_user(good: pa.Table) -> Seen:
     """Clean rows (any order) -> CSR, users in id order, each user's items in HISTORY_ORDER: a
     model's training data."""
-    good = good.sort_by([(USER, "ascending"), *HISTORY_ORDER])
+    return as_seen(good.sort_by(GROUPED_ORDER))
+
+
+def as_seen(good: pa.Table) -> Seen:
+    """Clean rows sorted by GROUPED_ORDER -> CSR."""
     encoded = good[USER].combine_chunks().dictionary_encode()
     users = encoded.indices.to_numpy()
     offsets = np.zeros(users.max(initial=-1) + 2, np.int64)

@@ -2,21 +2,26 @@
 the top-k actors read.
 
 The driver holds the night's valid interactions already (it trains on them), so grouping them
-by user is one sort there (jobs/recs_models.py seen_by_user), not a Ray Data shuffle. The
-shuffle (group by user, then a Python call per user) cost a fixed half minute at 46,500
-interactions on 2 CPUs and most of the recs job's time past its top-k at 1M rows (README,
-"Scale"), and its reduce workers' memory grew with the input.
+by user is one sort there (`group_all`), not a Ray Data shuffle. The shuffle (group by user,
+then a Python call per user) cost a fixed half minute at 46,500 interactions on 2 CPUs and most
+of the recs job's time past its top-k at 1M rows (README, "Scale"), and its reduce workers'
+memory grew with the input. A night that only adds files regroups from the published night's
+grouping instead (jobs/kept_histories.py).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from precompute.jobs.recs_models import Seen, user_ids, users_subset
-from precompute.jobs.recs_state import FINGERPRINT
+from precompute.jobs.content_cache import key_column
+from precompute.jobs.interactions import SECONDS
+from precompute.jobs.recs_models import GROUPED_ORDER, Seen, as_seen, user_ids, users_subset
+from precompute.jobs.recs_state import FINGERPRINT, LENGTH
 
 ITEMS, WEIGHTS = "items", "weights"
 HOLDS = "holds_changed"
@@ -53,20 +58,36 @@ def fingerprints(seen: Seen) -> np.ndarray:
     return lanes.astype("<u8").view("S16").reshape(-1)
 
 
-def user_rows(seen: Seen, changed: np.ndarray) -> pa.Table:
-    """Every user's id, fingerprint (their history: `fingerprints`) and whether they hold an
-    item that `changed` (a mask over the items) marks: what decides who is rescored, and what
-    the next night compares with (about 40 bytes a user)."""
+class Grouped(NamedTuple):
+    """The night's valid interactions grouped by user, with what the next night regroups from."""
+
+    seen: Seen
+    ids: pa.StringArray
+    """seen.ids in Arrow."""
+    fingerprints: np.ndarray
+    """Each user's `fingerprints`, 16-byte strings."""
+    seconds: pa.Array
+    """Each of seen's rows' time (null: none): what a later night's regrouping sorts them by."""
+
+
+def group_all(good: pa.Table) -> Grouped:
+    """Every user's history, from every valid row: one sort."""
+    ordered = good.sort_by(GROUPED_ORDER)
+    seen = as_seen(ordered)
+    return Grouped(seen, pa.array(seen.ids, pa.string()), fingerprints(seen), ordered[SECONDS].combine_chunks())
+
+
+def user_rows(grouped: Grouped, changed: np.ndarray) -> pa.Table:
+    """Every user's id, fingerprint (their history: `fingerprints`), number of interactions and
+    whether they hold an item that `changed` (a mask over the items) marks: what decides who is
+    rescored, and what the next night compares with and regroups from (about 50 bytes a user)."""
+    seen = grouped.seen
     holds = np.logical_or.reduceat(changed[seen.items], seen.offsets[:-1]) if len(seen.items) else []
     return pa.table(
         {
-            "id": pa.array(seen.ids, pa.string()),
-            FINGERPRINT: pc.cast(
-                pa.FixedSizeBinaryArray.from_buffers(
-                    pa.binary(16), len(seen.offsets) - 1, [None, pa.py_buffer(fingerprints(seen))]
-                ),
-                pa.binary(),
-            ),
+            "id": grouped.ids,
+            FINGERPRINT: pc.cast(key_column(grouped.fingerprints), pa.binary()),
+            LENGTH: pa.array(np.diff(seen.offsets), pa.int64()),
             HOLDS: pa.array(holds, pa.bool_()),
         }
     )

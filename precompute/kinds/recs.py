@@ -178,6 +178,7 @@ class Recs(OutputKind):
             **({"sequence": recs.sequence} if recs.sequence is not None else {}),
             **({"ranking": recs.ranking} if recs.ranking is not None else {}),
             **({"als": recs.als} if recs.als is not None else {}),
+            **({"grouping": recs.grouping} if recs.grouping is not None else {}),
             "validation": asdict(recs.quality),
             "deleted_versions": deleted,
         }

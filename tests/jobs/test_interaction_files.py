@@ -38,7 +38,8 @@ def write(folder: Path, name: str, rows: list[tuple[str | None, str, float]]) ->
 
 def night(source: InteractionsInput, cache: Path, run: Path, items: list[str] = ITEMS) -> tuple[pa.Table, int, int]:
     kept = KeptFiles(WorkPath.of(cache), input_files(source).digests(), "|".join(items))
-    return validated_interactions(source, pa.array(items), WorkPath.of(run / "rejects.parquet"), kept)
+    good, rows, rejects, _ = validated_interactions(source, pa.array(items), WorkPath.of(run / "rejects.parquet"), kept)
+    return good, rows, rejects
 
 
 def marked(cache: Path, folder: Path, name: str, source: InteractionsInput) -> None:
@@ -69,7 +70,7 @@ def test_a_night_that_adds_a_file_checks_only_it_and_gives_what_checking_every_f
     write(folder, "day-3.parquet", [("u1", "i2", 0.25), ("u4", "i9", 1.0)])
     good, rows, count = night(source, cache, tmp_path / "night-2")
     whole = validated_interactions(source, pa.array(ITEMS), WorkPath.of(tmp_path / "whole" / "rejects.parquet"))
-    assert good.equals(whole[0]) and (rows, count) == whole[1:] == (8, 3)
+    assert good.equals(whole.good) and (rows, count) == (whole.rows, whole.rejects) == (8, 3)
     assert good["user_id"].to_pylist() == ["u1", "u2", "u2", "u3", "u1"]  # the files' order, then their rows'
     quarantined, expected = (pq.read_table(p / "rejects.parquet") for p in (tmp_path / "night-2", tmp_path / "whole"))
     assert quarantined.equals(expected)

@@ -74,7 +74,7 @@ def test_a_folder_of_files_validated_in_chunks_keeps_every_row_once_in_order(tmp
         pq.write_table(table, folder / f"part-{n}.parquet")
     source = InteractionsInput(path=str(folder), user="who", item="what", max_reject_ratio=0.5)
     rejects = WorkPath.of(tmp_path / "run" / "rejects.parquet")
-    good, rows, count = validated_interactions(source, pa.array(ITEMS), rejects)
+    good, rows, count, _ = validated_interactions(source, pa.array(ITEMS), rejects)
     assert (rows, count) == (6, 2)
     assert good["user_id"].to_pylist() == ["u1", "u2", "u3", "u3"]
     assert good[INDEX].to_pylist() == [0, 1, 2, 0]

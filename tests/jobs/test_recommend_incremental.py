@@ -127,6 +127,29 @@ def test_a_rerun_with_nothing_changed_copies_the_version_whole_without_reading_o
     assert moved.report.mode == "incremental"
 
 
+def test_a_night_that_adds_a_file_regroups_only_its_users_and_scores_them_as_a_full_run_would(
+    items: Items, interactions: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    log.mkdir()
+    table = pq.read_table(interactions)
+    pq.write_table(table, log / "day-1.parquet")
+    first = recs_run(items, log, tmp_path / "night-1")
+    assert first.report.grouping == "every row grouped: nothing published yet"
+
+    someone = sorted(histories(interactions))[0]
+    day = [{"user_id": someone, "item_id": item, "weight": 1.0} for item in items.ids[-2:].to_pylist()]
+    day.append({"user_id": "u-newcomer", "item_id": items.ids[0].as_py(), "weight": 0.5})
+    pq.write_table(pa.Table.from_pylist(day, schema=table.schema), log / "day-2.parquet")
+    second = recs_run(items, log, tmp_path / "night-2", Previous("v1", WorkPath.of(tmp_path / "night-1"), range(10**6)))
+
+    assert second.report.grouping == "3 new rows regrouped with their users' kept ones"
+    assert (second.report.mode, set(second.written)) == ("incremental", {someone, "u-newcomer"})
+    scratch = recs_run(items, log, tmp_path / "scratch")
+    assert scratch.report.grouping == "every row grouped: nothing published yet"
+    assert_same_values(second.written, {user: scratch.written[user] for user in second.written})
+
+
 def moved_interactions(items: Items, interactions: Path, tmp_path: Path) -> tuple[Path, str, str]:
     """The night after: one user lost an interaction (changed), one left (gone), and u-new came
     with two items. Returns (the new interactions file, changed, gone)."""

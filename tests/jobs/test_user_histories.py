@@ -8,8 +8,8 @@ import pyarrow as pa
 
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
 from precompute.jobs.recs_models import Seen, seen_by_user
-from precompute.jobs.recs_state import FINGERPRINT
-from precompute.jobs.user_histories import HOLDS, fingerprints, history_blocks, seen_of, user_rows
+from precompute.jobs.recs_state import FINGERPRINT, LENGTH
+from precompute.jobs.user_histories import HOLDS, fingerprints, group_all, history_blocks, seen_of, user_rows
 
 
 def interactions() -> pa.Table:
@@ -25,13 +25,13 @@ def interactions() -> pa.Table:
 
 
 def test_each_user_gets_a_fingerprint_of_their_history_in_time_order_and_whether_they_hold_a_changed_item() -> None:
-    seen = seen_by_user(interactions())
     changed = np.zeros(6, bool)
     changed[[3, 5]] = True  # held by u1 (item 5) and u2 (item 3)
 
-    rows = user_rows(seen, changed)
+    rows = user_rows(group_all(interactions()), changed)
 
     assert rows["id"].to_pylist() == ["u1", "u2", "u3"] and rows[HOLDS].to_pylist() == [True, True, False]
+    assert rows[LENGTH].to_pylist() == [3, 2, 1]
     alone = fingerprints(Seen(np.array([0, 3]), np.array([1, 5, 2]), np.array([1.0, 2.0, 0.5], np.float32)))
     assert rows[FINGERPRINT][0].as_py() == alone[0] and len(alone[0]) == 16
     assert len(set(rows[FINGERPRINT].to_pylist())) == 3
