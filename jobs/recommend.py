@@ -297,7 +297,7 @@ def run_recs_job(
             rescoring, gone = rescore(users, planned.users)
             mode, copy = "incremental", CopyPlan(planned.previous.version, gone)
         rescored = int(rescoring.sum())
-        stage(work_dir, fingerprint, items.ids, items.keys, users)
+        stage(work_dir, fingerprint, items.ids, items.keys, users, planned.items_base)
         keep_grouping(work_dir / STATE, grouping, validated, vocabulary)
         figures = {"rows": rows, "rejects": rejects, "users": users.num_rows, "quality": asdict(quality)}
         record_night(work_dir / STATE, Night(inputs, figures))
