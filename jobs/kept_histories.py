@@ -30,7 +30,7 @@ from precompute.jobs.content_cache import key_array
 from precompute.jobs.interaction_files import Validated
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
 from precompute.jobs.nights import Previous
-from precompute.jobs.recs_models import GROUPED_ORDER, Seen, as_seen, user_ids
+from precompute.jobs.recs_models import GROUPED_ORDER, Seen, as_seen, ranges, user_ids
 from precompute.jobs.recs_state import FINGERPRINT, HISTORIES, HISTORIES_FILES, LENGTH, STATE, USERS_FILE
 from precompute.jobs.user_histories import Grouped, fingerprints, group_all
 from precompute.jobs.work_dir import WorkPath, read_ipc, write_ipc
@@ -132,12 +132,6 @@ def regrouped(kept: Kept, added: pa.Table) -> Grouped:
     )
     seconds = pa.concat_arrays([kept.rows[SECONDS].combine_chunks(), together[SECONDS].combine_chunks()]).take(rows)
     return Grouped(seen, ids, prints, seconds)
-
-
-def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The positions starts[i] .. starts[i] + lengths[i] - 1 of every i, in order."""
-    ends = np.cumsum(lengths)
-    return np.repeat(starts - ends + lengths, lengths) + np.arange(ends[-1] if len(ends) else 0)
 
 
 def keep_grouping(state: WorkPath, grouping: Grouped, valid: Validated, vocabulary: str) -> None:

@@ -98,8 +98,14 @@ def users_subset(seen: Seen, users: np.ndarray) -> Seen:
     lengths = np.diff(seen.offsets)[users]
     offsets = np.zeros(len(users) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    rows = np.repeat(seen.offsets[users] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    rows = ranges(seen.offsets[users], lengths)
     return Seen(offsets, seen.items[rows], seen.weights[rows], None if seen.ids is None else seen.ids[users])
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions starts[i] .. starts[i] + lengths[i] - 1 of every i, in order."""
+    ends = np.cumsum(lengths)
+    return np.repeat(starts - ends + lengths, lengths) + np.arange(ends[-1] if len(ends) else 0)
 
 
 def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:

@@ -12,8 +12,9 @@ import pytest
 
 from precompute.jobs.interaction_files import Validated
 from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.kept_histories import grouped, keep_grouping, ranges
+from precompute.jobs.kept_histories import grouped, keep_grouping
 from precompute.jobs.nights import Previous
+from precompute.jobs.recs_models import ranges
 from precompute.jobs.recs_state import STATE, stage
 from precompute.jobs.user_histories import Grouped, group_all, user_rows
 from precompute.jobs.work_dir import WorkPath
