@@ -8,8 +8,8 @@ A run stages, in its run folder, `recs_state/`:
                    base, linked from the published state's where the ids are the same
     items.delta.arrow
                    beside a linked base: the positions whose keys differ from it, and their keys
-                   (writing 1M items' ids and keys whole took 0.06 s of a 1% night's 0.1 s
-                   grouping, bench scale)
+                   (writing 1M items' ids and keys whole took 0.06 s of a 1% night's grouping at
+                   bench scale's 1M rows, by hand)
     users.arrow    user_id -> fingerprint of the user's valid interactions (item, weight), and
                    how many they are
     histories.arrow, histories.json
@@ -101,6 +101,14 @@ class Items(NamedTuple):
     which changes exactly when its embedding may change."""
 
 
+class ItemsBase(NamedTuple):
+    """The published state's items file, where its ids are tonight's, and the positions whose
+    keys tonight differ from it: `stage` links the file and writes only those."""
+
+    file: WorkPath
+    moved: np.ndarray
+
+
 class Plan(NamedTuple):
     """Which users a run scores: all of them (full), or only those whose inputs moved (incremental)."""
 
@@ -115,8 +123,7 @@ class Plan(NamedTuple):
     run's 74 s)."""
     users: pa.Table | None
     """The previous version's user_id -> fingerprint (incremental runs)."""
-    items_base: WorkPath | None = None
-    """The published state's items file where its ids are tonight's: `stage` links it."""
+    items_base: ItemsBase | None = None
 
 
 def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], items: int, vocabulary: str, recipe: str) -> dict:
@@ -213,7 +220,7 @@ def inputs_digest(
 def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -> Plan:
     """Full, with the reason, unless the published version's state matches this run's model."""
 
-    def full(reason: str, base: WorkPath | None = None) -> Plan:
+    def full(reason: str, base: ItemsBase | None = None) -> Plan:
         return Plan("full", reason, None, np.zeros(len(items.ids), bool), None, base)
 
     if previous is None:
@@ -226,18 +233,18 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
     if before["vocabulary"] != fingerprint["vocabulary"]:
         old, new = set(old_items["id"].to_pylist()), set(items.ids.to_pylist())
         return full(f"the items changed: {len(new - old)} added, {len(old - new)} removed")
-    base = state / ITEMS_FILE
+    base_keys = key_array(old_items[KEY])
+    base = ItemsBase(state / ITEMS_FILE, np.flatnonzero(base_keys != items.keys))
     for field, value in fingerprint.items():
         if before.get(field) != value:
             return full(f"{field} changed from {before.get(field)!r} to {value!r}", base)
-    changed = state_keys(state, old_items) != items.keys
+    changed = with_delta(state, base_keys) != items.keys
     users = read_ipc(state / USERS_FILE)
     return Plan("incremental", f"copied from {previous.version}", previous, changed, users, base)
 
 
-def state_keys(state: WorkPath, base: pa.Table) -> np.ndarray:
-    """A staged state's content keys: its base's, with its delta's in place."""
-    keys = key_array(base[KEY])
+def with_delta(state: WorkPath, keys: np.ndarray) -> np.ndarray:
+    """A staged state's content keys: its base's `keys`, with its delta's in place."""
     if (state / ITEMS_DELTA).is_file() and (delta := read_ipc(state / ITEMS_DELTA)).num_rows:
         keys = keys.copy()
         keys[delta[POSITION].to_numpy()] = key_array(delta[KEY])
@@ -267,12 +274,12 @@ def stage(
     item_ids: pa.Array,
     keys: np.ndarray,
     users: pa.Table,
-    items_base: WorkPath | None = None,
+    items_base: ItemsBase | None = None,
 ) -> None:
     """What the next run compares with (the items' ids and content `keys`, the users'
     fingerprints), in Arrow IPC files (1M items' written in 0.03 s, as Parquet in 0.14-0.18 s);
     written before the version exists, read only once it is published. items_base: the
-    published state's items file, where its ids are these (Plan.items_base)."""
+    published state's items, where its ids are these (Plan.items_base)."""
     state = run_dir / STATE
     state.mkdir()
     stage_items(state, item_ids, keys, items_base)
@@ -280,15 +287,14 @@ def stage(
     (state / MODEL).write_text(json.dumps(fingerprint, indent=2))
 
 
-def stage_items(state: WorkPath, item_ids: pa.Array, keys: np.ndarray, base: WorkPath | None) -> None:
+def stage_items(state: WorkPath, item_ids: pa.Array, keys: np.ndarray, base: ItemsBase | None) -> None:
     """The items' ids and keys: `base` linked (work_dir.copy_file) with the keys that differ from
     it beside it, while they are at most KEYS_REBASE_SHARE of the items; else written whole."""
-    if base is not None:
-        moved = np.flatnonzero(key_array(read_ipc(base)[KEY]) != keys)
-        if len(moved) <= KEYS_REBASE_SHARE * len(keys):
-            copy_file(base.fs, base.path, (state / ITEMS_FILE).path)
-            write_ipc(state / ITEMS_DELTA, pa.table({POSITION: pa.array(moved, pa.int64()), KEY: key_column(keys[moved])}))
-            return
+    if base is not None and len(base.moved) <= KEYS_REBASE_SHARE * len(keys):
+        copy_file(base.file.fs, base.file.path, (state / ITEMS_FILE).path)
+        moved = pa.array(base.moved, pa.int64())
+        write_ipc(state / ITEMS_DELTA, pa.table({POSITION: moved, KEY: key_column(keys[base.moved])}))
+        return
     write_ipc(state / ITEMS_FILE, pa.table({"id": item_ids, KEY: key_column(keys)}))
 
 
