@@ -55,6 +55,7 @@ import numpy as np
 import qdrant_edge as qe
 
 from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
+from precompute.stores.qdrant_edge_files import copy_shard
 from precompute.stores.qdrant_edge_requests import (
     FIELD_SCHEMAS,
     edge_filter,
@@ -141,10 +142,9 @@ class QdrantEdgeStore(VectorStore):
         )
 
     def copy_version(self, source: str, version: str, meta: Mapping[str, Any]) -> None:
-        """The source's files copied as they are: its segments keep their HNSW graphs, and what
-        the writer then upserts goes to a new segment, which `finalize` indexes alone. The
-        copy's largest merge is half the source's average segment, so the nights' writes merge
-        only with each other, never into a source segment whose graph would be built again."""
+        """The source's files (hard links where no write changes them: qdrant_edge_files.py); the writer's
+        upserts go to a new segment that `finalize` indexes alone, and merge only with each other (largest
+        merge: half the source's average segment), never into a source segment whose graph would be rebuilt."""
         if not self._finalized(source):
             raise VersionNotFoundError(f"cannot copy version {source!r}: it is not a finalized version")
         path = self._dir(version)
@@ -152,7 +152,7 @@ class QdrantEdgeStore(VectorStore):
             raise StoreError(f"version {version!r} already exists at {path}")
         built = self.meta(source)
         dim = built["dim"]
-        shutil.copytree(self._dir(source), path, ignore=shutil.ignore_patterns(FINALIZED, META))
+        copy_shard(self._dir(source), path, skipped=(FINALIZED, META))
         try:
             shape = self._shard(source).info()
             merged_kb = max(1, shape.points_count * dim * 4 // 1024 // (2 * max(shape.segments_count, 1)))

@@ -461,6 +461,46 @@ def test_a_copys_writes_never_merge_into_its_sources_segments(tmp_path: Path) ->
         assert store.count(copy) == 4000 + 20 * (n + 1)
 
 
+def file_bytes(root: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_a_copy_shares_its_sources_vectors_and_graphs_and_its_writes_change_no_source_byte(
+    tmp_path: Path, quantization: str
+) -> None:
+    """A copy hard-links the source's built vectors, INT8 codes, graphs and payload pages
+    (share_or_copy); a night's upserts over kept ids, new ids, deletes and the build must then
+    leave every file of the source byte for byte as it was. Deleting the source leaves the copy whole."""
+    settings = VectorStoreSettings(path=tmp_path / "qdrant", graph_points=1_000, full_scan_threshold_kb=1)
+    ids = [f"doc-{i}" for i in range(3_000)]
+    vectors = clustered(len(ids), DIM, seed=4)
+    sections = [{"section": "games" if i % 3 == 0 else "mail", "tier": i % 4} for i in range(len(ids))]
+    with QdrantEdgeStore(settings, NAME, pointer_check_s=0) as store:
+        store.create_version(V1, DIM, quantization=quantization)
+        for start in range(0, len(ids), 500):
+            store.upsert(V1, ids[start : start + 500], vectors[start : start + 500], sections[start : start + 500])
+        store.finalize(V1)
+        store.publish(V1)
+        before = file_bytes(store.root / V1)
+
+        store.copy_version(V1, V2, {})
+        shared = [f for f in (store.root / V2).rglob("*") if f.is_file() and f.stat().st_nlink == 2]
+        assert {f.name for f in shared} >= {"matrix.dat", "links_compressed.bin"}
+        moved = clustered(300, DIM, seed=5)
+        store.upsert(V2, ids[::20] + [f"new-{i}" for i in range(150)], moved, [{"section": "news"}] * 300)
+        store.delete(V2, ids[1::10])
+        store.finalize(V2)
+
+        assert file_bytes(store.root / V1) == before
+        assert store.search(vectors[20], k=1, version=V1)[0].id == ids[20]
+        store.publish(V2)
+        assert store.gc(keep=0) == [V1]
+        assert store.count(V2) == len(ids) - len(ids[1::10]) + 150
+        assert store.search(moved[0], k=1, version=V2, filter={"section": "news"})[0].id == ids[0]
+        assert store.search(vectors[22], k=1, version=V2, filter={"tier": 2})[0].id == ids[22]
+
+
 def test_edge_builds_a_version_past_graph_points_as_bounded_graphs_that_all_answer(tmp_path: Path) -> None:
     """A version of 3,500 points with graph_points 1,000 is built as four graphs (one build per
     part, so the load grows linearly); a search still finds the exact top 10 across them, and a
