@@ -21,12 +21,15 @@ from typing import TYPE_CHECKING, Any, Self
 
 import orjson
 
-from precompute.stores.errors import PublishValidationError, StoreError, VersionNotFoundError
+from precompute.stores import key_value_overlay as overlay
+from precompute.stores.errors import StoreError, VersionNotFoundError
+from precompute.stores.key_value_check import check_holds
 from precompute.stores.key_value_deletion import doomed, drop, finish_deletions
+from precompute.stores.key_value_overlay import WRITTEN, Layout
+from precompute.stores.key_value_scripts import CREATE, FLIP
 from precompute.stores.redis_settings import (
     OutputKeys,
     RedisSettings,
-    bucket_of,
     buckets_of,
     check_output,
     connect,
@@ -39,29 +42,12 @@ from precompute.stores.versions import check_version
 if TYPE_CHECKING:
     from precompute.stores.key_value_sink import KeyValueSink
 
-COUNT_CHUNK = 1000
-"""Buckets per HLEN round trip when counting a version."""
 COPY_CHUNK = 500
 """Buckets per COPY round trip: a bucket is one small listpack, cheap to copy."""
-WRONG_SAMPLES_SHOWN = 5
 BUCKET_SLACK = 0.25
 """How far (as a fraction) the mean records per bucket of a copied version may drift from
 entries_per_bucket (`copyable`)."""
 
-FLIP = """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-return 1
-"""
-"""KEYS pointer, registry, published; ARGV version, time. Publish a version only while it is registered."""
-
-CREATE = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('SET', KEYS[2], ARGV[3])
-return 1
-"""
-"""KEYS registry, meta key; ARGV version, entry, meta. Register a version and its meta at once, or neither."""
 
 @dataclass(frozen=True, slots=True)
 class VersionInfo:
@@ -85,8 +71,8 @@ class KeyValueStore:
     def __init__(self, settings: RedisSettings) -> None:
         self.settings = settings
         self._client = connect(self.settings)
-        self._buckets: dict[tuple[str, str], int] = {}
-        """Bucket count of each version this instance writes, read once from the registry."""
+        self._layouts: dict[tuple[str, str], Layout] = {}
+        """Where the records of each version this instance writes go, read once from the registry."""
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -97,11 +83,15 @@ class KeyValueStore:
         rows: int,
         meta: Mapping[str, Any] | None = None,
         buckets: int | None = None,
+        base: str | None = None,
     ) -> None:
         """Register a new, empty version of `rows` records; its bucket count is fixed from here on.
 
         buckets: another version's count (`buckets()`), so that copy_version can fill this one
-        from it bucket by bucket; by default, sized for `rows` at `entries_per_bucket`.
+        from it bucket by bucket; by default, sized for `rows` at `entries_per_bucket`, or for an
+        overlay at OVERLAY_SHARE of its base's count.
+        base: a whole version this one overlays (key_value_overlay.py): it starts with the base's
+        records, and holds only what is written to it or deleted from it.
         """
         keys = output_keys(self.settings, output)
         check_version(version)
@@ -109,19 +99,24 @@ class KeyValueStore:
             raise ValueError(f"rows must be an int >= 0, got {rows!r}")
         if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
             raise ValueError(f"buckets must be an int >= 1, got {buckets!r}")
-        entry = {
-            "rows": rows,
-            "buckets": buckets or max(1, math.ceil(rows / self.settings.entries_per_bucket)),
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
+        entry: dict[str, Any] = {"rows": rows, "created": datetime.now(UTC).isoformat(timespec="seconds")}
+        if base is None:
+            entry["buckets"] = buckets or max(1, math.ceil(rows / self.settings.entries_per_bucket))
+        else:
+            under = self._held_entry(keys, check_version(base))
+            if "base" in under:
+                raise StoreError(f"version {base!r} of output {output!r} is an overlay: overlay its base")
+            own = buckets or max(1, math.ceil(under["buckets"] * overlay.OVERLAY_SHARE))
+            entry |= {"buckets": own, "base": base, "base_buckets": under["buckets"], "base_rows": under["rows"]}
         try:  # orjson: 1M item ids in 0.03 s, json.dumps 0.16 s
             encoded = orjson.dumps(dict(meta or {}))
         except TypeError as e:
             raise ValueError(f"meta must be JSON-serializable: {e}") from e
         with unavailable_as_store_error(self.settings):
-            created = self._client.eval(
-                CREATE, 2, keys.registry, keys.meta(version), version, json.dumps(entry), encoded
-            )
+            entries = (version, json.dumps(entry), encoded, base or "")
+            created = self._client.eval(CREATE, 3, keys.registry, keys.meta(version), keys.bases, *entries)
+        if created == -1:
+            raise VersionNotFoundError(f"version {base!r} of output {output!r} is gone: nothing to overlay")
         if not created:
             raise StoreError(f"version {version!r} of output {output!r} already exists")
 
@@ -135,7 +130,10 @@ class KeyValueStore:
             raise ValueError(f"ids and values differ in length: {len(ids)} and {len(values)}")
         check_items("ids", ids, str)
         check_items("values", values, bytes)
-        buckets = self.check_writable(keys, version)
+        layout = self._writable(keys, version)
+        if layout.base:
+            values = [WRITTEN + value for value in values]
+        buckets = layout.buckets
         fields = [item_id.encode() for item_id in ids]
         groups: dict[int, list[bytes]] = {}  # bucket -> HSET arguments: field, value, field, ...
         for bucket, field, value in zip(buckets_of(fields, buckets), fields, values, strict=True):
@@ -151,36 +149,45 @@ class KeyValueStore:
         """Fill the unpublished `target` with every record of `source`, server-side: one COPY per
         bucket, pipelined `COPY_CHUNK` at a time, no record through this process.
 
-        Bucket n of every version carries the hash tag {n}, so each COPY stays in one slot and
-        works on Redis Cluster; COPY needs Redis >= 6.2. `target` must have been created with
-        `source`'s bucket count (a record's bucket is crc32(id) % buckets) and be still empty:
-        COPY leaves an existing bucket alone. Records written to `target` afterwards overwrite
-        the copied ones; `delete` removes records.
+        Bucket n of every version carries the hash tag {n}, so each COPY stays in one slot (Redis
+        Cluster; COPY needs Redis >= 6.2). `target` must be empty and have the bucket count of
+        what is copied (a record's bucket is crc32(id) % buckets). An overlay `source` goes into
+        a whole `target` as its base's buckets, then its changes through this process (a tenth
+        of the records at most); into an overlay over the same base, as its own buckets.
         """
         keys = output_keys(self.settings, output)
-        buckets = self.buckets(output, source)
-        target_buckets = self.check_writable(keys, target)
-        if target_buckets != buckets:
+        layout, into = self.layout(output, source), self._writable(keys, target)
+        if into.base is not None and into.base != layout.base:
             raise StoreError(
-                f"version {target!r} of output {output!r} has {target_buckets} buckets and {source!r} "
+                f"version {target!r} of output {output!r} overlays {into.base!r}: copy into it only an overlay of that"
+            )
+        copied, buckets = (source, layout.buckets) if into.base else (layout.base or source, layout.whole_buckets)
+        if into.buckets != buckets:
+            raise StoreError(
+                f"version {target!r} of output {output!r} has {into.buckets} buckets and {source!r} "
                 f"{buckets}: create it with buckets={buckets} to copy into it"
             )
         with unavailable_as_store_error(self.settings):
             for start in range(0, buckets, COPY_CHUNK):
                 pipe = self._client.pipeline(transaction=False)
                 for bucket in range(start, min(start + COPY_CHUNK, buckets)):
-                    pipe.execute_command("COPY", keys.bucket(source, bucket), keys.bucket(target, bucket))
+                    pipe.execute_command("COPY", keys.bucket(copied, bucket), keys.bucket(target, bucket))
                 pipe.execute()
+            if layout.base and not into.base:
+                overlay.apply(self._client, keys, layout, target, buckets)
 
     def delete(self, output: str, version: str, ids: Sequence[str]) -> int:
-        """HDEL records from an unpublished version (records copied from a version they have
-        since left); return how many were there."""
+        """Delete records from an unpublished version (records copied from a version they have
+        since left: HDEL, or in an overlay a tombstone); return how many were there."""
         keys = output_keys(self.settings, output)
         check_items("ids", ids, str)
-        buckets = self.check_writable(keys, version)
+        layout = self._writable(keys, version)
         fields = [item_id.encode() for item_id in ids]
+        if layout.base:
+            with unavailable_as_store_error(self.settings):
+                return overlay.delete(self._client, keys, layout, fields)
         groups: dict[int, list[bytes]] = {}
-        for bucket, field in zip(buckets_of(fields, buckets), fields, strict=True):
+        for bucket, field in zip(buckets_of(fields, layout.buckets), fields, strict=True):
             groups.setdefault(bucket, []).append(field)
         return sum(self._send(keys, version, "HDEL", groups, per_record=1))
 
@@ -210,8 +217,11 @@ class KeyValueStore:
 
     def check_writable(self, keys: OutputKeys, version: str) -> int:
         """The version's bucket count; refuses unknown and published versions."""
+        return self._writable(keys, version).buckets
+
+    def _writable(self, keys: OutputKeys, version: str) -> Layout:
         check_version(version)
-        cached = self._buckets.get((keys.output, version))
+        cached = self._layouts.get((keys.output, version))
         if cached is not None:
             return cached
         with unavailable_as_store_error(self.settings):
@@ -229,8 +239,8 @@ class KeyValueStore:
             raise StoreError(
                 f"version {version!r} of output {keys.output!r} is published; it is never written again"
             )
-        buckets = self._buckets[keys.output, version] = json.loads(entry)["buckets"]
-        return buckets
+        layout = self._layouts[keys.output, version] = Layout.of(version, json.loads(entry))
+        return layout
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -238,9 +248,9 @@ class KeyValueStore:
         """Check the version and make it the one readers see in one atomic step. Old versions stay
         until collect_garbage: an outage after the flip must not make the publish look failed.
 
-        Checks: Redis holds exactly the `rows` given to create_version (a lost or duplicated
-        write shows here), and every sample (id -> value the job computed) reads back
-        identical. A failed check raises PublishValidationError and switches nothing.
+        Checks (key_value_check.py): Redis holds exactly the `rows` given to create_version, and
+        every sample reads back identical. A failed check raises PublishValidationError and
+        switches nothing.
         """
         keys = output_keys(self.settings, output)
         self._validate(keys, check_version(version), samples or {})
@@ -271,39 +281,11 @@ class KeyValueStore:
 
     def _validate(self, keys: OutputKeys, version: str, samples: Mapping[str, bytes]) -> None:
         entry = self._entry(keys, version)
-        buckets = entry["buckets"]
-        fields = []
-        for item_id, value in samples.items():
-            if not isinstance(item_id, str) or not isinstance(value, bytes):
-                raise ValueError(
-                    f"samples must map str ids to bytes values, got {item_id!r}: {type(value).__name__}"
-                )
-            fields.append(item_id.encode())
         with unavailable_as_store_error(self.settings):
-            stored = 0
-            for start in range(0, buckets, COUNT_CHUNK):
-                pipe = self._client.pipeline(transaction=False)
-                for bucket in range(start, min(start + COUNT_CHUNK, buckets)):
-                    pipe.hlen(keys.bucket(version, bucket))
-                stored += sum(pipe.execute())
-            pipe = self._client.pipeline(transaction=False)
-            for field in fields:
-                pipe.hget(keys.bucket(version, bucket_of(field, buckets)), field)
-            read = pipe.execute()
-        where = f"version {version!r} of output {keys.output!r}"
-        if stored != entry["rows"]:
-            raise PublishValidationError(
-                f"{where} holds {stored} records, but was created for {entry['rows']}"
-            )
-        wrong = [i for i, got in zip(samples, read, strict=True) if got != samples[i]]
-        if wrong:
-            raise PublishValidationError(
-                f"{where}: {len(wrong)} of {len(samples)} samples read back missing or different, "
-                f"e.g. {wrong[:WRONG_SAMPLES_SHOWN]}"
-            )
+            check_holds(self._client, keys, Layout.of(version, entry), entry["rows"], samples)
 
     def _flip(self, keys: OutputKeys, version: str) -> None:
-        self._buckets.pop((keys.output, version), None)  # so a later write re-checks, and is refused
+        self._layouts.pop((keys.output, version), None)  # so a later write re-checks, and is refused
         with unavailable_as_store_error(self.settings):
             now = datetime.now(UTC).isoformat(timespec="seconds")
             flipped = self._client.eval(FLIP, 3, keys.pointer, keys.registry, keys.published, version, now)
@@ -350,16 +332,36 @@ class KeyValueStore:
             return {name.decode() for name in self._client.hkeys(keys.published)}
 
     def buckets(self, output: str, version: str) -> int:
-        """A registered version's bucket count (fixed at create_version)."""
+        """A registered version's bucket count (fixed at create_version): its own, for an overlay."""
         return self._entry(output_keys(self.settings, output), check_version(version))["buckets"]
+
+    def layout(self, output: str, version: str) -> Layout:
+        """Where a registered version's records are: its buckets, and its base's if it is an overlay."""
+        return Layout.of(version, self._entry(output_keys(self.settings, output), check_version(version)))
+
+    def changed(self, output: str, version: str) -> int:
+        """Records an overlay writes or deletes over its base (0 for a whole version)."""
+        layout = self.layout(output, version)
+        if not layout.base:
+            return 0
+        with unavailable_as_store_error(self.settings):
+            return overlay.changed(self._client, output_keys(self.settings, output), layout)
 
     def copyable(self, output: str, version: str) -> range:
         """Record counts that a copy of `version` (copy_version) holds well: a copy keeps its
         bucket count, and records per bucket may drift BUCKET_SLACK from entries_per_bucket
         before a version should be sized afresh instead."""
-        buckets, per_bucket = self.buckets(output, version), self.settings.entries_per_bucket
+        buckets, per_bucket = self.layout(output, version).whole_buckets, self.settings.entries_per_bucket
         low = int((buckets - 1) * per_bucket * (1 - BUCKET_SLACK))
         return range(low, int(buckets * per_bucket * (1 + BUCKET_SLACK)) + 1)
+
+    def _held_entry(self, keys: OutputKeys, version: str) -> dict[str, Any]:
+        """A version's entry, registered or claimed by GC (an overlay's base waits there)."""
+        with unavailable_as_store_error(self.settings):
+            raw = self._client.hget(keys.registry, version) or self._client.hget(keys.dropping, version)
+        if raw is None:
+            raise VersionNotFoundError(f"version {version!r} of output {keys.output!r} does not exist")
+        return json.loads(raw)
 
     def _entry(self, keys: OutputKeys, version: str) -> dict[str, Any]:
         with unavailable_as_store_error(self.settings):
@@ -376,13 +378,13 @@ class KeyValueStore:
         versions, oldest first."""
         keys = output_keys(self.settings, output)
         for version in doomed(self._client, self.settings, keys, keep):
-            self._buckets.pop((keys.output, version), None)
+            self._layouts.pop((keys.output, version), None)
         return finish_deletions(self._client, self.settings, keys)
 
     def drop_version(self, output: str, version: str) -> None:
         """Delete one unpublished version whole (e.g. a failed run's)."""
         keys = output_keys(self.settings, output)
-        self._buckets.pop((keys.output, check_version(version)), None)
+        self._layouts.pop((keys.output, check_version(version)), None)
         drop(self._client, self.settings, keys, version)
 
     def close(self) -> None:

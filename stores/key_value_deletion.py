@@ -5,7 +5,8 @@ the published version; publish switches only to a registered version, in one scr
 (key_value.py FLIP). So a version being deleted is never published, and the published one is
 never deleted. A version's buckets are then UNLINKed a hundred a round trip, found from its
 registered bucket count rather than by KEYS or SCAN, then its meta; its `dropping` entry goes last, so a
-deletion interrupted by a crash is finished by the next collection.
+deletion interrupted by a crash is finished by the next collection. A claimed version that a
+registered overlay holds as its base (key_value_overlay.py) waits in `dropping` until none does.
 """
 
 from __future__ import annotations
@@ -14,20 +15,9 @@ import json
 import time
 
 from precompute.stores.errors import StoreError, VersionNotFoundError
+from precompute.stores.key_value_scripts import CLAIM
 from precompute.stores.redis_settings import Client, OutputKeys, RedisSettings, unavailable_as_store_error
 from precompute.stores.versions import check_version
-
-CLAIM = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
-local entry = redis.call('HGET', KEYS[2], ARGV[1])
-if not entry then return -1 end
-redis.call('HSET', KEYS[3], ARGV[1], entry)
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-return 1
-"""
-"""KEYS pointer, registry, dropping, published; ARGV version. Move an unpublished version to `dropping`:
-its entry stays there until its last key is gone, so an interrupted deletion is finished later."""
 
 UNLINK_CHUNK = 100
 """Keys per UNLINK round trip: freeing a hundred small hashes holds Redis only briefly."""
@@ -67,12 +57,11 @@ def doomed(client: Client, settings: RedisSettings, keys: OutputKeys, keep: int)
 
 
 def finish_deletions(client: Client, settings: RedisSettings, keys: OutputKeys) -> list[str]:
-    """Delete every claimed version's keys, those an interrupted run left too; return them, oldest first."""
+    """Delete every claimed version's keys, those an interrupted run left too, but a base a
+    registered overlay still holds; return those deleted, oldest first."""
     with unavailable_as_store_error(settings):
         dropping = sorted(name.decode() for name in client.hkeys(keys.dropping))
-    for version in dropping:
-        purge(client, settings, keys, version)
-    return dropping
+    return [version for version in dropping if purge(client, settings, keys, version)]
 
 
 def drop(client: Client, settings: RedisSettings, keys: OutputKeys, version: str) -> None:
@@ -84,21 +73,27 @@ def drop(client: Client, settings: RedisSettings, keys: OutputKeys, version: str
         )
     if claimed < 0:
         raise VersionNotFoundError(f"version {version!r} of output {keys.output!r} does not exist")
-    purge(client, settings, keys, version)
+    purge(client, settings, keys, version)  # a base an overlay holds waits for a later collection
 
 
 def claim(client: Client, settings: RedisSettings, keys: OutputKeys, version: str) -> int:
     """1: moved to `dropping`; 0: published, kept; -1: not registered."""
     with unavailable_as_store_error(settings):
-        return client.eval(CLAIM, 4, keys.pointer, keys.registry, keys.dropping, keys.published, version)
+        return client.eval(
+            CLAIM, 5, keys.pointer, keys.registry, keys.dropping, keys.published, keys.bases, version
+        )
 
 
-def purge(client: Client, settings: RedisSettings, keys: OutputKeys, version: str) -> None:
-    """UNLINK every bucket of a claimed version and its meta, then forget it."""
+def purge(client: Client, settings: RedisSettings, keys: OutputKeys, version: str) -> bool:
+    """UNLINK every bucket of a claimed version and its meta, then forget it; False, and nothing
+    deleted, while a registered overlay holds it as its base. No overlay can take it as its base
+    from here on (key_value.py CREATE), so it stays free once found free."""
     with unavailable_as_store_error(settings):
-        raw = client.hget(keys.dropping, version)
+        raw, bases = client.pipeline(transaction=False).hget(keys.dropping, version).hvals(keys.bases).execute()
         if raw is None:  # another process finished it
-            return
+            return True
+        if version.encode() in bases:
+            return False
         buckets = json.loads(raw)["buckets"]
         for start in range(0, buckets, UNLINK_CHUNK):
             began = time.perf_counter()
@@ -109,3 +104,4 @@ def purge(client: Client, settings: RedisSettings, keys: OutputKeys, version: st
             time.sleep((time.perf_counter() - began) * GC_PAUSE)
         client.unlink(keys.meta(version))
         client.hdel(keys.dropping, version)
+    return True

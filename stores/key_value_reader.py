@@ -1,12 +1,12 @@
 """Versioned key lookups in Redis, the reading half: the lookup service's async reader.
 
-One round trip per answer: a pipeline of the HGETs in the version this reader saw last,
-then a GET of the pointer. The values are returned only if the pointer still names that
+One round trip per answer: a pipeline of the HGETs in the version this reader saw last (and
+in its base, for an overlay: key_value_overlay.py), then a GET of the pointer. The values are returned only if the pointer still names that
 version; otherwise the reader follows the pointer (reading the new version's registry
 entry once) and asks again. So every answer comes from one version, and a publish or a
 rollback costs readers one extra round trip, never an error. The pointer is read after
-the values because a version is deleted only once it is no longer published: if it is
-still published after the HGETs, they read it whole. (Cluster pipelines go to several
+the values because a version is deleted only once it is no longer published (its base only
+once no registered overlay holds it): if it is still published after the HGETs, they read it whole. (Cluster pipelines go to several
 nodes at once and lose that order; there deletion also waits `keep_versions` publishes.)
 """
 
@@ -23,10 +23,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
+from precompute.stores.key_value_overlay import Layout, answers, ask
 from precompute.stores.redis_settings import (
     OutputKeys,
     RedisSettings,
-    bucket_of,
     output_keys,
     stored_meta,
     unavailable_as_store_error,
@@ -35,7 +35,7 @@ from precompute.stores.redis_settings import (
 SWITCHES = 3
 """Pointer moves followed within one call before giving up with a retryable error."""
 CACHED_VERSIONS = 8
-"""Bucket counts kept (two outputs, a few versions each)."""
+"""Layouts kept (two outputs, a few versions each)."""
 
 
 def async_client(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
@@ -59,7 +59,7 @@ class KeyValueReader:
         self._client = async_client(self.settings)
         self._published: dict[str, str] = {}
         """The version each output's pointer named last time: where the next read looks first."""
-        self._bucket_counts: dict[tuple[str, str], int] = {}
+        self._layouts: dict[tuple[str, str], Layout] = {}
 
     async def get(self, output: str, item_id: str) -> tuple[str, bytes | None]:
         """(published version, value or None for an unknown id)."""
@@ -79,14 +79,13 @@ class KeyValueReader:
             if version is None:
                 version = await self._follow(keys, await self._client.get(keys.pointer))
             for _ in range(SWITCHES):
-                buckets = await self._buckets(keys, version)
+                layout = await self._layout(keys, version)
                 pipe = self._client.pipeline(transaction=False)
-                for field in fields:
-                    pipe.hget(keys.bucket(version, bucket_of(field, buckets)), field)
+                ask(pipe, keys, layout, fields)
                 pipe.get(keys.pointer)
                 *values, pointer = await pipe.execute()
                 if pointer == version.encode():
-                    return version, values
+                    return version, answers(layout, values, len(fields))
                 version = await self._follow(keys, pointer)
         raise StoreUnavailableError(f"the published version of {output!r} kept switching", retry_after=0.1)
 
@@ -101,18 +100,18 @@ class KeyValueReader:
         if pointer is None:
             raise VersionNotFoundError(f"nothing of output {keys.output!r} is published")
         version = pointer.decode()
-        await self._buckets(keys, version)
+        await self._layout(keys, version)
         self._published[keys.output] = version
         return version
 
-    async def _buckets(self, keys: OutputKeys, version: str) -> int:
-        buckets = self._bucket_counts.get((keys.output, version))
-        if buckets is not None:
-            return buckets
-        buckets = self._bucket_counts[keys.output, version] = (await self._registered(keys, version))["buckets"]
-        if len(self._bucket_counts) > CACHED_VERSIONS:
-            del self._bucket_counts[next(iter(self._bucket_counts))]
-        return buckets
+    async def _layout(self, keys: OutputKeys, version: str) -> Layout:
+        layout = self._layouts.get((keys.output, version))
+        if layout is not None:
+            return layout
+        layout = self._layouts[keys.output, version] = Layout.of(version, await self._registered(keys, version))
+        if len(self._layouts) > CACHED_VERSIONS:
+            del self._layouts[next(iter(self._layouts))]
+        return layout
 
     async def _registered(self, keys: OutputKeys, version: str) -> dict[str, Any]:
         raw = await self._client.hget(keys.registry, version)

@@ -2,8 +2,8 @@
 
 `NewVersion` is the whole life of a run's version, so that no job or flow handles buckets,
 copies or cleanup: it is created once the job knows how many records it will hold (fresh, or
-as a server-side copy of the published version less the records that left, for an incremental
-run), written through a Ray Datasink, then published whole after its checks, or dropped whole
+for an incremental run the published version's records less those that left, as an overlay),
+written through a Ray Datasink, then published whole after its checks, or dropped whole
 if anything failed first. `OutputVersions` is the `Versioned` view `status` and `rollback` read.
 """
 
@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from precompute.stores.key_value import KeyValueStore
+from precompute.stores.key_value_overlay import REBASE_SHARE
 from precompute.stores.versions import Version, new_version
 
 if TYPE_CHECKING:
@@ -48,13 +49,26 @@ class NewVersion:
         return self.store.copyable(self.output, version)
 
     def create(self, rows: int, copy: CopyPlan | None = None) -> None:
-        """Register the version for `rows` records; with `copy`, fill it server-side first."""
+        """Register the version for `rows` records; with `copy`, start from that version's records.
+
+        A copy is an overlay over the copied version's base (key_value_overlay.py): it holds only
+        what the night writes and deletes, and the overlay that `copy` may already be, copied
+        server-side. Once REBASE_SHARE of the base's records have changed, it is a whole version:
+        the base's buckets copied server-side, then the overlay's changes applied."""
         if copy is None:
             self.store.create_version(self.output, self.version, rows, self.meta)
             return
-        buckets = self.store.buckets(self.output, copy.version)
-        self.store.create_version(self.output, self.version, rows, self.meta, buckets=buckets)
-        self.store.copy_version(self.output, copy.version, self.version)
+        source = self.store.layout(self.output, copy.version)
+        if source.base is None:
+            self.store.create_version(self.output, self.version, rows, self.meta, base=copy.version)
+        elif self.store.changed(self.output, copy.version) <= REBASE_SHARE * source.base_rows:
+            self.store.create_version(
+                self.output, self.version, rows, self.meta, buckets=source.buckets, base=source.base
+            )
+            self.store.copy_version(self.output, copy.version, self.version)
+        else:
+            self.store.create_version(self.output, self.version, rows, self.meta, buckets=source.whole_buckets)
+            self.store.copy_version(self.output, copy.version, self.version)
         self.store.delete(self.output, self.version, copy.gone)
 
     def sink(self) -> KeyValueSink:

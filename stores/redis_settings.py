@@ -4,9 +4,10 @@ The layout lives here, and nowhere else, because both halves need it: the writer
 (key_value.py, which imports Ray) and the service's reader (key_value_reader.py, which must not).
 
     {pc:labels}:current                   string: the published version; publish is one SET
-    {pc:labels}:versions                  hash: version -> JSON {rows, buckets, created}
+    {pc:labels}:versions                  hash: version -> JSON {rows, buckets, created, [base...]}
     {pc:labels}:20261122T031500-ab12cd:meta string: that version's meta (JSON), e.g. its vocabulary
     {pc:labels}:dropping                  hash: versions being deleted (moved here from :versions)
+    {pc:labels}:bases                     hash: overlay version -> the version it overlays
     pc:labels:20261122T031500-ab12cd:{17} hash: item id -> value, bucket 17 of that version
 
 Records are grouped Instagram-style into small hashes, which Redis keeps as listpacks (one
@@ -123,6 +124,11 @@ class OutputKeys:
     @property
     def dropping(self) -> str:
         return f"{{{self.prefix}:{self.output}}}:dropping"
+
+    @property
+    def bases(self) -> str:
+        """Registered overlay versions -> the whole version each overlays (key_value_overlay.py)."""
+        return f"{{{self.prefix}:{self.output}}}:bases"
 
     def meta(self, version: str) -> str:
         """What create_version stored with the version (e.g. a 1M-item vocabulary, 16 MB of

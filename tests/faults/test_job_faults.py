@@ -69,10 +69,11 @@ def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings, pipel
 
 
 def orphan_keys(client: redis.Redis, settings: RedisSettings, output: str) -> list[str]:
-    """Keys of the output that belong to no registered version (nor its bookkeeping)."""
+    """Keys of the output that belong to no registered version, nor a base a registered overlay
+    holds, nor its bookkeeping."""
     keys = output_keys(settings, output)
-    registered = {v.decode() for v in client.hkeys(keys.registry)}
-    bookkeeping = {keys.pointer, keys.registry, keys.published, keys.dropping}
+    registered = {v.decode() for v in [*client.hkeys(keys.registry), *client.hvals(keys.bases)]}
+    bookkeeping = {keys.pointer, keys.registry, keys.published, keys.dropping, keys.bases}
     orphans = []
     for key in client.scan_iter(match=f"*{settings.prefix}:{output}*", count=1000):
         name = key.decode()
@@ -200,13 +201,16 @@ def test_redis_killed_after_the_flip_publishes_once_and_collects_later(
 ) -> None:
     """A version is published once its pointer flipped: an outage during the garbage collection
     that follows retries the collection, not the labelling into yet another version."""
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pq.read_table(small_corpus), corpus)
     with contextlib.ExitStack() as servers:
         url = servers.enter_context(redis_server(tmp_path / "redis", persistent=True))
-        pipeline = LABELS.format(corpus=small_corpus) + "keep_versions = 0\n"  # the flip dooms the old one
+        pipeline = LABELS.format(corpus=corpus) + "keep_versions = 0\n"  # the flip dooms the old one
         environment(monkeypatch, tmp_path, settings, pipeline, PRECOMPUTE_REDIS_URL=url, PRECOMPUTE_REDIS_PREFIX="fault")
         store_settings = RedisSettings()
         keys = output_keys(store_settings, "labels")
         old = nightly()["outputs"]["labels"]["version"]
+        rewrite_every_text(corpus)  # a whole new version, not an overlay that would hold the old one
 
         def flipped(client: redis.Redis) -> bool:
             return client.get(keys.pointer) not in (None, old.encode())

@@ -10,16 +10,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from precompute.flows.nightly import RunFailedError, nightly
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.records import decode_ranked
-from precompute.stores.redis_settings import RedisSettings, output_keys
+from precompute.stores.redis_settings import RedisSettings
 from precompute.stores.vector_settings import VectorStoreSettings
 from precompute.stores.vectors import open_vector_store
 from tests.flows.conftest import CONTENT_RECS
+from tests.held_records import held_records
 
 
 @pytest.fixture
@@ -51,15 +51,7 @@ def environment(
 
 def records(output: str, version: str) -> dict[bytes, bytes]:
     """Every record of a version, read from its buckets."""
-    settings = RedisSettings()
-    keys = output_keys(settings, output)
-    with KeyValueStore(settings) as store, redis.Redis.from_url(settings.url) as client:
-        buckets = store.buckets(output, version)
-        return {
-            field: value
-            for b in range(buckets)
-            for field, value in client.hgetall(keys.bucket(version, b)).items()
-        }
+    return held_records(RedisSettings(), output, version)
 
 
 def run_metrics(environment: Path) -> dict[tuple[str, str], float]:

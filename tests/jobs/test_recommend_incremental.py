@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import redis as redis_client
 
 from precompute.jobs.content_cache import content_keys
 from precompute.jobs.inputs import InteractionsInput
@@ -25,7 +24,8 @@ from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_versions import CopyPlan, NewVersion
 from precompute.stores.records import decode_ranked
-from precompute.stores.redis_settings import RedisSettings, output_keys
+from precompute.stores.redis_settings import RedisSettings
+from tests.held_records import held_records
 from tests.jobs.recs_inputs import BAD_ROWS, ParquetSink
 
 MODEL = "minilm"
@@ -297,13 +297,7 @@ def redis_run(
             previous=previous,
         )
         new.publish(report.samples)
-        keys = output_keys(redis, OUTPUT)
-        with redis_client.from_url(redis.url) as client:
-            held = {
-                user.decode(): value
-                for bucket in range(store.buckets(OUTPUT, new.version))
-                for user, value in client.hgetall(keys.bucket(new.version, bucket)).items()
-            }
+    held = {user.decode(): value for user, value in held_records(redis, OUTPUT, new.version).items()}
     return new.version, report, held
 
 

@@ -505,13 +505,13 @@ def test_a_version_whose_run_fails_before_publish_is_deleted_whole(
 def test_a_new_version_from_a_copy_plan_holds_the_copy_less_the_users_gone(
     store: KeyValueStore, settings: RedisSettings
 ) -> None:
-    """An incremental run's version: V1 copied server-side in V1's buckets, the users gone since
-    deleted, published with its own meta; the copied users read V1's values."""
+    """An incremental run's version: an overlay over V1, the users gone since deleted, published
+    with its own meta; the kept users read V1's values."""
     published = load(store, V1)
     store.publish(OUTPUT, V1)
     with NewVersion(store, OUTPUT, {"ordinal": 2}) as new:
         new.create(N - 2, CopyPlan(V1, IDS[:2]))
-        assert store.buckets(OUTPUT, new.version) == store.buckets(OUTPUT, V1)
+        assert store.layout(OUTPUT, new.version).base == V1
         new.publish({IDS[5]: published[5]})
     version, values, meta = asyncio.run(read(settings, [IDS[0], IDS[1], IDS[5], IDS[-1]]))
     assert (version, values, meta) == (new.version, [None, None, published[5], published[-1]], {"ordinal": 2})
