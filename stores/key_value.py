@@ -345,7 +345,7 @@ class KeyValueStore:
         if not layout.base:
             return 0
         with unavailable_as_store_error(self.settings):
-            return overlay.changed(self._client, output_keys(self.settings, output), layout)
+            return overlay.own_records(self._client, output_keys(self.settings, output), layout)
 
     def copyable(self, output: str, version: str) -> range:
         """Record counts that a copy of `version` (copy_version) holds well: a copy keeps its

@@ -13,22 +13,12 @@ from precompute.stores.errors import PublishValidationError
 from precompute.stores.key_value_overlay import Layout
 from precompute.stores.redis_settings import Client, OutputKeys
 
-COUNT_CHUNK = 1000
-"""Buckets per HLEN round trip when counting a whole version."""
 WRONG_SAMPLES_SHOWN = 5
 
 
 def stored(client: Client, keys: OutputKeys, layout: Layout) -> int:
     """The records a version holds: its buckets' lengths summed, or an overlay's count."""
-    if layout.base:
-        return overlay.count(client, keys, layout)
-    total = 0
-    for start in range(0, layout.buckets, COUNT_CHUNK):
-        pipe = client.pipeline(transaction=False)
-        for bucket in range(start, min(start + COUNT_CHUNK, layout.buckets)):
-            pipe.hlen(keys.bucket(layout.version, bucket))
-        total += sum(pipe.execute())
-    return total
+    return overlay.count(client, keys, layout) if layout.base else overlay.own_records(client, keys, layout)
 
 
 def check_holds(client: Client, keys: OutputKeys, layout: Layout, rows: int, samples: Mapping[str, bytes]) -> None:

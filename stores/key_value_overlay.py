@@ -32,7 +32,7 @@ REBASE_SHARE = 0.1
 """Records changed since the base, as a share of its records, past which a night is whole:
 an overlay's buckets then hold about entries_per_bucket records, and a lookup reads two."""
 CHUNK = 500
-"""Buckets per round trip when an overlay's buckets are counted or read whole."""
+"""Buckets per round trip when a version's buckets are counted or read whole."""
 FIELDS_CHUNK = 10_000
 """Records per round trip when records are probed or written one by one."""
 
@@ -93,8 +93,8 @@ def records(client: Client, keys: OutputKeys, layout: Layout) -> dict[bytes, byt
     return held
 
 
-def changed(client: Client, keys: OutputKeys, layout: Layout) -> int:
-    """Records an overlay writes or deletes over its base."""
+def own_records(client: Client, keys: OutputKeys, layout: Layout) -> int:
+    """Records in a version's own buckets: all of a whole version's, an overlay's changes."""
     total = 0
     for start in range(0, layout.buckets, CHUNK):
         pipe = client.pipeline(transaction=False)
