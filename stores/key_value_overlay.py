@@ -81,27 +81,25 @@ def answers(layout: Layout, replies: Sequence[bytes | None], n: int) -> list[byt
     ]
 
 
-def records(client: Client, keys: OutputKeys, layout: Layout) -> dict[bytes, bytes]:
-    """Every record of an overlay's own buckets, tombstones included (a few percent of its base)."""
-    held: dict[bytes, bytes] = {}
+def per_bucket(client: Client, keys: OutputKeys, layout: Layout, command: str) -> list[Any]:
+    """`command` (HGETALL, HLEN) on each of a version's own buckets, CHUNK a round trip; the replies."""
+    replies: list[Any] = []
     for start in range(0, layout.buckets, CHUNK):
         pipe = client.pipeline(transaction=False)
         for bucket in range(start, min(start + CHUNK, layout.buckets)):
-            pipe.hgetall(keys.bucket(layout.version, bucket))
-        for part in pipe.execute():
-            held.update(part)
-    return held
+            pipe.execute_command(command, keys.bucket(layout.version, bucket))
+        replies += pipe.execute()
+    return replies
+
+
+def records(client: Client, keys: OutputKeys, layout: Layout) -> dict[bytes, bytes]:
+    """Every record of an overlay's own buckets, tombstones included (a few percent of its base)."""
+    return {field: value for part in per_bucket(client, keys, layout, "HGETALL") for field, value in part.items()}
 
 
 def own_records(client: Client, keys: OutputKeys, layout: Layout) -> int:
     """Records in a version's own buckets: all of a whole version's, an overlay's changes."""
-    total = 0
-    for start in range(0, layout.buckets, CHUNK):
-        pipe = client.pipeline(transaction=False)
-        for bucket in range(start, min(start + CHUNK, layout.buckets)):
-            pipe.hlen(keys.bucket(layout.version, bucket))
-        total += sum(pipe.execute())
-    return total
+    return sum(per_bucket(client, keys, layout, "HLEN"))
 
 
 def in_base(client: Client, keys: OutputKeys, layout: Layout, fields: Sequence[bytes]) -> list[bool]:
@@ -132,8 +130,9 @@ def delete(client: Client, keys: OutputKeys, layout: Layout, fields: Sequence[by
         chunk = fields[start : start + FIELDS_CHUNK]
         pipe = client.pipeline(transaction=False)
         ask(pipe, keys, layout, chunk)
-        present = [v is not None for v in answers(layout, pipe.execute(), len(chunk))]
-        based = in_base(client, keys, layout, chunk)
+        replies = pipe.execute()
+        present = [v is not None for v in answers(layout, replies, len(chunk))]
+        based = [v is not None for v in replies[len(chunk) :]]  # ask's base replies
         pipe = client.pipeline(transaction=False)
         for field, here, base in zip(chunk, present, based, strict=True):
             key = keys.bucket(layout.version, bucket_of(field, layout.buckets))
