@@ -238,7 +238,7 @@ def main(
                 store.create_version(OUTPUT, version, records_n)
                 # The job's sink routes rows to write tasks by bucket (KeyValueSink.routed, a hash
                 # partition in Ray Data); one process orders them so here, in the timed part.
-                buckets = buckets_of([i.encode() for i in ids], store.buckets(OUTPUT, version))
+                buckets = buckets_of([i.encode() for i in ids], store.layout(OUTPUT, version).buckets)
                 order = np.argsort(np.array(buckets, np.int64), kind="stable")
                 for start in range(0, records_n, block):
                     part = order[start : start + block].tolist()

@@ -32,7 +32,8 @@ from precompute.stores.records import RANKED
 from precompute.stores.redis_settings import RedisSettings
 
 VOCABULARIES_PER_OUTPUT = 2
-"""The published version's vocabulary and the one before a switch."""
+"""The published version's vocabulary and the one before a switch (each cached by the version
+and the version whose meta it reads: two keys)."""
 NOTHING_PUBLISHED_RETRY_S = "5"
 INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 
@@ -243,12 +244,17 @@ class KeyLookups:
         return self.reader
 
     async def vocabulary(self, reader: KeyValueReader, output: Output, version: str) -> Vocabulary:
+        """The version's Vocabulary, made once for the version whose meta it reads: an overlay
+        that shares its base's (stores/key_value_meta.py) gets the base's, not a second copy."""
         vocabulary = self._vocabularies.get((output.name, version))
         if vocabulary is None:
-            meta = await reader.meta(output.name, version)
-            vocabulary = Vocabulary(meta, output.entry)
-            self._vocabularies[output.name, version] = vocabulary
-            if len(self._vocabularies) > VOCABULARIES_PER_OUTPUT * len(self.outputs):
+            owner = await reader.meta_owner(output.name, version)
+            vocabulary = self._vocabularies.get((output.name, owner))
+            if vocabulary is None:
+                vocabulary = Vocabulary(await reader.meta(output.name, version), output.entry)
+            self._vocabularies.pop((output.name, owner), None)  # newest again: evicted last
+            self._vocabularies[output.name, owner] = self._vocabularies[output.name, version] = vocabulary
+            while len(self._vocabularies) > 2 * VOCABULARIES_PER_OUTPUT * len(self.outputs):
                 del self._vocabularies[next(iter(self._vocabularies))]
         return vocabulary
 

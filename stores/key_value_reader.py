@@ -22,13 +22,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from precompute.stores import key_value_meta as kv_meta
 from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
 from precompute.stores.key_value_overlay import Layout, answers, ask
 from precompute.stores.redis_settings import (
     OutputKeys,
     RedisSettings,
     output_keys,
-    stored_meta,
     unavailable_as_store_error,
 )
 
@@ -89,12 +89,20 @@ class KeyValueReader:
                 version = await self._follow(keys, pointer)
         raise StoreUnavailableError(f"the published version of {output!r} kept switching", retry_after=0.1)
 
+    async def meta_owner(self, output: str, version: str) -> str:
+        """The version whose meta `version` reads: itself, or the base an overlay shares it with
+        (key_value_meta.py), so that a caller keeps one copy of what it makes of a meta."""
+        keys = output_keys(self.settings, output)
+        with unavailable_as_store_error(self.settings):
+            return kv_meta.owner(version, await self._registered(keys, version))
+
     async def meta(self, output: str, version: str) -> dict[str, Any]:
         """What create_version stored with the version (e.g. its vocabulary); read once per version."""
         keys = output_keys(self.settings, output)
         with unavailable_as_store_error(self.settings):
-            raw, entry = await self._client.get(keys.meta(version)), await self._registered(keys, version)
-        return stored_meta(raw, entry)
+            entry = await self._registered(keys, version)
+            raw = await self._client.get(keys.meta(kv_meta.owner(version, entry)))
+        return kv_meta.stored_meta(raw, keys, version, entry)
 
     async def _follow(self, keys: OutputKeys, pointer: bytes | None) -> str:
         if pointer is None:

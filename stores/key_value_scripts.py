@@ -27,11 +27,11 @@ if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3])
+if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
 return 1
 """
-"""KEYS registry, meta key, bases; ARGV version, entry, meta, base or ''. Register a version and its
-meta at once, or neither; an overlay only over a base that is registered, or claimed by GC but
+"""KEYS registry, meta key, bases; ARGV version, entry, meta ('': the base's, key_value_meta.py),
+base or ''. Register a version and its meta at once, or neither; an overlay only over a base that is registered, or claimed by GC but
 still held by a registered overlay (so its buckets are still there)."""
 
 CLAIM = """

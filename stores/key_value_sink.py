@@ -53,7 +53,7 @@ class KeyValueSink(Datasink[int]):
         if rows <= self.settings.write_batch:
             return values
         with KeyValueStore(self.settings) as store:
-            buckets = store.buckets(self.output, self.version)
+            buckets = store.layout(self.output, self.version).buckets
         tagged = values.map_batches(with_bucket, fn_kwargs={"buckets": buckets}, batch_format="pyarrow")
         return tagged.repartition(math.ceil(rows / self.settings.write_batch), keys=[BUCKET])
 

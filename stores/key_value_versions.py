@@ -10,7 +10,7 @@ if anything failed first. `OutputVersions` is the `Versioned` view `status` and 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -36,11 +36,15 @@ class CopyPlan:
 class NewVersion:
     """A new version of `output`, written aside while readers keep the published one."""
 
-    def __init__(self, store: KeyValueStore, output: str, meta: Mapping[str, Any]) -> None:
+    def __init__(
+        self, store: KeyValueStore, output: str, meta: Callable[[], Mapping[str, Any]], meta_digest: str | None = None
+    ) -> None:
         self.store = store
         self.output = output
-        self.meta = dict(meta)
-        """Stored with the version (JSON): e.g. the vocabulary its values index into."""
+        self.meta = meta
+        """What is stored with the version (JSON): e.g. the vocabulary its values index into. Made
+        only if stored: an overlay whose base has the same `meta_digest` reads the base's."""
+        self.meta_digest = meta_digest
         self.version = new_version()
         self.published = False
 
@@ -55,21 +59,29 @@ class NewVersion:
         what the night writes and deletes, and the overlay that `copy` may already be, copied
         server-side. Once REBASE_SHARE of the base's records have changed, it is a whole version:
         the base's buckets copied server-side, then the overlay's changes applied."""
+        digest = self.meta_digest
         if copy is None:
-            self.store.create_version(self.output, self.version, rows, self.meta)
+            self.store.create_version(self.output, self.version, rows, self.meta(), meta_digest=digest)
             return
         source = self.store.layout(self.output, copy.version)
         if source.base is None:
-            self.store.create_version(self.output, self.version, rows, self.meta, base=copy.version)
+            meta = self._meta_over(copy.version)
+            self.store.create_version(self.output, self.version, rows, meta, base=copy.version, meta_digest=digest)
         elif self.store.changed(self.output, copy.version) <= REBASE_SHARE * source.base_rows:
+            meta, buckets = self._meta_over(source.base), source.buckets
             self.store.create_version(
-                self.output, self.version, rows, self.meta, buckets=source.buckets, base=source.base
+                self.output, self.version, rows, meta, buckets=buckets, base=source.base, meta_digest=digest
             )
             self.store.copy_version(self.output, copy.version, self.version)
         else:
-            self.store.create_version(self.output, self.version, rows, self.meta, buckets=source.whole_buckets)
+            buckets = source.whole_buckets
+            self.store.create_version(self.output, self.version, rows, self.meta(), buckets=buckets, meta_digest=digest)
             self.store.copy_version(self.output, copy.version, self.version)
         self.store.delete(self.output, self.version, copy.gone)
+
+    def _meta_over(self, base: str) -> Mapping[str, Any] | None:
+        """The meta an overlay over `base` stores: none where it reads the base's (the same digest)."""
+        return None if self.store.shares_meta(self.output, base, self.meta_digest) else self.meta()
 
     def sink(self) -> KeyValueSink:
         """A Ray Datasink writing (id, value) rows into the version, once it is created."""

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import redis
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -138,12 +137,6 @@ class OutputKeys:
 
     def bucket(self, version: str, bucket: int) -> str:
         return f"{self.prefix}:{self.output}:{version}:{{{bucket}}}"
-
-
-def stored_meta(raw: bytes | None, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A version's meta, from its own key; a version registered before meta had one holds it
-    inline in its registry entry."""
-    return orjson.loads(raw) if raw is not None else entry.get("meta", {})
 
 
 def output_keys(settings: RedisSettings, output: str) -> OutputKeys:

@@ -6,16 +6,20 @@ Each record is one id's ranked list, (index, score) pairs into the version's voc
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from precompute.jobs import work_dir
 from precompute.stores.key_value import KeyValueStore
 from precompute.stores.key_value_versions import NewVersion, OutputVersions
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from precompute.flows.steps import RunContext
     from precompute.jobs.nights import Previous
     from precompute.pipeline import Pipeline
@@ -26,7 +30,7 @@ if TYPE_CHECKING:
 class VersionVocabulary:
     """What a version's values index, and how the service answers its ids and entries."""
 
-    entries: list[str]
+    entries: pa.StringArray
     """Label names for labels, item ids for recommendations, as strings."""
     integer_ids: bool = False
     """The records' ids (items for labels, users for recommendations) were integers in the input."""
@@ -71,16 +75,19 @@ def publish_new_version(
     samples checked. A version that failed before its publish is dropped whole. Returns (job
     report, version)."""
     from precompute.jobs.ray_session import ray_stopped_last  # Ray: for the jobs, not the service
+    from precompute.jobs.recs_state import vocabulary_digest
 
-    meta = {
-        "vocabulary": vocabulary.entries,
-        "integer_ids": vocabulary.integer_ids,
-        "integer_vocabulary": vocabulary.integer_entries,
-    }
+    flags = {"integer_ids": vocabulary.integer_ids, "integer_vocabulary": vocabulary.integer_entries}
+    digest = hashlib.sha256(json.dumps([vocabulary_digest(vocabulary.entries), flags]).encode()).hexdigest()[:16]
+
+    def meta() -> dict[str, Any]:
+        """1M item ids made a list and encoded (0.1-0.2 s): only on a night whose base's differ."""
+        return {"vocabulary": vocabulary.entries.to_pylist(), **flags}
+
     with (
         ray_stopped_last(),  # after the version is dropped, if the job fails or is stopped
         KeyValueStore(run.machine.redis) as store,
-        NewVersion(store, run.pipeline.store(name), meta) as new,
+        NewVersion(store, run.pipeline.store(name), meta, digest) as new,
     ):
         report = job(new, work_dir.run_dir(run.work_dir, name, new.version))
         new.publish(report.samples)

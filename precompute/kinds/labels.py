@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
+import pyarrow as pa
 from pydantic import Field, model_validator
 
 from precompute.jobs.inputs import CorpusInput
@@ -125,7 +126,7 @@ class Labels(OutputKind):
             labelled, version = publish_new_version(
                 run,
                 name,
-                VersionVocabulary(vocabulary, integer_column(source, source.id), integer_labels),
+                VersionVocabulary(pa.array(vocabulary, pa.string()), integer_column(source, source.id), integer_labels),
                 lambda new, folder: run_labels_job(
                     output.input,
                     machine.job,

@@ -115,7 +115,7 @@ def label_and_publish(
     unchanged night), publish it, promote its staged values. (report, version)"""
     cache_dir = WorkPath.of(tmp_path / "cache")
     current = store.current("labels")
-    with NewVersion(store, "labels", {}) as new:
+    with NewVersion(store, "labels", dict) as new:
         previous = None if current is None else Previous(current, WorkPath.of(tmp_path / current), new.copyable(current))
         report = run_labels_job(
             corpus,

@@ -282,7 +282,7 @@ def redis_run(
     """A run as the flow makes one (precompute/kinds/recs.py): a new version in real Redis, created
     fresh or as a server-side copy of `previous` less the users gone, written, published. Returns
     (version, report, every record the published version holds)."""
-    with KeyValueStore(redis) as store, NewVersion(store, OUTPUT, {"vocabulary": items.ids.to_pylist()}) as new:
+    with KeyValueStore(redis) as store, NewVersion(store, OUTPUT, lambda: {"vocabulary": items.ids.to_pylist()}) as new:
         if previous is not None:
             previous = Previous(previous.version, previous.run_dir, new.copyable(previous.version))
         report = run_recs_job(

@@ -238,7 +238,7 @@ def test_rows_routed_by_bucket_reach_each_write_task_as_whole_buckets(ray_local:
         blocks = [ray.get(ref) for ref in routed.materialize().to_arrow_refs()]
         assert len(blocks) == 5 and sum(b.num_rows for b in blocks) == N  # ceil(250 / 60)
         buckets = [set(b[BUCKET].to_pylist()) for b in blocks]
-        assert sum(map(len, buckets)) == len(set().union(*buckets)) > 0.9 * store.buckets(OUTPUT, V1)
+        assert sum(map(len, buckets)) == len(set().union(*buckets)) > 0.9 * store.layout(OUTPUT, V1).buckets
         routed.write_datasink(sink)
         store.publish(OUTPUT, V1, {IDS[100]: values[100]})
     assert asyncio.run(read(settings, IDS))[:2] == (V1, values)
@@ -252,7 +252,7 @@ def copy_rescore_delete(store: KeyValueStore, settings: RedisSettings) -> None:
     rescored = IDS[:10] + [f"new-{i}" for i in range(5)]
     fresh = values_of(2)[: len(rescored)]
     rows = len(kept) + len(rescored)
-    store.create_version(OUTPUT, V2, rows, {"ordinal": 2}, buckets=store.buckets(OUTPUT, V1))
+    store.create_version(OUTPUT, V2, rows, {"ordinal": 2}, buckets=store.layout(OUTPUT, V1).buckets)
     store.copy_version(OUTPUT, V1, V2)
     assert store.delete(OUTPUT, V2, [*gone, "never-there"]) == len(gone)
     store.write(OUTPUT, V2, rescored, fresh)
@@ -432,12 +432,12 @@ def test_a_copy_holds_counts_within_the_slack_of_its_buckets(store: KeyValueStor
     to entries_per_bucket, BUCKET_SLACK either side (here 100 a bucket, 25%: 3 buckets of a
     250-record version hold 150 to 375 records, the fewest leaving one bucket to spare)."""
     load(store, V1)
-    assert store.buckets(OUTPUT, V1) == 3
+    assert store.layout(OUTPUT, V1).buckets == 3
     held = store.copyable(OUTPUT, V1)
     assert (held.start, held.stop - 1) == (150, 375)
     assert 149 not in held and 376 not in held
     store.create_version(OUTPUT, V2, 0)
-    assert store.buckets(OUTPUT, V2) == 1  # an empty version still has a bucket to write to
+    assert store.layout(OUTPUT, V2).buckets == 1  # an empty version still has a bucket to write to
     assert store.copyable(OUTPUT, V2) == range(0, 126)
     store.create_version(OUTPUT, V3, 0, buckets=4)
     assert store.copyable(OUTPUT, V3) == range(225, 501)  # an even count: 3 buckets filled at least
@@ -482,14 +482,14 @@ def test_a_version_whose_run_fails_before_publish_is_deleted_whole(
     store: KeyValueStore, settings: RedisSettings
 ) -> None:
     def fails() -> None:
-        with pytest.raises(RuntimeError, match="the job failed"), NewVersion(store, OUTPUT, {}) as new:
+        with pytest.raises(RuntimeError, match="the job failed"), NewVersion(store, OUTPUT, dict) as new:
             new.create(N)
             store.write(OUTPUT, new.version, IDS, values_of(2))
             raise RuntimeError("the job failed")
 
     fails()  # the first run of an output: nothing published yet
     assert keys_of(settings) == set()
-    with NewVersion(store, OUTPUT, {}) as kept:  # no error: the caller may publish it later
+    with NewVersion(store, OUTPUT, dict) as kept:  # no error: the caller may publish it later
         kept.create(0)
     assert [v.name for v in store.versions(OUTPUT)] == [kept.version]
     store.drop_version(OUTPUT, kept.version)
@@ -509,7 +509,7 @@ def test_a_new_version_from_a_copy_plan_holds_the_copy_less_the_users_gone(
     with its own meta; the kept users read V1's values."""
     published = load(store, V1)
     store.publish(OUTPUT, V1)
-    with NewVersion(store, OUTPUT, {"ordinal": 2}) as new:
+    with NewVersion(store, OUTPUT, lambda: {"ordinal": 2}) as new:
         new.create(N - 2, CopyPlan(V1, IDS[:2]))
         assert store.layout(OUTPUT, new.version).base == V1
         new.publish({IDS[5]: published[5]})
