@@ -80,6 +80,14 @@ def key_array(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(keys.buffers()[1], "S16", count=len(keys), offset=keys.offset * 16)
 
 
+def differ(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Where two arrays of content keys (key_array's, as long) differ, as a mask: compared as
+    two 64-bit halves, where numpy compares 16-byte strings byte by byte (1M keys: 2.5 ms
+    against 15 ms, by hand), twice in every incremental night's plan and once in its index's."""
+    a, b = (np.ascontiguousarray(keys).view(np.uint64).reshape(-1, 2) for keys in (before, after))
+    return (a[:, 0] != b[:, 0]) | (a[:, 1] != b[:, 1])
+
+
 def key_column(keys: np.ndarray) -> pa.Array:
     """`keys` (key_array's) as an Arrow column, byte for byte: pyarrow's own conversion of a
     numpy bytes array drops each key's trailing zero bytes."""

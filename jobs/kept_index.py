@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from precompute.jobs.content_cache import differ
 from precompute.jobs.item_lists import ItemLists, place, quantizer_of
 from precompute.jobs.kept_check import CheckLists
 from precompute.jobs.nights import Previous, copy_files
@@ -63,7 +64,7 @@ def kept_index(previous: Previous | None, keys: np.ndarray, dims: int) -> KeptIn
     built, centroids = saved(state, "keys", "centroids")
     if len(built) != len(keys) or centroids.shape[1] != dims:
         return None
-    moved = np.flatnonzero(built != keys)
+    moved = np.flatnonzero(differ(built, keys))
     if len(moved) > MOVED_SHARE * len(keys):
         return None
     return KeptIndex(previous.version, state, moved)

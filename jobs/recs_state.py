@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from precompute.jobs import nights
-from precompute.jobs.content_cache import KEY, key_array, key_column
+from precompute.jobs.content_cache import KEY, differ, key_array, key_column
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, same_night
 from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath, copy_file, read_ipc, write_ipc
@@ -233,22 +233,25 @@ def plan(fingerprint: dict[str, Any], items: Items, previous: Previous | None) -
     if before["vocabulary"] != fingerprint["vocabulary"]:
         old, new = set(old_items["id"].to_pylist()), set(items.ids.to_pylist())
         return full(f"the items changed: {len(new - old)} added, {len(old - new)} removed")
-    base_keys = key_array(old_items[KEY])
-    base = ItemsBase(state / ITEMS_FILE, np.flatnonzero(base_keys != items.keys))
+    from_base = differ(key_array(old_items[KEY]), items.keys)
+    base = ItemsBase(state / ITEMS_FILE, np.flatnonzero(from_base))
     for field, value in fingerprint.items():
         if before.get(field) != value:
             return full(f"{field} changed from {before.get(field)!r} to {value!r}", base)
-    changed = with_delta(state, base_keys) != items.keys
+    changed = since_delta(state, from_base, items.keys)
     users = read_ipc(state / USERS_FILE)
     return Plan("incremental", f"copied from {previous.version}", previous, changed, users, base)
 
 
-def with_delta(state: WorkPath, keys: np.ndarray) -> np.ndarray:
-    """A staged state's content keys: its base's `keys`, with its delta's in place."""
-    if (state / ITEMS_DELTA).is_file() and (delta := read_ipc(state / ITEMS_DELTA)).num_rows:
-        keys = keys.copy()
-        keys[delta[POSITION].to_numpy()] = key_array(delta[KEY])
-    return keys
+def since_delta(state: WorkPath, from_base: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Which of tonight's `keys` differ from a staged state's: from its base's (`from_base`, a
+    mask), but at the positions its delta holds, from the delta's keys."""
+    if not (state / ITEMS_DELTA).is_file() or not (delta := read_ipc(state / ITEMS_DELTA)).num_rows:
+        return from_base
+    positions = delta[POSITION].to_numpy()
+    changed = from_base.copy()
+    changed[positions] = differ(key_array(delta[KEY]), keys[positions])
+    return changed
 
 
 def rescore(users: pa.Table, previous: pa.Table) -> tuple[np.ndarray, list[str]]:
