@@ -68,6 +68,20 @@ def published_run(run: RunContext, name: str, new: NewVersion) -> Previous | Non
     return Previous(current, work_dir.run_dir(run.work_dir, name, current), new.copyable(current))
 
 
+def meta_digest(entries: pa.StringArray, flags: dict[str, bool]) -> str:
+    """A version's meta told apart without making it (stores/key_value_meta.py): its entries
+    joined in order, each one's length (so that no two lists join alike, newlines and all), and
+    its flags."""
+    import pyarrow.compute as pc
+
+    from precompute.jobs.recs_state import vocabulary_digest
+
+    digest = hashlib.sha256(vocabulary_digest(entries).encode())
+    digest.update(pc.binary_length(entries).to_numpy(zero_copy_only=False).astype("<i8").tobytes())
+    digest.update(json.dumps(flags, sort_keys=True).encode())
+    return digest.hexdigest()[:32]
+
+
 def publish_new_version(
     run: RunContext, name: str, vocabulary: VersionVocabulary, job: Callable[[NewVersion, work_dir.WorkPath], Report]
 ) -> tuple[Report, str]:
@@ -75,10 +89,8 @@ def publish_new_version(
     samples checked. A version that failed before its publish is dropped whole. Returns (job
     report, version)."""
     from precompute.jobs.ray_session import ray_stopped_last  # Ray: for the jobs, not the service
-    from precompute.jobs.recs_state import vocabulary_digest
 
     flags = {"integer_ids": vocabulary.integer_ids, "integer_vocabulary": vocabulary.integer_entries}
-    digest = hashlib.sha256(json.dumps([vocabulary_digest(vocabulary.entries), flags]).encode()).hexdigest()[:16]
 
     def meta() -> dict[str, Any]:
         """1M item ids made a list and encoded (0.1-0.2 s): only on a night whose base's differ."""
@@ -87,7 +99,7 @@ def publish_new_version(
     with (
         ray_stopped_last(),  # after the version is dropped, if the job fails or is stopped
         KeyValueStore(run.machine.redis) as store,
-        NewVersion(store, run.pipeline.store(name), meta, digest) as new,
+        NewVersion(store, run.pipeline.store(name), meta, meta_digest(vocabulary.entries, flags)) as new,
     ):
         report = job(new, work_dir.run_dir(run.work_dir, name, new.version))
         new.publish(report.samples)
