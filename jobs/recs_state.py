@@ -144,9 +144,12 @@ def model_fingerprint(items_model: str, k: int, scoring: dict[str, Any], items: 
 
 def vocabulary_digest(ids: pa.StringArray) -> str:
     """The item ids in order: what a value's indices and a model's item rows mean (the ids
-    joined by newlines, joined in Arrow)."""
+    joined by newlines, joined in Arrow, and each one's length, so that no two lists of ids
+    join alike, newlines in ids and all)."""
     joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(ids)], pa.int32()), ids), "\n")
-    return hashlib.sha256(joined[0].as_buffer()).hexdigest()[:16]
+    digest = hashlib.sha256(joined[0].as_buffer())
+    digest.update(pc.binary_length(ids).to_numpy(zero_copy_only=False).astype("<i8").tobytes())
+    return digest.hexdigest()[:16]
 
 
 def trained_digest(towers: BlendTowers, own: OwnTowers | None) -> str:

@@ -69,17 +69,11 @@ def published_run(run: RunContext, name: str, new: NewVersion) -> Previous | Non
 
 
 def meta_digest(entries: pa.StringArray, flags: dict[str, bool]) -> str:
-    """A version's meta told apart without making it (stores/key_value_meta.py): its entries
-    joined in order, each one's length (so that no two lists join alike, newlines and all), and
-    its flags."""
-    import pyarrow.compute as pc
-
+    """A version's meta told apart without making it (stores/key_value_meta.py): its entries in
+    order (recs_state.vocabulary_digest) and its flags."""
     from precompute.jobs.recs_state import vocabulary_digest
 
-    digest = hashlib.sha256(vocabulary_digest(entries).encode())
-    digest.update(pc.binary_length(entries).to_numpy(zero_copy_only=False).astype("<i8").tobytes())
-    digest.update(json.dumps(flags, sort_keys=True).encode())
-    return digest.hexdigest()[:32]
+    return hashlib.sha256(json.dumps([vocabulary_digest(entries), flags], sort_keys=True).encode()).hexdigest()[:32]
 
 
 def publish_new_version(
