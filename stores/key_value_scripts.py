@@ -31,8 +31,9 @@ if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
 return 1
 """
 """KEYS registry, meta key, bases; ARGV version, entry, meta ('': the base's, key_value_meta.py),
-base or ''. Register a version and its meta at once, or neither; an overlay only over a base that is registered, or claimed by GC but
-still held by a registered overlay (so its buckets are still there)."""
+base or ''. Register a version and its meta at once, or neither; an overlay only over a base
+that is registered, or claimed by GC but still held by a registered overlay (so its buckets are
+still there)."""
 
 CLAIM = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
