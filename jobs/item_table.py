@@ -9,7 +9,9 @@ keys, vectors, in Arrow IPC, memory-mapped) and the rows that differ from it
 version that is a copy of one whose table is kept, with the same ids, is that table with the
 copy's changes applied (jobs/vector_load.py CHANGES); any other, or one whose rows differing
 from the base would pass REBASE_SHARE of them, is read whole into a base of its own. The
-tables of the KEPT latest versions stay, with their bases.
+tables of the KEPT latest versions stay, with their bases. A record also holds its base's
+vocabulary digest (recs_state.vocabulary_digest), hashed once per base: its versions share
+its ids. A record without one (written before it was kept) is not kept.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import pyarrow.parquet as pq
 
 from precompute.jobs.content_cache import KEY, key_array
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
-from precompute.jobs.recs_state import Items
+from precompute.jobs.recs_state import Items, vocabulary_digest
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.vector_load import CHANGES, SOURCE
 from precompute.jobs.work_dir import WorkPath, mapped_ipc, patchable, read_ipc, write_ipc
 
 TABLES = "items"
-POSITION = "position"
+POSITION, VOCABULARY = "position", "vocabulary"
 REBASE_SHARE = 0.05
 """Rows differing from the base, as a share of them, past which a version is read into a base
 of its own: every night's delta holds all of them, and grows with the nights since the base."""
@@ -44,6 +46,8 @@ class Kept(NamedTuple):
     mapped: np.ndarray | None
     """The base file's bytes, mapped copy-on-write (work_dir.mapped_ipc): the delta is patched
     into them, so that 1% of the items moved does not copy the other 99% first."""
+    vocabulary: str
+    """The base's ids' vocabulary digest."""
 
 
 def sorted_items(staged: WorkPath, version: str, cache: WorkPath) -> Items:
@@ -63,11 +67,12 @@ def table_of(folder: WorkPath, version: str) -> Kept | None:
     record = folder / f"{version}.json"
     if not record.is_file():
         return None
-    base = folder / f"{json.loads(record.read_text())['base']}.arrow"
-    if not base.is_file():
+    recorded = json.loads(record.read_text())
+    base = folder / f"{recorded['base']}.arrow"
+    if VOCABULARY not in recorded or not base.is_file():
         return None
     table, mapped = mapped_ipc(base)
-    return Kept(table, read_ipc(folder / f"{version}.delta.arrow"), mapped)
+    return Kept(table, read_ipc(folder / f"{version}.delta.arrow"), mapped, recorded[VOCABULARY])
 
 
 def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
@@ -83,7 +88,7 @@ def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
     kept = table_of(folder, source.decode())
     if kept is None or moved[EMBEDDING].null_count:
         return None  # not kept, or ids deleted: another vocabulary
-    base, before, mapped = kept
+    base, before, mapped, vocabulary = kept
     positions = positions_of(pc.cast(moved["id"], base.schema.field("id").type), base["id"])
     if positions is None:
         return None  # ids added: another vocabulary
@@ -93,8 +98,8 @@ def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
     delta = pa.concat_tables([unmoved.cast(now.schema), now]).sort_by(POSITION)
     if delta.num_rows > REBASE_SHARE * base.num_rows:
         return None
-    record(folder, version, json.loads((folder / f"{source.decode()}.json").read_text())["base"], delta)
-    return Kept(base, delta, mapped)
+    record(folder, version, json.loads((folder / f"{source.decode()}.json").read_text())["base"], delta, vocabulary)
+    return Kept(base, delta, mapped, vocabulary)
 
 
 def positions_of(ids: pa.Array | pa.ChunkedArray, among: pa.ChunkedArray) -> np.ndarray | None:
@@ -117,26 +122,27 @@ def rebased(folder: WorkPath, staged: WorkPath, version: str) -> Kept:
     base = pa.table({"id": table["id"], KEY: pc.cast(table[KEY], pa.binary(16)), EMBEDDING: table[EMBEDDING]})
     write_ipc(folder / f"{version}.arrow", base.combine_chunks())
     empty = pa.schema([(POSITION, pa.int64()), base.schema.field(KEY), base.schema.field(EMBEDDING)]).empty_table()
-    record(folder, version, version, empty)
-    return Kept(read_ipc(folder / f"{version}.arrow"), empty, None)
+    vocabulary = vocabulary_digest(base["id"].combine_chunks())
+    record(folder, version, version, empty, vocabulary)
+    return Kept(read_ipc(folder / f"{version}.arrow"), empty, None, vocabulary)
 
 
 def patched(kept: Kept) -> Items:
     """The base's items with the delta's rows in place."""
-    base, delta, mapped = kept
+    base, delta, mapped, vocabulary = kept
     vectors, keys = embeddings_of(base), key_array(base[KEY])
     if delta.num_rows:
         positions = delta[POSITION].to_numpy()
         vectors, keys = patchable(vectors, mapped), patchable(keys, mapped)
         vectors[positions], keys[positions] = embeddings_of(delta), key_array(delta[KEY])
-    return Items(base["id"].combine_chunks(), vectors, keys)
+    return Items(base["id"].combine_chunks(), vectors, keys, vocabulary)
 
 
-def record(folder: WorkPath, version: str, base: str, delta: pa.Table) -> None:
+def record(folder: WorkPath, version: str, base: str, delta: pa.Table, vocabulary: str) -> None:
     """Keep `version`'s table (its delta last, then its record), and only the KEPT latest
     versions' tables with their bases."""
     write_ipc(folder / f"{version}.delta.arrow", delta)
-    (folder / f"{version}.json").write_text(json.dumps({"base": base, "rows": delta.num_rows}))
+    (folder / f"{version}.json").write_text(json.dumps({"base": base, "rows": delta.num_rows, VOCABULARY: vocabulary}))
     latest = sorted(f.name.removesuffix(".json") for f in folder.glob("*.json"))[-KEPT:]
     bases = {json.loads((folder / f"{v}.json").read_text())["base"] for v in latest}
     for file in folder.iterdir():

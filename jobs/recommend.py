@@ -69,7 +69,6 @@ from precompute.jobs.recs_state import (
     stage,
     trained_digest,
     unchanged_night,
-    vocabulary_digest,
 )
 from precompute.jobs.sequence_towers import SequenceTowers
 from precompute.jobs.sequence_train import save_weights, warm_start
@@ -229,7 +228,7 @@ def run_recs_job(
         raise ValueError(f"{len(items.ids)} item ids, {len(items.vectors)} vectors, {len(items.keys)} keys")
     rejects_path = work_dir / REJECTS
     start = time.perf_counter()
-    files, vocabulary = input_files(interactions).digests(), vocabulary_digest(items.ids)
+    files, vocabulary = input_files(interactions).digests(), items.vocabulary
     inputs = inputs_digest(interactions, files, settings, vocabulary, items.keys, items_model, RECIPE, own, engine)
     seconds: dict[str, float] = {"digest": time.perf_counter() - start}
     if (night := unchanged_night(inputs, previous, work_dir)) is not None:

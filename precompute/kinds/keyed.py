@@ -32,10 +32,28 @@ class VersionVocabulary:
 
     entries: pa.StringArray
     """Label names for labels, item ids for recommendations, as strings."""
+    digest: str
+    """recs_state.vocabulary_digest(entries): for recommendations, the one the item table keeps
+    (jobs/item_table.py), so that 1M item ids are not hashed again for the meta."""
     integer_ids: bool = False
     """The records' ids (items for labels, users for recommendations) were integers in the input."""
     integer_entries: bool = False
     """So were the entries (integer labels, integer item ids): answered as JSON numbers."""
+
+    @classmethod
+    def of(cls, entries: pa.StringArray, integer_ids: bool = False, integer_entries: bool = False) -> VersionVocabulary:
+        """A vocabulary whose digest is hashed from `entries` here."""
+        from precompute.jobs.recs_state import vocabulary_digest
+
+        return cls(entries, vocabulary_digest(entries), integer_ids, integer_entries)
+
+    def flags(self) -> dict[str, bool]:
+        return {"integer_ids": self.integer_ids, "integer_vocabulary": self.integer_entries}
+
+    def meta_digest(self) -> str:
+        """The version's meta told apart without making it (stores/key_value_meta.py): its
+        entries in order and its flags."""
+        return hashlib.sha256(json.dumps([self.digest, self.flags()], sort_keys=True).encode()).hexdigest()[:32]
 
 
 class JobReport(Protocol):
@@ -68,14 +86,6 @@ def published_run(run: RunContext, name: str, new: NewVersion) -> Previous | Non
     return Previous(current, work_dir.run_dir(run.work_dir, name, current), new.copyable(current))
 
 
-def meta_digest(entries: pa.StringArray, flags: dict[str, bool]) -> str:
-    """A version's meta told apart without making it (stores/key_value_meta.py): its entries in
-    order (recs_state.vocabulary_digest) and its flags."""
-    from precompute.jobs.recs_state import vocabulary_digest
-
-    return hashlib.sha256(json.dumps([vocabulary_digest(entries), flags], sort_keys=True).encode()).hexdigest()[:32]
-
-
 def publish_new_version(
     run: RunContext, name: str, vocabulary: VersionVocabulary, job: Callable[[NewVersion, work_dir.WorkPath], Report]
 ) -> tuple[Report, str]:
@@ -84,16 +94,14 @@ def publish_new_version(
     report, version)."""
     from precompute.jobs.ray_session import ray_stopped_last  # Ray: for the jobs, not the service
 
-    flags = {"integer_ids": vocabulary.integer_ids, "integer_vocabulary": vocabulary.integer_entries}
-
     def meta() -> dict[str, Any]:
         """1M item ids made a list and encoded (0.1-0.2 s): only on a night whose base's differ."""
-        return {"vocabulary": vocabulary.entries.to_pylist(), **flags}
+        return {"vocabulary": vocabulary.entries.to_pylist(), **vocabulary.flags()}
 
     with (
         ray_stopped_last(),  # after the version is dropped, if the job fails or is stopped
         KeyValueStore(run.machine.redis) as store,
-        NewVersion(store, run.pipeline.store(name), meta, meta_digest(vocabulary.entries, flags)) as new,
+        NewVersion(store, run.pipeline.store(name), meta, vocabulary.meta_digest()) as new,
     ):
         report = job(new, work_dir.run_dir(run.work_dir, name, new.version))
         new.publish(report.samples)

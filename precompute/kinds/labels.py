@@ -126,7 +126,7 @@ class Labels(OutputKind):
             labelled, version = publish_new_version(
                 run,
                 name,
-                VersionVocabulary(pa.array(vocabulary, pa.string()), integer_column(source, source.id), integer_labels),
+                VersionVocabulary.of(pa.array(vocabulary, pa.string()), integer_column(source, source.id), integer_labels),
                 lambda new, folder: run_labels_job(
                     output.input,
                     machine.job,

@@ -149,7 +149,7 @@ class Recs(OutputKind):
 
             corpus = run.pipeline.outputs[output.items].input
             vocabulary = VersionVocabulary(
-                items.ids, integer_column(output.input, output.input.user), integer_column(corpus, corpus.id)
+                items.ids, items.vocabulary, integer_column(output.input, output.input.user), integer_column(corpus, corpus.id)
             )
             return publish_new_version(run, name, vocabulary, job)
 

@@ -26,7 +26,7 @@ def items(encoder: Encoder) -> Items:
         row["id"]: row["text"] for row in pq.read_table(DEMO_CORPUS, columns=["id", "text"]).to_pylist()
     }
     texts = [corpus[i] for i in ids]
-    return Items(pa.array(ids, pa.string()), encoder.encode(texts), np.array(content_keys("minilm", texts), "S16"))
+    return Items.of(pa.array(ids, pa.string()), encoder.encode(texts), np.array(content_keys("minilm", texts), "S16"))
 
 
 @pytest.fixture(scope="module")

@@ -150,7 +150,7 @@ def test_the_job_orders_each_history_by_a_warehouse_timestamp(ray_local, tmp_pat
         InteractionsInput(path=str(path)),
         RecsSpec(model="transitions", content_weight=0, popularity_weight=0, k=3),
         JobSettings(),
-        Items(pa.array(ids, pa.string()), vectors, np.array(content_keys("random", ids), "S16")),
+        Items.of(pa.array(ids, pa.string()), vectors, np.array(content_keys("random", ids), "S16")),
         ParquetSink(tmp_path / "out"),
         WorkPath.of(tmp_path / "work"),
     )
@@ -179,7 +179,7 @@ def test_a_sequence_night_stages_its_weights_and_the_next_night_starts_from_them
     settings = RecsSpec(model="sequence", content_weight=0, k=3, sequence=network)
 
     def night(work: Path, previous: Previous | None, interactions: Path = path) -> dict:
-        sink, catalogue = ParquetSink(work / "out"), Items(pa.array(ids, pa.string()), vectors, np.array(content_keys("random", ids), "S16"))
+        sink, catalogue = ParquetSink(work / "out"), Items.of(pa.array(ids, pa.string()), vectors, np.array(content_keys("random", ids), "S16"))
         report = run_recs_job(
             InteractionsInput(path=str(interactions)),
             settings,

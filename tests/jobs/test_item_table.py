@@ -3,6 +3,7 @@ with the copy's changes applied, exactly what reading its parts whole gives, wit
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,9 @@ import pytest
 from precompute.jobs import item_table
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
-from precompute.jobs.item_table import TABLES, sorted_items
-from precompute.jobs.staging import commit, committed_parts, write_part
+from precompute.jobs.item_table import TABLES, VOCABULARY, sorted_items
+from precompute.jobs.recs_state import vocabulary_digest
+from precompute.jobs.staging import commit, committed_dataset, committed_parts, write_part
 from precompute.jobs.vector_load import changes_file
 from precompute.jobs.work_dir import WorkPath
 
@@ -47,8 +49,10 @@ def whole(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray]:
 
 
 def same(items: item_table.Items, table: pa.Table) -> bool:
+    """The table's items, and the vocabulary digest of their ids (kept with the base, not hashed)."""
     ids, vectors, keys = whole(table)
-    return items.ids.to_pylist() == ids and np.array_equal(items.vectors, vectors) and bool((items.keys == keys).all())
+    digest = items.vocabulary == vocabulary_digest(pa.array(ids, pa.string()))
+    return items.ids.to_pylist() == ids and np.array_equal(items.vectors, vectors) and bool((items.keys == keys).all()) and digest
 
 
 def test_a_copys_table_is_its_sources_with_the_changes_applied_and_reads_no_part(tmp_path: Path) -> None:
@@ -73,6 +77,22 @@ def test_a_copys_table_is_its_sources_with_the_changes_applied_and_reads_no_part
     assert same(sorted_items(v2, "v2", cache), second)  # kept: read again as it was
 
 
+def test_a_record_without_its_bases_vocabulary_digest_is_not_kept(tmp_path: Path, monkeypatch) -> None:
+    """Records written before the digest was kept with them: the version is read whole once, as
+    a base of its own, never served with a digest hashed from other ids."""
+    cache = WorkPath.of(tmp_path / "cache")
+    first = rows([f"doc-{n:03d}" for n in range(50)], 0)
+    v1 = staged(tmp_path, "v1", first)
+    sorted_items(v1, "v1", cache)
+    record = cache / TABLES / "v1.json"
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != VOCABULARY}))
+    assert item_table.table_of(cache / TABLES, "v1") is None
+    read = []
+    monkeypatch.setattr(item_table, "committed_dataset", lambda staged: read.append(staged) or committed_dataset(staged))
+    assert same(sorted_items(v1, "v1", cache), first) and read == [v1]
+    assert item_table.table_of(cache / TABLES, "v1") is not None
+
+
 @pytest.mark.parametrize("change", ["added", "deleted", "many"])
 def test_a_copy_with_other_ids_or_most_rows_moved_is_read_whole(tmp_path: Path, change: str, monkeypatch) -> None:
     monkeypatch.setattr(item_table, "REBASE_SHARE", 0.05)
@@ -91,7 +111,7 @@ def test_a_copy_with_other_ids_or_most_rows_moved_is_read_whole(tmp_path: Path, 
         second = pa.concat_tables([first.slice(6), changed])
     items = sorted_items(staged(tmp_path, "v2", second, "v1", changed), "v2", cache)
     assert same(items, second)
-    base, delta, _ = item_table.table_of(cache / TABLES, "v2")
+    base, delta, _, _ = item_table.table_of(cache / TABLES, "v2")
     assert base.num_rows == second.num_rows and delta.num_rows == 0  # a base of its own
 
 

@@ -90,7 +90,7 @@ def towers_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[TowersSpec, I
         precision="fp32",
     )
     vectors = rng.normal(size=(ITEMS, 8)).astype(np.float32)
-    items = Items(pa.array(ids, pa.string()), vectors / np.linalg.norm(vectors, axis=1, keepdims=True), np.zeros(ITEMS, "S16"))
+    items = Items.of(pa.array(ids, pa.string()), vectors / np.linalg.norm(vectors, axis=1, keepdims=True), np.zeros(ITEMS, "S16"))
     return spec, items, folder / "interactions.parquet"
 
 

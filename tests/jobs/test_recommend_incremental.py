@@ -185,7 +185,7 @@ def test_an_items_changed_text_rescores_exactly_the_users_who_hold_it(
     keys[edited] = content_keys(MODEL, ["a new description"])[0]
     vectors = items.vectors.copy()
     vectors[edited] = vectors[edited - 1]
-    rerun = recs_run(Items(items.ids, vectors, keys), interactions, tmp_path, previous_of(published))
+    rerun = recs_run(Items.of(items.ids, vectors, keys), interactions, tmp_path, previous_of(published))
     holders = {user for user, held in histories(interactions).items() if items.ids[edited].as_py() in held}
     assert rerun.report.mode == "incremental" and 0 < len(holders) < rerun.report.users
     assert set(rerun.written) == holders and rerun.report.rescored == len(holders)
@@ -213,8 +213,8 @@ def test_a_change_of_model_or_items_plans_a_full_run(items: Items, published: Ru
         planned = plan(model_fingerprint(model, k, scoring(weight), len(items.ids), vocabulary_digest(items.ids), RECIPE), items, previous)
         return planned.reason if planned.mode == "full" else "incremental"
 
-    added = Items(pa.array([*items.ids.to_pylist(), "zzz-new"], pa.string()), items.vectors, np.append(items.keys, np.array([b"0" * 16], "S16")))
-    removed = Items(items.ids[1:], items.vectors[1:], items.keys[1:])
+    added = Items.of(pa.array([*items.ids.to_pylist(), "zzz-new"], pa.string()), items.vectors, np.append(items.keys, np.array([b"0" * 16], "S16")))
+    removed = Items.of(items.ids[1:], items.vectors[1:], items.keys[1:])
     assert reason() == "incremental"
     assert reason(k=5) == "k changed from 10 to 5"
     assert reason(weight=0.2) == "popularity_weight changed from 0.4 to 0.2"
@@ -333,7 +333,7 @@ def test_a_night_under_the_same_model_fills_the_index_its_published_run_built(
     keys[edited] = content_keys(MODEL, ["a new description"])[0]
     vectors = items.vectors.copy()
     vectors[edited] = vectors[edited - 1]
-    tonight = Items(items.ids, vectors, keys)
+    tonight = Items.of(items.ids, vectors, keys)
     records = range(10**6) if copy_holds else range(0)
     previous = Previous("20261124T030000Z-dddddd", WorkPath.of(tmp_path / "first"), records)
 

@@ -36,7 +36,7 @@ def keys_with(moved: list[int], mark: bytes = b"m") -> np.ndarray:
 
 def night(run_dir: Path, keys: np.ndarray, previous: Previous | None) -> tuple[np.ndarray, Previous]:
     """Plan against `previous`, stage tonight's items; (the items the plan saw move, this night as the next one's previous)."""
-    items = Items(pa.array([f"i{i:03d}" for i in range(ITEMS)]), np.zeros((ITEMS, 2), np.float32), keys)
+    items = Items.of(pa.array([f"i{i:03d}" for i in range(ITEMS)]), np.zeros((ITEMS, 2), np.float32), keys)
     planned = plan(FINGERPRINT_OF_MODEL, items, previous)
     stage(WorkPath.of(run_dir), FINGERPRINT_OF_MODEL, items.ids, keys, USERS, planned.items_base)
     return np.flatnonzero(planned.changed_items), Previous(run_dir.name, WorkPath.of(run_dir), range(10))

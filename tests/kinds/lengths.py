@@ -101,7 +101,7 @@ class Lengths(OutputKind):
             return Counted(len(ids), dict(list(zip(ids, values, strict=True))[:SAMPLES]))
 
         counted, version = run.step(
-            "count", lambda: publish_new_version(run, name, VersionVocabulary(pa.array(["characters"]), integer_column(spec, spec.id)), count)
+            "count", lambda: publish_new_version(run, name, VersionVocabulary.of(pa.array(["characters"]), integer_column(spec, spec.id)), count)
         )
         deleted = run.step("collect_garbage", lambda: collect_garbage(run, name))
         seconds = round(time.perf_counter() - start, 2)

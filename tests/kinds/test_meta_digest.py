@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from precompute.kinds.keyed import meta_digest
+from precompute.kinds.keyed import VersionVocabulary
 
-FLAGS = {"integer_ids": False, "integer_vocabulary": False}
+
+def meta_digest(entries: pa.StringArray, integer_entries: bool = False) -> str:
+    return VersionVocabulary.of(entries, integer_entries=integer_entries).meta_digest()
 
 
 def test_lists_that_join_alike_flags_and_order_tell_metas_apart() -> None:
     entries = pa.array(["a\nb", "c"])
-    assert meta_digest(entries, FLAGS) == meta_digest(pa.array(["x", "a\nb", "c"]).slice(1), FLAGS)
-    assert meta_digest(entries, FLAGS) != meta_digest(pa.array(["a", "b\nc"]), FLAGS)
-    assert meta_digest(entries, FLAGS) != meta_digest(pa.array(["c", "a\nb"]), FLAGS)
-    assert meta_digest(entries, FLAGS) != meta_digest(entries, {**FLAGS, "integer_vocabulary": True})
+    assert meta_digest(entries) == meta_digest(pa.array(["x", "a\nb", "c"]).slice(1))
+    assert meta_digest(entries) != meta_digest(pa.array(["a", "b\nc"]))
+    assert meta_digest(entries) != meta_digest(pa.array(["c", "a\nb"]))
+    assert meta_digest(entries) != meta_digest(entries, integer_entries=True)
