@@ -9,9 +9,10 @@ keys, vectors, in Arrow IPC, memory-mapped) and the rows that differ from it
 version that is a copy of one whose table is kept, with the same ids, is that table with the
 copy's changes applied (jobs/vector_load.py CHANGES); any other, or one whose rows differing
 from the base would pass REBASE_SHARE of them, is read whole into a base of its own. The
-tables of the KEPT latest versions stay, with their bases. A record also holds its base's
-vocabulary digest (recs_state.vocabulary_digest), hashed once per base: its versions share
-its ids. A record without one (written before it was kept) is not kept.
+tables of the KEPT latest versions stay, with their bases. A base's ids are checked unique
+when it is made, and each record holds its base's vocabulary digest (recs_state.vocabulary_digest),
+hashed then: the versions of a base share its ids. A record without one (written before it
+was kept) is not kept.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 
 from precompute.jobs.content_cache import KEY, key_array
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_of
-from precompute.jobs.recs_state import Items, vocabulary_digest
+from precompute.jobs.recs_state import Items, check_unique, vocabulary_digest
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.vector_load import CHANGES, SOURCE
 from precompute.jobs.work_dir import WorkPath, mapped_ipc, patchable, read_ipc, write_ipc
@@ -120,6 +121,7 @@ def rebased(folder: WorkPath, staged: WorkPath, version: str) -> Kept:
     table = committed_dataset(staged).to_table(columns=["id", KEY, EMBEDDING])
     table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
     base = pa.table({"id": table["id"], KEY: pc.cast(table[KEY], pa.binary(16)), EMBEDDING: table[EMBEDDING]})
+    check_unique(base["id"].combine_chunks())  # once per base: its versions share its ids
     write_ipc(folder / f"{version}.arrow", base.combine_chunks())
     empty = pa.schema([(POSITION, pa.int64()), base.schema.field(KEY), base.schema.field(EMBEDDING)]).empty_table()
     vocabulary = vocabulary_digest(base["id"].combine_chunks())

@@ -14,7 +14,7 @@ from precompute.jobs import item_table
 from precompute.jobs.content_cache import KEY
 from precompute.jobs.embedding_cache import EMBEDDING, embeddings_column
 from precompute.jobs.item_table import TABLES, VOCABULARY, sorted_items
-from precompute.jobs.recs_state import vocabulary_digest
+from precompute.jobs.recs_state import check_unique, vocabulary_digest
 from precompute.jobs.staging import commit, committed_dataset, committed_parts, write_part
 from precompute.jobs.vector_load import changes_file
 from precompute.jobs.work_dir import WorkPath
@@ -136,3 +136,21 @@ def test_moved_ids_are_found_at_their_rows_and_an_id_not_there_or_twice_finds_no
     assert item_table.positions_of(pa.array(["e", "zzz"]), among) is None  # an id added
     assert item_table.positions_of(pa.array(["b", "b"]), among) is None
     assert item_table.positions_of(pa.array([], pa.string()), among).tolist() == []
+
+
+@pytest.mark.parametrize("ids", [["a", "b", "c"], ["c", "a", "b"], [], ["a"]])
+def test_item_ids_sorted_or_not_pass_when_unique(ids: list[str]) -> None:
+    check_unique(pa.array(ids, pa.string()))
+
+
+@pytest.mark.parametrize("ids", [["a", "b", "b", "c"], ["b", "a", "b"]])
+def test_a_repeated_item_id_is_refused_sorted_or_not(ids: list[str]) -> None:
+    with pytest.raises(ValueError, match="item ids must be unique: 1 duplicates"):
+        check_unique(pa.array(ids, pa.string()))
+
+
+def test_a_version_whose_ids_repeat_is_refused_when_its_base_is_made(tmp_path: Path) -> None:
+    """Uniqueness is checked once per base, where the table is read whole: its versions share its ids."""
+    table = rows(["doc-1", "doc-2", "doc-2"], 0)
+    with pytest.raises(ValueError, match="item ids must be unique: 1 duplicates"):
+        sorted_items(staged(tmp_path, "v1", table), "v1", WorkPath.of(tmp_path / "cache"))

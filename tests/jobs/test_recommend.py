@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 from precompute.jobs.candidate_topk import check_users
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.recommend import check_unique, run_recs_job
+from precompute.jobs.recommend import run_recs_job
 from precompute.jobs.recs_models import Seen
 from precompute.jobs.recs_spec import RecsSpec
 from precompute.jobs.settings import JobSettings
@@ -140,17 +139,6 @@ def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
         assert report.ranking["recall"] == 1.0 and report.ranking["sample_users"] == min(check_users(len(users)), len(users))
     stored = dict(zip(written["id"].to_pylist(), written["value"].to_pylist(), strict=True))
     assert len(report.samples) == 5 and report.samples.items() <= stored.items()
-
-
-@pytest.mark.parametrize("ids", [["a", "b", "c"], ["c", "a", "b"], [], ["a"]])
-def test_item_ids_sorted_or_not_pass_when_unique(ids: list[str]) -> None:
-    check_unique(pa.array(ids, pa.string()))
-
-
-@pytest.mark.parametrize("ids", [["a", "b", "b", "c"], ["b", "a", "b"]])
-def test_a_repeated_item_id_is_refused_sorted_or_not(ids: list[str]) -> None:
-    with pytest.raises(ValueError, match="item ids must be unique: 1 duplicates"):
-        check_unique(pa.array(ids, pa.string()))
 
 
 def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: Path, tmp_path: Path) -> None:
