@@ -191,6 +191,18 @@ def bench_recs(
     main(datasets, repeats)
 
 
+@bench_app.command("topk")
+def bench_topk(
+    items: Annotated[int, typer.Option(min=1_000, help="Synthetic items; a tenth as many users are searched.")] = 1_000_000,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats; the median is reported.")] = 3,
+) -> None:
+    """The recommendations' index search (jobs/item_lists.py) against faiss's IVF search, and
+    with faiss's own switch to matrix products."""
+    from precompute.bench.topk import main
+
+    main(items, repeats)
+
+
 @bench_app.command("labels")
 def bench_labels(
     datasets: Annotated[str, typer.Option(help="Comma-separated: demo, rotten-tomatoes; the first one's figures close the JSON line.")] = "demo,rotten-tomatoes",
