@@ -121,10 +121,11 @@ def rebased(folder: WorkPath, staged: WorkPath, version: str) -> Kept:
     table = committed_dataset(staged).to_table(columns=["id", KEY, EMBEDDING])
     table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
     base = pa.table({"id": table["id"], KEY: pc.cast(table[KEY], pa.binary(16)), EMBEDDING: table[EMBEDDING]})
-    check_unique(base["id"].combine_chunks())  # once per base: its versions share its ids
+    ids = base["id"].combine_chunks()
+    check_unique(ids)  # once per base, as its digest: its versions share its ids
     write_ipc(folder / f"{version}.arrow", base.combine_chunks())
     empty = pa.schema([(POSITION, pa.int64()), base.schema.field(KEY), base.schema.field(EMBEDDING)]).empty_table()
-    vocabulary = vocabulary_digest(base["id"].combine_chunks())
+    vocabulary = vocabulary_digest(ids)
     record(folder, version, version, empty, vocabulary)
     return Kept(read_ipc(folder / f"{version}.arrow"), empty, None, vocabulary)
 
