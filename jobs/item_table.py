@@ -47,6 +47,8 @@ class Kept(NamedTuple):
     mapped: np.ndarray | None
     """The base file's bytes, mapped copy-on-write (work_dir.mapped_ipc): the delta is patched
     into them, so that 1% of the items moved does not copy the other 99% first."""
+    name: str
+    """The base's version: its file's name, which a carried version's record names."""
     vocabulary: str
     """The base's ids' vocabulary digest."""
 
@@ -73,7 +75,7 @@ def table_of(folder: WorkPath, version: str) -> Kept | None:
     if VOCABULARY not in recorded or not base.is_file():
         return None
     table, mapped = mapped_ipc(base)
-    return Kept(table, read_ipc(folder / f"{version}.delta.arrow"), mapped, recorded[VOCABULARY])
+    return Kept(table, read_ipc(folder / f"{version}.delta.arrow"), mapped, recorded["base"], recorded[VOCABULARY])
 
 
 def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
@@ -89,7 +91,7 @@ def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
     kept = table_of(folder, source.decode())
     if kept is None or moved[EMBEDDING].null_count:
         return None  # not kept, or ids deleted: another vocabulary
-    base, before, mapped, vocabulary = kept
+    base, before, mapped, name, vocabulary = kept
     positions = positions_of(pc.cast(moved["id"], base.schema.field("id").type), base["id"])
     if positions is None:
         return None  # ids added: another vocabulary
@@ -99,8 +101,8 @@ def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
     delta = pa.concat_tables([unmoved.cast(now.schema), now]).sort_by(POSITION)
     if delta.num_rows > REBASE_SHARE * base.num_rows:
         return None
-    record(folder, version, json.loads((folder / f"{source.decode()}.json").read_text())["base"], delta, vocabulary)
-    return Kept(base, delta, mapped, vocabulary)
+    record(folder, version, name, delta, vocabulary)
+    return Kept(base, delta, mapped, name, vocabulary)
 
 
 def positions_of(ids: pa.Array | pa.ChunkedArray, among: pa.ChunkedArray) -> np.ndarray | None:
@@ -127,12 +129,12 @@ def rebased(folder: WorkPath, staged: WorkPath, version: str) -> Kept:
     empty = pa.schema([(POSITION, pa.int64()), base.schema.field(KEY), base.schema.field(EMBEDDING)]).empty_table()
     vocabulary = vocabulary_digest(ids)
     record(folder, version, version, empty, vocabulary)
-    return Kept(read_ipc(folder / f"{version}.arrow"), empty, None, vocabulary)
+    return Kept(read_ipc(folder / f"{version}.arrow"), empty, None, version, vocabulary)
 
 
 def patched(kept: Kept) -> Items:
     """The base's items with the delta's rows in place."""
-    base, delta, mapped, vocabulary = kept
+    base, delta, mapped, _, vocabulary = kept
     vectors, keys = embeddings_of(base), key_array(base[KEY])
     if delta.num_rows:
         positions = delta[POSITION].to_numpy()

@@ -111,7 +111,7 @@ def test_a_copy_with_other_ids_or_most_rows_moved_is_read_whole(tmp_path: Path, 
         second = pa.concat_tables([first.slice(6), changed])
     items = sorted_items(staged(tmp_path, "v2", second, "v1", changed), "v2", cache)
     assert same(items, second)
-    base, delta, _, _ = item_table.table_of(cache / TABLES, "v2")
+    base, delta, *_ = item_table.table_of(cache / TABLES, "v2")
     assert base.num_rows == second.num_rows and delta.num_rows == 0  # a base of its own
 
 
