@@ -7,8 +7,7 @@ its bytes, the columns it is read by and the item table it was checked against, 
 row holds its item's position: `<work_dir>/cache/<output>/interactions/<key>/` holds the file's
 good rows and its rejects (with their reasons) as Arrow IPC files, memory-mapped where the work
 directory is local, and its row count. A night takes each file whose entry is there and checks
-the others together, CHECK_ROWS rows at a time (each tag_rejects probes the item table); the good
-rows come out in the input's file order, exactly as a validation of every file gives them. The
+the others together, CHECK_ROWS rows at a time; the good rows come out in the input's file order, exactly as a validation of every file gives them. The
 entries of the KEPT_NIGHTS latest nights stay; the others are deleted.
 """
 
@@ -33,8 +32,9 @@ CHECKS = "interactions/v1"
 """The checks' identity in an entry's key: change it when a change to tag_rejects or clean
 changes what a file's rows give."""
 CHECK_ROWS = 1_000_000
-"""Rows tagged at a time: each tag_rejects probes every id of the item table (9 ms for 1M items,
-whether it then looks up 8,192 rows or 490,023), so the moved files are read together."""
+"""Rows tagged at a time: each tag_rejects call costs about 1 ms beyond its rows, so the moved
+files are read together (49 files of 10,000 rows against 1M items: 68 ms tagged at once, 118 ms
+file by file; one such file alone 2.2 ms; by hand, AMD EPYC)."""
 GOOD, REJECTED, FIGURES, NIGHTS = "good.arrow", "rejects.arrow", "figures.json", "nights.json"
 KEPT_NIGHTS = 8
 """Nights whose entries are kept: the night after a failed or rolled-back one still finds the

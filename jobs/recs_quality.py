@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import torch
 
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.interactions import SECONDS, clean, column_renames, tag_rejects
+from precompute.jobs.interactions import INDEX, SECONDS, clean, column_renames, tag_rejects
 from precompute.jobs.recs_blend import BlendTowers, ensemble
 from precompute.jobs.recs_kept import KeptALS
 from precompute.jobs.recs_models import (
@@ -104,11 +104,14 @@ def interactions_table(interactions: InteractionsInput) -> pa.Table:
     return table.rename_columns([renames.get(c, c) for c in table.column_names])
 
 
-def valid_interactions(table: pa.Table, item_ids: list[str]) -> pa.Table:
-    """The contract's valid rows in the job's types (jobs/interactions.py clean); rejected rows
-    are left out (the job quarantines them)."""
-    tagged = tag_rejects(table, pa.array(item_ids, pa.string()))
-    return clean(tagged.filter(pc.is_null(tagged[REASON])))
+def valid_interactions(table: pa.Table, item_ids: list[str] | pa.Array) -> pa.Table:
+    """The contract's valid rows in the job's types (jobs/interactions.py clean), their item
+    positions in `item_ids` (in any order); rejected rows are left out (the job quarantines them)."""
+    ids = pa.array(item_ids, pa.string())
+    order = pc.sort_indices(ids)
+    tagged = tag_rejects(table, ids.take(order))
+    good = clean(tagged.filter(pc.is_null(tagged[REASON])))
+    return good.set_column(good.schema.get_field_index(INDEX), INDEX, order.take(good[INDEX]).cast(pa.int64()))
 
 
 def hold_out_last(good: pa.Table, seed: int) -> tuple[Seen, np.ndarray, str]:

@@ -102,11 +102,11 @@ def test_a_rewritten_file_other_items_or_other_columns_are_checked_again(
     good, _, count = night(source, cache, tmp_path / "night-2")
     assert good[WEIGHT].to_pylist() == [MARK, MARK, 2.0, 1.0] and count == 1
 
-    # Items in another order: a good row's position means another item, so every file is checked again.
-    reordered = ["i2", "i1", "i0"]
-    good, _, _ = night(source, cache, tmp_path / "night-3", reordered)
+    # Another item table: a good row's position means another item, so every file is checked again.
+    grown = ["i0", "i05", "i1", "i2"]
+    good, _, _ = night(source, cache, tmp_path / "night-3", grown)
     assert MARK not in good[WEIGHT].to_pylist()
-    assert good[INDEX].to_pylist() == [2, 1, 0, 2]
+    assert good[INDEX].to_pylist() == [0, 2, 3, 0]
 
     # Read under other column names: other rules, other entries.
     renamed = InteractionsInput(path=str(folder), user="item_id", item="user_id", max_reject_ratio=1.0)

@@ -17,6 +17,7 @@ from precompute.jobs import interaction_files
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interaction_files import validated_interactions
 from precompute.jobs.interactions import INDEX, row_reason, tag_rejects
+from precompute.jobs.recs_quality import valid_interactions
 from precompute.jobs.validate import REASON, RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 
@@ -55,6 +56,24 @@ def test_integer_item_ids_are_found_by_their_decimal_text() -> None:
     tagged = tag_rejects(pa.table({"user_id": ["u1", "u2"], "item_id": [7, 8]}), pa.array(["7", "9"]))
     assert tagged[INDEX].to_pylist() == [0, None]
     assert tagged[REASON].to_pylist() == [None, "item_id '8' is not in the item table"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.text(max_size=3), max_size=8), st.lists(st.text(max_size=3), max_size=12), st.data())
+def test_a_rows_item_is_found_by_searching_the_sorted_item_ids(items: set, strangers: list, data) -> None:
+    """Ids before the first item, after the last, between two and equal to one: each row gets its
+    item's position in the sorted ids, or is rejected as not there."""
+    ids = sorted(items)
+    rows = strangers + (data.draw(st.lists(st.sampled_from(ids), max_size=6)) if ids else [])
+    tagged = tag_rejects(pa.table({"user_id": ["u"] * len(rows), "item_id": pa.array(rows, pa.string())}), pa.array(ids, pa.string()))
+    assert tagged[INDEX].to_pylist() == [ids.index(row) if row in items else None for row in rows]
+
+
+def test_positions_are_in_the_callers_order_where_its_ids_are_not_sorted() -> None:
+    """valid_interactions (the quality check's and the benches' path) takes ids in any order; the
+    job's item table comes sorted."""
+    table = pa.table({"user_id": ["u", "u", "v", "w"], "item_id": ["z", "a", "m", "gone"]})
+    assert valid_interactions(table, ["z", "m", "a"])[INDEX].to_pylist() == [0, 2, 1]
 
 
 def test_a_folder_of_files_validated_in_chunks_keeps_every_row_once_in_order(tmp_path: Path, monkeypatch) -> None:
