@@ -34,7 +34,7 @@ changes what a file's rows give."""
 CHECK_ROWS = 1_000_000
 """Rows tagged at a time: each tag_rejects call costs about 1 ms beyond its rows, so the moved
 files are read together (49 files of 10,000 rows against 1M items: 68 ms tagged at once, 118 ms
-file by file; one such file alone 2.2 ms; by hand, AMD EPYC)."""
+file by file; by hand, AMD EPYC)."""
 GOOD, REJECTED, FIGURES, NIGHTS = "good.arrow", "rejects.arrow", "figures.json", "nights.json"
 KEPT_NIGHTS = 8
 """Nights whose entries are kept: the night after a failed or rolled-back one still finds the

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from precompute.jobs import interaction_files
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interaction_files import validated_interactions
-from precompute.jobs.interactions import INDEX, row_reason, tag_rejects
+from precompute.jobs.interactions import INDEX, probed, row_reason, searched, tag_rejects
 from precompute.jobs.recs_quality import valid_interactions
 from precompute.jobs.validate import REASON, RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
@@ -59,14 +59,18 @@ def test_integer_item_ids_are_found_by_their_decimal_text() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sets(st.text(max_size=3), max_size=8), st.lists(st.text(max_size=3), max_size=12), st.data())
-def test_a_rows_item_is_found_by_searching_the_sorted_item_ids(items: set, strangers: list, data) -> None:
-    """Ids before the first item, after the last, between two and equal to one: each row gets its
-    item's position in the sorted ids, or is rejected as not there."""
+@given(st.sets(st.text(max_size=3), min_size=1, max_size=8), st.lists(st.text(max_size=3), max_size=12), st.data())
+def test_an_item_id_is_found_in_the_sorted_ids_by_search_and_by_probe_alike(items: set, strangers: list, data) -> None:
+    """Ids before the first item, after the last, between two and equal to one: each gets its
+    position in the sorted ids, or -1, whichever way item_positions picks to look them up."""
     ids = sorted(items)
-    rows = strangers + (data.draw(st.lists(st.sampled_from(ids), max_size=6)) if ids else [])
-    tagged = tag_rejects(pa.table({"user_id": ["u"] * len(rows), "item_id": pa.array(rows, pa.string())}), pa.array(ids, pa.string()))
-    assert tagged[INDEX].to_pylist() == [ids.index(row) if row in items else None for row in rows]
+    wanted = list(dict.fromkeys(strangers + data.draw(st.lists(st.sampled_from(ids), max_size=6))))
+    expected = [ids.index(i) if i in items else -1 for i in wanted]
+    sorted_ids, needles = pa.array(ids, pa.string()), pa.array(wanted, pa.string())
+    assert searched(sorted_ids, needles).tolist() == expected
+    assert probed(sorted_ids, needles).tolist() == expected
+    tagged = tag_rejects(pa.table({"user_id": ["u"] * len(wanted), "item_id": needles}), sorted_ids)
+    assert tagged[INDEX].to_pylist() == [None if at < 0 else at for at in expected]
 
 
 def test_positions_are_in_the_callers_order_where_its_ids_are_not_sorted() -> None:
