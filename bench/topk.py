@@ -7,9 +7,9 @@ bench scale has. One set of lists (build_lists: √items lists, faiss's k-means)
 searches of every user's best k + 32 in 8 probed lists, taking turns in each repeat:
 - faiss's IndexIVFFlat over the same lists (its vectors added), searched user by user: what a
   user of faiss would run;
-- search_by_list with faiss's own switch to matrix products (distance_compute_blas_threshold,
-  128,000 users x dims);
-- search_by_list as the job runs it (score_lists_by_products: from PRODUCT_USERS users).
+- list by list with faiss.knn: a list's users scored against its rows at once (faiss's matrix
+  products from 16 users), each user's best of the list merged into a faiss.ResultHeap;
+- search_by_list as the job runs it: torch's products fed straight into the users' heaps.
 Medians of the repeats, their ratios, and how much of each user's result the three share.
 """
 
@@ -25,20 +25,10 @@ from typing import Any
 import faiss
 import numpy as np
 
-from precompute.jobs.item_lists import (
-    PRODUCT_USERS,
-    build_lists,
-    index_data,
-    score_lists_by_products,
-    search_by_list,
-)
+from precompute.jobs.item_lists import ItemLists, build_lists, index_data, search_by_list
 from precompute.models.hardware import device_fingerprint
 
 CENTRES, DIMS, K, NPROBE = 200, 128, 10, 8
-FAISS_DEFAULT = 128_000
-"""faiss's distance_compute_blas_threshold since 1.15 (users x dims)."""
-
-
 def synthetic(items: int, users: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(item vectors, prior, user queries with the prior's coordinate of 1)."""
     rng = np.random.default_rng(seed)
@@ -48,6 +38,25 @@ def synthetic(items: int, users: int, seed: int = 0) -> tuple[np.ndarray, np.nda
     prior = (0.1 * rng.random(items)).astype(np.float32)
     queries = vectors[rng.integers(0, items, users)] + 0.3 * rng.standard_normal((users, DIMS), np.float32)
     return vectors, prior, np.hstack([queries, np.ones((users, 1), np.float32)])
+
+
+def knn_by_list(
+    lists: ItemLists, quantizer: faiss.IndexFlatIP, vectors: np.ndarray, prior: np.ndarray, queries: np.ndarray, depth: int
+) -> np.ndarray:
+    """Each user's `depth` best items in its NPROBE best lists, list by list with faiss.knn."""
+    faiss.cvar.distance_compute_blas_threshold = 16 * queries.shape[1]  # faiss's own switch: 128,000 users x dims
+    _, probes = quantizer.search(queries, NPROBE)
+    order = np.argsort(probes, axis=None, kind="stable")
+    bounds = np.searchsorted(probes.ravel()[order], np.arange(lists.nlist + 1))
+    heap = faiss.ResultHeap(len(queries), depth, keep_max=True)
+    for number in np.flatnonzero(np.diff(bounds) * np.diff(lists.bounds)):
+        probing = order[bounds[number] : bounds[number + 1]] // NPROBE
+        rows = lists.order[lists.bounds[number] : lists.bounds[number + 1]]
+        data = index_data(vectors, prior, rows)
+        scores, found = faiss.knn(queries[probing], data, min(depth, len(rows)), faiss.METRIC_INNER_PRODUCT)
+        heap.add_result_subset(probing, scores, rows[found])
+    heap.finalize()
+    return heap.I
 
 
 def shared(found: np.ndarray, reference: np.ndarray) -> float:
@@ -67,20 +76,10 @@ def main(items: int = 1_000_000, repeats: int = 3) -> dict[str, Any]:
     ivf.add(index_data(vectors, prior))  # placed by the same centroids: the same lists
     ivf.nprobe = NPROBE
 
-    def by_list(threshold: Callable[[], None]) -> Callable[[], np.ndarray]:
-        def run() -> np.ndarray:
-            threshold()
-            return search_by_list(lists, quantizer, vectors, prior, queries, depth, NPROBE)[1]
-
-        return run
-
-    def faiss_default() -> None:
-        faiss.cvar.distance_compute_blas_threshold = FAISS_DEFAULT
-
     searches: dict[str, Callable[[], np.ndarray]] = {
         "faiss IndexIVFFlat.search": lambda: ivf.search(queries, depth)[1],
-        "search_by_list, faiss's switch": by_list(faiss_default),
-        f"search_by_list, products from {PRODUCT_USERS} users (ours)": by_list(lambda: score_lists_by_products(queries.shape[1])),
+        "list by list, faiss.knn": lambda: knn_by_list(lists, quantizer, vectors, prior, queries, depth),
+        "search_by_list (ours)": lambda: search_by_list(lists, quantizer, vectors, prior, queries, depth, NPROBE)[1],
     }
     times: dict[str, list[float]] = {name: [] for name in searches}
     found: dict[str, np.ndarray] = {}

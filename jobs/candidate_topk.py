@@ -31,7 +31,7 @@ import faiss
 import numpy as np
 import torch
 
-from precompute.jobs.item_lists import ItemLists, build_lists, score_lists_by_products, search_by_list
+from precompute.jobs.item_lists import ItemLists, build_lists, search_by_list
 from precompute.jobs.kept_check import CheckLists, carried_check, fresh_check, saved_check
 from precompute.jobs.kept_index import KeptIndex
 from precompute.jobs.recs_models import Seen, Towers, users_subset
@@ -123,7 +123,6 @@ class CandidateTopK:
         self, lists: ItemLists, item_vectors: np.ndarray, k: int, prior: np.ndarray | None, nprobe: int
     ) -> None:
         faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))  # Ray sets OMP_NUM_THREADS=1
-        score_lists_by_products(item_vectors.shape[1] + (prior is not None))
         self.lists, self.quantizer, self.nprobe = lists, lists.quantizer(), nprobe
         self.item_vectors, self.prior, self.items = item_vectors, prior, len(item_vectors)
         self.with_prior = prior is not None

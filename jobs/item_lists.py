@@ -7,7 +7,8 @@ vectors: 1.30 s of bench scale's 1M rerun's top-k (0.88 s to add, 0.40 s to appe
 column), 9% of the full night's stage. Here the lists are only item positions, list by list (a
 CSR: `order` and `bounds`); a search copies a probed list's rows into a buffer as it scores them
 (about 0.04 ms for a list of 1,000 items of 128 dims). faiss still trains the centroids (k-means),
-places the items (the quantizer's inner products) and scores a list's users (faiss.knn).
+places the items (the quantizer's inner products) and keeps each user's best items (its heaps);
+torch scores a list's users (one matrix product).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import faiss
 import numpy as np
+import torch
 
 POINTS_PER_LIST, TRAIN_ITERATIONS = 64, 10
 """k-means of the lists' centroids: on a sample of this many items a list, this many rounds (1.7
@@ -26,20 +28,9 @@ times the work)."""
 PLACE_ROWS = 65_536
 """Moved items placed in their lists per quantizer call: their rows with the prior are copied
 first, so a block bounds that copy."""
-PRODUCT_USERS = 16
-"""Users of a list from whom faiss.knn scores them by one matrix product (BLAS) rather than user
-by user (faiss's distance_compute_blas_threshold, counted in users x dims). faiss's default,
-128,000 (about 1,000 users at 129 dims), was measured against 100,000-vector databases; against
-a list of 300 to 3,000 items the product is faster from about 16 users (by hand, faiss 1.15,
-2-vCPU AMD EPYC, 129 dims, the best 42: 800 users x 1,000 items in 4.7 ms against 7.7 ms; 4
-users in 55 µs against 37 µs). bench scale's lists meet 250-800 users each: `precompute bench
-topk` measures the search both ways."""
-
-
-def score_lists_by_products(dims: int) -> None:
-    """Have faiss.knn score a list's users by one matrix product from PRODUCT_USERS of them, in
-    this process (faiss's setting is global, like its thread count)."""
-    faiss.cvar.distance_compute_blas_threshold = PRODUCT_USERS * dims
+PRODUCT_SCORES = 1 << 22
+"""Most scores one matrix product makes (16 MB): a list probed by many users (a deep nprobe) is
+scored a block of its users at a time."""
 
 
 def index_data(
@@ -141,24 +132,35 @@ def search_by_list(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, item positions) of each user's `depth` best items in its `nprobe` best lists,
     best first (-1 past the items there are), as an IVF index's search gives them, found list by
-    list: the users who probe a list are scored against its rows in one matrix multiply
-    (faiss.knn), where faiss's search scans each probed list once per user. By hand at 1M items
-    of 449 dims, 1,000 lists, 8 probed (2 vCPUs, AMD EPYC): 100,000 users in 14.0 s against
-    98.1 s, the same top 10. It pays in large calls (Ranking.users_per_call). `users`: with a
-    prior, their vectors with a last coordinate of 1 (index_data's columns)."""
+    list: the users who probe a list are scored against its rows in one matrix product, and every
+    score goes straight into the user's heap of its best so far (faiss.ResultHeap), which keeps
+    only those that beat its worst. faiss's IVF search scans each probed list once per user, and
+    faiss.knn, which takes a list's users at once, keeps a heap of its own per user and list: most
+    of its time (on one list, 800 users x 1,000 items of 129 dims: 5.2 ms, 1.9 ms keeping one best).
+    By hand (1M items in 1,000 lists, 100,000 users, the best 42 of 8 lists; 2 vCPUs, AMD EPYC):
+    4.5 s here, 6.5 s list by list by faiss.knn, the same items. It pays in large calls
+    (Ranking.users_per_call). `users`: with a prior, their vectors with a last coordinate of 1
+    (index_data's columns)."""
     _, probes = quantizer.search(users, min(nprobe, lists.nlist))
     order = np.argsort(probes, axis=None, kind="stable")
     bounds = np.searchsorted(probes.ravel()[order], np.arange(lists.nlist + 1))
     heap = faiss.ResultHeap(len(users), depth, keep_max=True)
     sizes = np.diff(lists.bounds)
     buffer = np.empty((int(sizes.max(initial=0)), users.shape[1]), np.float32)
-    for number in np.flatnonzero(np.diff(bounds)):
-        if not sizes[number]:
-            continue
-        rows = lists.order[lists.bounds[number] : lists.bounds[number + 1]]
-        data = index_data(item_vectors, prior, rows, buffer)
-        probing = order[bounds[number] : bounds[number + 1]] // probes.shape[1]
-        scores, found = faiss.knn(users[probing], data, min(depth, len(rows)), faiss.METRIC_INNER_PRODUCT)
-        heap.add_result_subset(probing, scores, rows[found])
+    threads = faiss.omp_get_max_threads()
+    # The heaps' updates on one thread: faiss's OpenMP threads, spinning between torch's products,
+    # slowed the whole search 1.5x (2 vCPUs).
+    faiss.omp_set_num_threads(1)
+    try:
+        for number in np.flatnonzero(np.diff(bounds) * sizes):
+            rows = lists.order[lists.bounds[number] : lists.bounds[number + 1]]
+            data = torch.from_numpy(index_data(item_vectors, prior, rows, buffer))
+            probing = order[bounds[number] : bounds[number + 1]] // probes.shape[1]
+            block = max(1, PRODUCT_SCORES // len(rows))
+            for start in range(0, len(probing), block):
+                subset = probing[start : start + block]
+                heap.add_result_subset(subset, (torch.from_numpy(users[subset]) @ data.T).numpy(), rows)
+    finally:
+        faiss.omp_set_num_threads(threads)
     heap.finalize()
     return heap.D, heap.I

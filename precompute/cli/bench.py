@@ -197,7 +197,7 @@ def bench_topk(
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats; the median is reported.")] = 3,
 ) -> None:
     """The recommendations' index search (jobs/item_lists.py) against faiss's IVF search, and
-    with faiss's own switch to matrix products."""
+    list by list with faiss.knn."""
     from precompute.bench.topk import main
 
     main(items, repeats)

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from precompute.jobs import item_lists
 from precompute.jobs.candidate_topk import (
     INDEX_BUILD_USERS,
     IVF_MIN_ITEMS,
@@ -29,7 +30,6 @@ from precompute.jobs.item_lists import (
     ItemLists,
     build_lists,
     index_data,
-    score_lists_by_products,
     search_by_list,
 )
 from precompute.jobs.recs_models import ContentTowers, Seen, seen_by_user
@@ -143,18 +143,14 @@ def faiss_ivf(lists: ItemLists, data: np.ndarray) -> faiss.IndexIVFFlat:
     return index
 
 
-@pytest.mark.parametrize("products", [False, True], ids=["user by user", "by products"])
+@pytest.mark.parametrize("scores", [item_lists.PRODUCT_SCORES, 1], ids=["a list at once", "a user at a time"])
 @pytest.mark.parametrize("with_prior", [False, True])
-def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one(with_prior: bool, products: bool, monkeypatch) -> None:
-    """The lists' search gathers each probed list's rows from the item matrix and prior, and
-    finds what faiss's IVF index holding those rows finds, whether faiss scores a list's users
-    one by one or by one matrix product (score_lists_by_products, as the ranker has it). Deeper
-    than some lists are long: a list's missing places stay -1, never another id."""
-    monkeypatch.setattr(faiss.cvar, "distance_compute_blas_threshold", faiss.cvar.distance_compute_blas_threshold)
-    if products:
-        score_lists_by_products(DIM + with_prior)
-    else:
-        faiss.cvar.distance_compute_blas_threshold = 1 << 30
+def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one(with_prior: bool, scores: int, monkeypatch) -> None:
+    """The lists' search gathers each probed list's rows from the item matrix and prior, scores
+    its users by matrix products (PRODUCT_SCORES at most each), and finds what faiss's IVF index
+    holding those rows finds. Deeper than some lists are long: a list's missing places stay -1,
+    never another id."""
+    monkeypatch.setattr(item_lists, "PRODUCT_SCORES", scores)
     rng = np.random.default_rng(7)
     items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
     prior = rng.uniform(0, 2, ITEMS).astype(np.float32) if with_prior else None
@@ -168,10 +164,7 @@ def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one(with_
         expected_scores, expected = index.search(users, depth, params=faiss.SearchParametersIVF(nprobe=nprobe))
         np.testing.assert_array_equal(found >= 0, expected >= 0)
         np.testing.assert_allclose(scores[found >= 0], expected_scores[expected >= 0], rtol=1e-5, atol=1e-5)
-        if products:  # a product rounds otherwise than one user's dot products: near-ties may swap
-            assert np.mean(found != expected) < 1e-4
-        else:
-            np.testing.assert_array_equal(found, expected)
+        assert np.mean(found != expected) < 1e-4  # a product rounds otherwise than one user's dot products: near-ties may swap
     assert (found == -1).any()
     assert sorted(lists.order.tolist()) == list(range(ITEMS))  # every item in exactly one list
 
