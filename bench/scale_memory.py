@@ -63,10 +63,14 @@ def title(process: psutil.Process) -> str:
     return "ray::" + re.split(r"[ .(]|->", name, maxsplit=1)[0].rstrip(")")
 
 
+IDLE = "ray::IDLE"
+
+
 class PeakRss:
     """Context manager: `driver`, `by_title` (RSS), `uss_by_title`, `own_by_title` (USS outside
     the object store) and `store_by_title` (USS in it) hold the peaks in bytes seen while it was
-    open."""
+    open. An idle worker holds what its last task left, so it is named after the last title it
+    was seen under (`ray::IDLE after Write`)."""
 
     def __init__(self) -> None:
         self.driver = 0
@@ -74,6 +78,8 @@ class PeakRss:
         self.uss_by_title: dict[str, int] = {}
         self.own_by_title: dict[str, int] = {}
         self.store_by_title: dict[str, int] = {}
+        self._ran: dict[int, str] = {}
+        """Each worker's last title other than IDLE."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="peak-rss", daemon=True)
 
@@ -100,6 +106,10 @@ class PeakRss:
                 name = title(child)
                 if not rss:
                     continue  # caught while starting or exiting, its title half-written
+                if name != IDLE:
+                    self._ran[child.pid] = name
+                elif child.pid in self._ran:
+                    name = f"{IDLE} after {self._ran[child.pid].removeprefix('ray::')}"
                 for peaks, value in (
                     (self.by_title, rss),
                     (self.uss_by_title, uss_kb * 1024),
