@@ -7,8 +7,9 @@ its bytes, the columns it is read by and the item table it was checked against, 
 row holds its item's position: `<work_dir>/cache/<output>/interactions/<key>/` holds the file's
 good rows and its rejects (with their reasons) as Arrow IPC files, memory-mapped where the work
 directory is local, and its row count. A night takes each file whose entry is there and checks
-the others together, CHECK_ROWS rows at a time; the good rows come out in the input's file order, exactly as a validation of every file gives them. The
-entries of the KEPT_NIGHTS latest nights stay; the others are deleted.
+the others together, CHECK_ROWS rows at a time; the good rows come out in the input's file
+order, exactly as a validation of every file gives them. The entries of the KEPT_NIGHTS latest
+nights stay; the others are deleted.
 """
 
 from __future__ import annotations

@@ -137,9 +137,10 @@ def search_by_list(
     only those that beat its worst. faiss's IVF search scans each probed list once per user, and
     faiss.knn, which takes a list's users at once, keeps a heap of its own per user and list: most
     of its time (on one list, 800 users x 1,000 items of 129 dims: 5.2 ms, 1.9 ms keeping one best).
-    By hand (1M items in 1,000 lists, 100,000 users, the best 42 of 8 lists; 2 vCPUs, AMD EPYC):
-    4.5 s here, 6.5 s list by list by faiss.knn, the same items. It pays in large calls
-    (Ranking.users_per_call). `users`: with a prior, their vectors with a last coordinate of 1
+    The best 42 of 8 lists (2 vCPUs, AMD EPYC, AVX2): on 1M synthetic items and 100,000 users,
+    4.71 s here against 6.24 s list by list by faiss.knn (`precompute bench topk`); on bench
+    scale's 1M item tower (ALS + content + prior) and 50,000 of its users, 3.87-4.06 s against
+    5.11-5.32 s, the same items. It pays in large calls (Ranking.users_per_call). `users`: with a prior, their vectors with a last coordinate of 1
     (index_data's columns)."""
     _, probes = quantizer.search(users, min(nprobe, lists.nlist))
     order = np.argsort(probes, axis=None, kind="stable")
@@ -149,7 +150,7 @@ def search_by_list(
     buffer = np.empty((int(sizes.max(initial=0)), users.shape[1]), np.float32)
     threads = faiss.omp_get_max_threads()
     # The heaps' updates on one thread: faiss's OpenMP threads, spinning between torch's products,
-    # slowed the whole search 1.5x (2 vCPUs).
+    # made the whole search about twice as slow (8.8-9.4 s against 4.5-4.7 s, 2 vCPUs).
     faiss.omp_set_num_threads(1)
     try:
         for number in np.flatnonzero(np.diff(bounds) * sizes):
