@@ -1,6 +1,6 @@
 """Peak memory of a run, for `precompute bench scale`: the driver, each Ray process kind, Redis, Qdrant's disk.
 
-RSS and USS are polled (psutil, every 0.5 s) over this process and all its descendants (Ray's
+RSS and USS are polled (psutil, every 0.5 s, by a process of its own) over this process and all its descendants (Ray's
 raylet and workers are children of the driver that started Ray locally), keeping the maximum per
 process title: Ray names a worker after what it runs (`ray::EmbedActor`, `ray::IDLE`), so the
 peak of each actor pool is one line. A peak shorter than the poll interval can be missed.
@@ -18,9 +18,12 @@ store's capacity bounds on the node, not the process (Ray spills past it).
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import threading
+import select
+import subprocess
+import sys
 from pathlib import Path
 from types import TracebackType
 
@@ -64,61 +67,71 @@ def title(process: psutil.Process) -> str:
 
 
 IDLE = "ray::IDLE"
+Peaks = dict[str, int]
 
 
 class PeakRss:
     """Context manager: `driver`, `by_title` (RSS), `uss_by_title`, `own_by_title` (USS outside
     the object store) and `store_by_title` (USS in it) hold the peaks in bytes seen while it was
     open. An idle worker holds what its last task left, so it is named after the last title it
-    was seen under (`ray::IDLE after Write`)."""
+    was seen under (`ray::IDLE after Write`).
+
+    Polled by a process of its own, not a thread of the flow's driver: reading a Ray worker's
+    smaps (about 15,000 lines with torch loaded) takes about 9 ms of Python (9 processes: 79 ms
+    a poll), all of it holding the driver's GIL, every POLL_S. With the thread, the bench timed a
+    1M rerun's interactions validation at 0.10-0.14 s, where the same call on that run's own state
+    took 32 ms alone."""
 
     def __init__(self) -> None:
         self.driver = 0
-        self.by_title: dict[str, int] = {}
-        self.uss_by_title: dict[str, int] = {}
-        self.own_by_title: dict[str, int] = {}
-        self.store_by_title: dict[str, int] = {}
-        self._ran: dict[int, str] = {}
-        """Each worker's last title other than IDLE."""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="peak-rss", daemon=True)
+        self.by_title: Peaks = {}
+        self.uss_by_title: Peaks = {}
+        self.own_by_title: Peaks = {}
+        self.store_by_title: Peaks = {}
+        self._poller: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> PeakRss:
-        self._thread.start()
+        command = [sys.executable, "-m", "precompute.bench.scale_memory", str(os.getpid())]
+        self._poller = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self._stop.set()
-        self._thread.join()
+        assert self._poller is not None
+        peaks, _ = self._poller.communicate()  # closes its stdin: the poller's signal to report and exit
+        self.driver, self.by_title, self.uss_by_title, self.own_by_title, self.store_by_title = json.loads(peaks)
 
-    def _poll(self) -> None:
-        me = psutil.Process(os.getpid())
-        while True:
-            self.driver = max(self.driver, me.memory_info().rss)
-            for child in me.children(recursive=True):
-                try:
-                    rss = child.memory_info().rss
-                    uss_kb, store_kb = private_kb(child.pid)
-                except (psutil.Error, OSError):
-                    continue
-                name = title(child)
-                if not rss:
-                    continue  # caught while starting or exiting, its title half-written
-                if name != IDLE:
-                    self._ran[child.pid] = name
-                elif child.pid in self._ran:
-                    name = f"{IDLE} after {self._ran[child.pid].removeprefix('ray::')}"
-                for peaks, value in (
-                    (self.by_title, rss),
-                    (self.uss_by_title, uss_kb * 1024),
-                    (self.own_by_title, (uss_kb - store_kb) * 1024),
-                    (self.store_by_title, store_kb * 1024),
-                ):
-                    peaks[name] = max(peaks.get(name, 0), value)
-            if self._stop.wait(POLL_S):
-                return
+
+def poll_peaks(root: int) -> tuple[int, Peaks, Peaks, Peaks, Peaks]:
+    """Every POLL_S until stdin closes: the peak RSS of `root`, and the peaks per title of its
+    descendants (this process left out)."""
+    driver, ran, rss_peak = psutil.Process(root), {}, 0
+    by_title: Peaks = {}
+    uss: Peaks = {}
+    own: Peaks = {}
+    store: Peaks = {}
+    while True:
+        rss_peak = max(rss_peak, driver.memory_info().rss)
+        for child in driver.children(recursive=True):
+            if child.pid == os.getpid():
+                continue
+            try:
+                rss = child.memory_info().rss
+                uss_kb, store_kb = private_kb(child.pid)
+            except (psutil.Error, OSError):
+                continue
+            name = title(child)
+            if not rss:
+                continue  # caught while starting or exiting, its title half-written
+            if name != IDLE:
+                ran[child.pid] = name
+            elif child.pid in ran:
+                name = f"{IDLE} after {ran[child.pid].removeprefix('ray::')}"
+            for kept, value in ((by_title, rss), (uss, uss_kb * 1024), (own, (uss_kb - store_kb) * 1024), (store, store_kb * 1024)):
+                kept[name] = max(kept.get(name, 0), value)
+        if select.select([sys.stdin], [], [], POLL_S)[0]:  # closed: the run is over
+            return rss_peak, by_title, uss, own, store
 
 
 def redis_used_memory(url: str) -> int:
@@ -136,3 +149,7 @@ def disk_bytes(path: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+if __name__ == "__main__":  # PeakRss's poller: python -m precompute.bench.scale_memory <driver pid>
+    print(json.dumps(poll_peaks(int(sys.argv[1]))))
