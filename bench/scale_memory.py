@@ -1,9 +1,10 @@
 """Peak memory of a run, for `precompute bench scale`: the driver, each Ray process kind, Redis, Qdrant's disk.
 
-RSS and USS are polled (psutil, every 0.5 s, by a process of its own) over this process and all its descendants (Ray's
-raylet and workers are children of the driver that started Ray locally), keeping the maximum per
-process title: Ray names a worker after what it runs (`ray::EmbedActor`, `ray::IDLE`), so the
-peak of each actor pool is one line. A peak shorter than the poll interval can be missed.
+RSS and USS are polled (psutil, every 0.5 s, by a process of its own) over this process and all
+its descendants (Ray's raylet and workers are children of the driver that started Ray locally),
+keeping the maximum per process title: Ray names a worker after what it runs (`ray::EmbedActor`,
+`ray::IDLE`), so the peak of each actor pool is one line. A peak shorter than the poll interval
+can be missed.
 
 RSS counts the pages of Ray's shared object store that a worker maps when it reads a block
 zero-copy, so it grows with the blocks a process has touched, not only with what it holds. USS

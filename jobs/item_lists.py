@@ -140,8 +140,8 @@ def search_by_list(
     The best 42 of 8 lists (2 vCPUs, AMD EPYC, AVX2): on 1M synthetic items and 100,000 users,
     4.71 s here against 6.24 s list by list by faiss.knn (`precompute bench topk`); on bench
     scale's 1M item tower (ALS + content + prior) and 50,000 of its users, 3.87-4.06 s against
-    5.11-5.32 s, the same items. It pays in large calls (Ranking.users_per_call). `users`: with a prior, their vectors with a last coordinate of 1
-    (index_data's columns)."""
+    5.11-5.32 s, the same items. It pays in large calls (Ranking.users_per_call). `users`: with
+    a prior, their vectors with a last coordinate of 1 (index_data's columns)."""
     _, probes = quantizer.search(users, min(nprobe, lists.nlist))
     order = np.argsort(probes, axis=None, kind="stable")
     bounds = np.searchsorted(probes.ravel()[order], np.arange(lists.nlist + 1))
