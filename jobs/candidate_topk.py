@@ -31,7 +31,7 @@ import faiss
 import numpy as np
 import torch
 
-from precompute.jobs.item_lists import ItemLists, build_lists, search_by_list
+from precompute.jobs.item_lists import ItemLists, build_lists, ceilings, search_by_list
 from precompute.jobs.kept_check import CheckLists, carried_check, fresh_check, saved_check
 from precompute.jobs.kept_index import KeptIndex
 from precompute.jobs.recs_models import Seen, Towers, users_subset
@@ -125,6 +125,7 @@ class CandidateTopK:
         faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))  # Ray sets OMP_NUM_THREADS=1
         self.lists, self.quantizer, self.nprobe = lists, lists.quantizer(), nprobe
         self.item_vectors, self.prior, self.items = item_vectors, prior, len(item_vectors)
+        self.ceiling = ceilings(lists, item_vectors, prior)
         self.with_prior = prior is not None
         self.k = min(k, self.items)
 
@@ -152,7 +153,7 @@ class CandidateTopK:
         """The top k of the `depth` best items of the `nprobe` lists, seen ones dropped: (indices,
         scores, short), short where fewer than k of them are unseen."""
         found_scores, found = search_by_list(
-            self.lists, self.quantizer, self.item_vectors, self.prior, users, depth, nprobe
+            self.lists, self.quantizer, self.item_vectors, self.prior, self.ceiling, users, depth, nprobe
         )
         rows = np.repeat(np.arange(len(users)), np.diff(seen.offsets))
         seen_keys = rows * self.items + seen.items

@@ -195,12 +195,15 @@ def bench_recs(
 def bench_topk(
     items: Annotated[int, typer.Option(min=1_000, help="Synthetic items; a tenth as many users are searched.")] = 1_000_000,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats; the median is reported.")] = 3,
+    prior_weight: Annotated[
+        float | None, typer.Option(min=0, help="The popularity prior's weight (default: the recs' default; bench scale ranks by 10).")
+    ] = None,
 ) -> None:
     """The recommendations' index search (jobs/item_lists.py) against faiss's IVF search, and
     list by list with faiss.knn."""
     from precompute.bench.topk import main
 
-    main(items, repeats)
+    main(items, repeats, prior_weight)
 
 
 @bench_app.command("labels")

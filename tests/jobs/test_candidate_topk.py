@@ -29,11 +29,12 @@ from precompute.jobs.interactions import INDEX, SECONDS, USER, WEIGHT
 from precompute.jobs.item_lists import (
     ItemLists,
     build_lists,
+    ceilings,
     index_data,
     search_by_list,
 )
 from precompute.jobs.recs_models import ContentTowers, Seen, seen_by_user
-from precompute.jobs.topk import BlockedTopK
+from precompute.jobs.topk import BlockedTopK, popularity_prior
 
 ITEMS, DIM, USERS, K = 3000, 32, 300, 10
 
@@ -160,13 +161,50 @@ def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one(with_
     index = faiss_ivf(lists, index_data(items, prior))
     depth = 2 * int(np.diff(lists.bounds).max())
     for nprobe in (1, 3):
-        scores, found = search_by_list(lists, lists.quantizer(), items, prior, users, depth, nprobe)
+        ceiling = ceilings(lists, items, prior)
+        scores, found = search_by_list(lists, lists.quantizer(), items, prior, ceiling, users, depth, nprobe)
         expected_scores, expected = index.search(users, depth, params=faiss.SearchParametersIVF(nprobe=nprobe))
         np.testing.assert_array_equal(found >= 0, expected >= 0)
         np.testing.assert_allclose(scores[found >= 0], expected_scores[expected >= 0], rtol=1e-5, atol=1e-5)
         assert np.mean(found != expected) < 1e-4  # a product rounds otherwise than one user's dot products: near-ties may swap
     assert (found == -1).any()
     assert sorted(lists.order.tolist()) == list(range(ITEMS))  # every item in exactly one list
+
+
+def test_a_list_that_cannot_serve_a_user_is_skipped_for_that_user_and_the_search_stays_exact(monkeypatch) -> None:
+    """A popularity prior ten times the vectors' scale, over Zipf counts (bench scale's ranking):
+    every user probes the lists of the popular items, most of which are barely popular. A list
+    whose ceiling (its largest item norm x the user's norm, plus its largest prior) cannot beat
+    the user's depth-th best so far is skipped for that user: fewer scores are made than with no
+    list skipped,
+    and what is found is what faiss's IVF search finds."""
+    rng = np.random.default_rng(11)
+    items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
+    items /= np.linalg.norm(items, axis=1, keepdims=True)
+    counts = np.bincount(np.minimum(rng.zipf(1.5, 20 * ITEMS), ITEMS) - 1, minlength=ITEMS)
+    prior = popularity_prior(rng.permutation(counts), 10.0)
+    lists = build_lists(items, prior)
+    users = clustered(rng, 400, rng.normal(size=(20, DIM)))
+    users = np.hstack([users / np.linalg.norm(users, axis=1, keepdims=True), np.ones((400, 1), np.float32)])
+    index = faiss_ivf(lists, index_data(items, prior))
+    scored: list[int] = []
+
+    class Counted(faiss.ResultHeap):
+        def add_result_subset(self, subset: np.ndarray, scores: np.ndarray, ids: np.ndarray) -> None:
+            scored.append(scores.size)
+            super().add_result_subset(subset, scores, ids)
+
+    monkeypatch.setattr(faiss, "ResultHeap", Counted)
+    depth, nprobe = K + 32, 8
+    expected_scores, expected = index.search(users, depth, params=faiss.SearchParametersIVF(nprobe=nprobe))
+    counts = {}
+    for name, ceiling in [("none skipped", np.full((lists.nlist, 2), np.inf, np.float32)), ("ceilings", ceilings(lists, items, prior))]:
+        scored.clear()
+        scores, found = search_by_list(lists, lists.quantizer(), items, prior, ceiling, users, depth, nprobe)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+        assert np.mean(found != expected) < 1e-3  # near-ties may swap
+        counts[name] = sum(scored)
+    assert counts["ceilings"] < 0.75 * counts["none skipped"]  # 58% of them with this seed
 
 
 def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
