@@ -122,10 +122,10 @@ def rebased(folder: WorkPath, staged: WorkPath, version: str) -> Kept:
     """The version's committed parts read whole and sorted by id, kept as a base of its own."""
     table = committed_dataset(staged).to_table(columns=["id", KEY, EMBEDDING])
     table = table.set_column(0, "id", pc.cast(table["id"], pa.string())).sort_by("id")
-    base = pa.table({"id": table["id"], KEY: pc.cast(table[KEY], pa.binary(16)), EMBEDDING: table[EMBEDDING]})
-    ids = base["id"].combine_chunks()
+    ids = table["id"].combine_chunks()  # one copy: the table's combine below keeps a single chunk as it is
+    base = pa.table({"id": ids, KEY: pc.cast(table[KEY], pa.binary(16)), EMBEDDING: table[EMBEDDING]}).combine_chunks()
     check_unique(ids)  # once per base, as its digest: its versions share its ids
-    write_ipc(folder / f"{version}.arrow", base.combine_chunks())
+    write_ipc(folder / f"{version}.arrow", base)
     empty = pa.schema([(POSITION, pa.int64()), base.schema.field(KEY), base.schema.field(EMBEDDING)]).empty_table()
     vocabulary = vocabulary_digest(ids)
     record(folder, version, version, empty, vocabulary)
