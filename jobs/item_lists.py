@@ -1,5 +1,6 @@
 """The items' inverted lists, apart from the item vectors: which list each item is in, and the
-search that ranks users list by list by gathering a probed list's rows from the item matrix.
+search that ranks users list by list by gathering a probed list's rows from the item matrix,
+skipping a list for a user whose best so far its ceiling cannot beat.
 
 faiss's IVF index holds each list's vectors itself, a second copy of the item matrix (516 MB at
 1M items of 129 dims), and a night that keeps the lists refilled that copy with tonight's
