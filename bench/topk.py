@@ -1,10 +1,11 @@
 """`precompute bench topk`: the recommendations' index search (jobs/item_lists.py) against faiss's
 own IVF search, on synthetic clustered items.
 
-Items: unit vectors around 200 random centres (128 dims) and the job's popularity prior over Zipf
-counts (one more coordinate; at the job's default weight unless --prior-weight); users: noisy copies of random items, a
-tenth as many, as bench scale has. One set of lists (build_lists: √items lists, faiss's k-means)
-serves four searches of every user's best k + 32 in 8 probed lists, taking turns in each repeat:
+Items: unit vectors around 200 random centres (128 dims) and the job's popularity prior over
+Zipf counts (one more coordinate; at the job's default weight unless --prior-weight); users:
+noisy copies of random items, a tenth as many, as bench scale has. One set of lists
+(build_lists: √items lists, faiss's k-means) serves four searches of every user's best k + 32
+in 8 probed lists, taking turns in each repeat:
 - faiss's IndexIVFFlat over the same lists (its vectors added), searched user by user: what a
   user of faiss would run;
 - list by list with faiss.knn: a list's users scored against its rows at once (faiss's matrix
@@ -12,7 +13,7 @@ serves four searches of every user's best k + 32 in 8 probed lists, taking turns
 - search_by_list with no list skipped: torch's products fed straight into the users' heaps;
 - search_by_list as the job runs it: the same, skipping a list for a user its ceiling cannot
   serve (ceilings).
-Medians of the repeats, their ratios, and how much of each user's result the three share.
+Medians of the repeats, their ratios, and how much of each user's result the four share.
 """
 
 from __future__ import annotations

@@ -185,7 +185,8 @@ def search_by_list(
     buffer = np.empty((int(sizes.max(initial=0)), users.shape[1]), np.float32)
     towers = users[:, : item_vectors.shape[1]]  # without the prior's 1
     norms = np.sqrt(np.einsum("ij,ij->i", towers, towers))
-    # float32 products may round a score past its exact ceiling: a margin far above their error.
+    # float32 products may round a score past its exact ceiling: a margin far above their error
+    # (where |u| x norm is near 0, a skipped item could differ from the best so far by a rounding).
     reach = ceiling[:, 0] * (1 + 1e-4)
     visits = np.argsort(-((float(norms.mean()) if len(norms) else 0.0) * reach + ceiling[:, 1]), kind="stable")
     threads = faiss.omp_get_max_threads()

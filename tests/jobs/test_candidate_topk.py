@@ -160,8 +160,8 @@ def test_users_are_searched_list_by_list_as_faiss_searches_them_one_by_one(with_
         users = np.hstack([users, np.ones((len(users), 1), np.float32)])
     index = faiss_ivf(lists, index_data(items, prior))
     depth = 2 * int(np.diff(lists.bounds).max())
+    ceiling = ceilings(lists, items, prior)
     for nprobe in (1, 3):
-        ceiling = ceilings(lists, items, prior)
         scores, found = search_by_list(lists, lists.quantizer(), items, prior, ceiling, users, depth, nprobe)
         expected_scores, expected = index.search(users, depth, params=faiss.SearchParametersIVF(nprobe=nprobe))
         np.testing.assert_array_equal(found >= 0, expected >= 0)
@@ -176,8 +176,7 @@ def test_a_list_that_cannot_serve_a_user_is_skipped_for_that_user_and_the_search
     every user probes the lists of the popular items, most of which are barely popular. A list
     whose ceiling (its largest item norm x the user's norm, plus its largest prior) cannot beat
     the user's depth-th best so far is skipped for that user: fewer scores are made than with no
-    list skipped,
-    and what is found is what faiss's IVF search finds."""
+    list skipped, and what is found is what faiss's IVF search finds."""
     rng = np.random.default_rng(11)
     items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
     items /= np.linalg.norm(items, axis=1, keepdims=True)
@@ -197,14 +196,14 @@ def test_a_list_that_cannot_serve_a_user_is_skipped_for_that_user_and_the_search
     monkeypatch.setattr(faiss, "ResultHeap", Counted)
     depth, nprobe = K + 32, 8
     expected_scores, expected = index.search(users, depth, params=faiss.SearchParametersIVF(nprobe=nprobe))
-    counts = {}
+    made = {}
     for name, ceiling in [("none skipped", np.full((lists.nlist, 2), np.inf, np.float32)), ("ceilings", ceilings(lists, items, prior))]:
         scored.clear()
         scores, found = search_by_list(lists, lists.quantizer(), items, prior, ceiling, users, depth, nprobe)
         np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
         assert np.mean(found != expected) < 1e-3  # near-ties may swap
-        counts[name] = sum(scored)
-    assert counts["ceilings"] < 0.75 * counts["none skipped"]  # 58% of them with this seed
+        made[name] = sum(scored)
+    assert made["ceilings"] < 0.75 * made["none skipped"]  # 58% of them with this seed
 
 
 def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
