@@ -126,7 +126,7 @@ def ceilings(lists: ItemLists, item_vectors: np.ndarray, prior: np.ndarray | Non
     """[lists, 2]: each list's largest item norm and largest prior (0 without one). No item of
     list l scores above |u| · norm_l + prior_l for a user u (Cauchy-Schwarz): what lets the
     search skip a list for a user whose heap already holds `depth` better scores. Tonight's
-    vectors (a kept index's lists hold last night's positions only): 0.1 s at 1M items."""
+    vectors (a kept index's lists hold last night's positions only): 25 ms at 1M items of 128 dims."""
     out = np.zeros((lists.nlist, 2), np.float32)
     filled = np.flatnonzero(np.diff(lists.bounds))
     if not len(filled):
