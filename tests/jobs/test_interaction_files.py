@@ -15,6 +15,7 @@ from precompute.jobs import interaction_files
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.interaction_files import (
     NIGHTS,
+    REJECTED,
     KeptFiles,
     read_entry,
     validated_interactions,
@@ -112,6 +113,25 @@ def test_a_rewritten_file_other_items_or_other_columns_are_checked_again(
     renamed = InteractionsInput(path=str(folder), user="item_id", item="user_id", max_reject_ratio=1.0)
     good, _, count = night(renamed, cache, tmp_path / "night-4")
     assert good.num_rows == 0 and count == 5
+
+
+def test_a_file_with_no_rejects_keeps_no_rejects_file_and_its_entry_still_serves(
+    log: tuple[Path, InteractionsInput], tmp_path: Path
+) -> None:
+    folder, source = log
+    cache = tmp_path / "cache"
+    write(folder, "day-3.parquet", [("u1", "i2", 0.25)])
+    night(source, cache, tmp_path / "night-1")
+    kept = KeptFiles(WorkPath.of(cache), input_files(source).digests(), "|".join(ITEMS))
+    entries = kept.entries(source, arrow_dataset(source).schema)
+    has_rejects = [(entries[str(folder / f"day-{day}.parquet")] / REJECTED).is_file() for day in (1, 2, 3)]
+    assert has_rejects == [True, True, False]
+
+    good, rows, count = night(source, cache, tmp_path / "night-2")  # every file from its entry
+    whole = validated_interactions(source, pa.array(ITEMS), WorkPath.of(tmp_path / "whole" / "rejects.parquet"))
+    assert good.equals(whole.good) and (rows, count) == (whole.rows, whole.rejects) == (7, 2)
+    quarantined, expected = (pq.read_table(p / "rejects.parquet") for p in (tmp_path / "night-2", tmp_path / "whole"))
+    assert quarantined.equals(expected)
 
 
 def test_rejects_of_kept_files_still_count_against_the_ratio(log: tuple[Path, InteractionsInput], tmp_path: Path) -> None:
