@@ -43,10 +43,15 @@ def night(source: InteractionsInput, cache: Path, run: Path, items: list[str] = 
     return good, rows, rejects
 
 
+def entry_of(cache: Path, folder: Path, name: str, source: InteractionsInput) -> WorkPath:
+    """Where the validation of `folder/name` is kept, against ITEMS."""
+    kept = KeptFiles(WorkPath.of(cache), input_files(source).digests(), "|".join(ITEMS))
+    return kept.entries(source, arrow_dataset(source).schema)[str(folder / name)]
+
+
 def marked(cache: Path, folder: Path, name: str, source: InteractionsInput) -> None:
     """The kept entry of `folder/name` rewritten with every good row weighing MARK."""
-    kept = KeptFiles(WorkPath.of(cache), input_files(source).digests(), "|".join(ITEMS))
-    entry = kept.entries(source, arrow_dataset(source).schema)[str(folder / name)]
+    entry = entry_of(cache, folder, name, source)
     recorded = read_entry(entry)
     assert recorded is not None
     weights = pa.array([MARK] * recorded.good.num_rows, pa.float32())
@@ -122,9 +127,7 @@ def test_a_file_with_no_rejects_keeps_no_rejects_file_and_its_entry_still_serves
     cache = tmp_path / "cache"
     write(folder, "day-3.parquet", [("u1", "i2", 0.25)])
     night(source, cache, tmp_path / "night-1")
-    kept = KeptFiles(WorkPath.of(cache), input_files(source).digests(), "|".join(ITEMS))
-    entries = kept.entries(source, arrow_dataset(source).schema)
-    has_rejects = [(entries[str(folder / f"day-{day}.parquet")] / REJECTED).is_file() for day in (1, 2, 3)]
+    has_rejects = [(entry_of(cache, folder, f"day-{day}.parquet", source) / REJECTED).is_file() for day in (1, 2, 3)]
     assert has_rejects == [True, True, False]
 
     good, rows, count = night(source, cache, tmp_path / "night-2")  # every file from its entry
