@@ -42,10 +42,11 @@ IVF_MIN_ITEMS = 50_000
 (30,000 items: 0.08 ms a user, 2 vCPUs) and the index saves less than its recall check costs."""
 INDEX_BUILD_USERS = 2_000
 """auto scores exactly when at most this many users are ranked and no earlier night's index is
-kept: the build costs about 5 µs an item (1M items of 129 dims: 5.0 s, 2 vCPUs), exact scoring
+kept: the build costs about 3 µs an item (1M items of 129 dims: 2.8-3.1 s, 2 vCPUs), and the
+recall check it brings the exact scores of at least MIN_CHECK_USERS users; exact scoring costs
 2.6 ns a user-item (10,000 users x 100,000 items: 2.62 s), so a build repays itself past about
-2,000 users, whatever the catalogue. With a kept index (jobs/kept_index.py) only the recall
-check's exact scores must be repaid (check_users)."""
+1,400-2,000 users, whatever the catalogue. With a kept index (jobs/kept_index.py) only the
+recall check's exact scores must be repaid (check_users)."""
 NPROBE_LADDER = (8, 16, 32, 64, 128, 256)
 """Lists probed, tried in turn on the sample; the first that keeps min_recall serves."""
 CHECK_USERS = 500

@@ -27,8 +27,9 @@ POINTS_PER_LIST, TRAIN_ITERATIONS = 64, 10
 s of training at 1M items, 2 vCPUs; faiss's defaults, 256 items a list and 25 rounds, are ten
 times the work)."""
 PLACE_ROWS = 65_536
-"""Moved items placed in their lists per quantizer call: their rows with the prior are copied
-first, so a block bounds that copy."""
+"""Items placed in their lists per quantizer call: their rows with the prior are copied into one
+buffer first (34 MB at 129 dims), where a copy of every item's was 516 MB at 1M items and took
+1.0-1.9 s to write on bench scale's machine, whose fresh pages cost about 2.5 ms a MB."""
 PRODUCT_SCORES = 1 << 22
 """Most scores one matrix product makes (16 MB): a list probed by many users (a deep nprobe) is
 scored a block of its users at a time."""
@@ -94,15 +95,29 @@ def quantizer_of(centroids: np.ndarray) -> faiss.IndexFlatIP:
 
 
 def place(
-    quantizer: faiss.IndexFlatIP, item_vectors: np.ndarray, prior: np.ndarray | None, rows: np.ndarray
+    quantizer: faiss.IndexFlatIP, item_vectors: np.ndarray, prior: np.ndarray | None, rows: np.ndarray | None = None
 ) -> np.ndarray:
-    """The list of the best centroid for each item at `rows` (a kept index's moved items),
-    PLACE_ROWS at a time."""
-    lists = np.empty(len(rows), np.int32)
-    for start in range(0, len(rows), PLACE_ROWS):
-        block = index_data(item_vectors, prior, rows[start : start + PLACE_ROWS])
+    """The list of the best centroid for each item at `rows` (every item where None), PLACE_ROWS
+    at a time through one buffer: no copy of the item matrix with its prior column."""
+    count = len(item_vectors) if rows is None else len(rows)
+    lists = np.empty(count, np.int32)
+    buffer = np.empty((min(count, PLACE_ROWS), quantizer.d), np.float32)
+    for start in range(0, count, PLACE_ROWS):
+        picked = slice(start, min(start + PLACE_ROWS, count)) if rows is None else rows[start : start + PLACE_ROWS]
+        block = index_data(item_vectors, prior, picked, buffer)
         lists[start : start + len(block)] = quantizer.assign(block, 1)[:, 0]
     return lists
+
+
+def training_rows(items: int, sample: int, seed: int) -> np.ndarray | slice:
+    """The rows faiss's k-means trains on when given `items` rows for `sample` points: the first
+    `sample` of faiss.rand_perm(items, seed), in that order (its Clustering's subsample), or every
+    row. Passing faiss these rows alone trains the very centroids it trains from every row."""
+    if items <= sample:
+        return slice(None)
+    order = np.empty(items, np.int32)
+    faiss.rand_perm(faiss.swig_ptr(order), items, seed)
+    return order[:sample]
 
 
 def build_lists(item_vectors: np.ndarray, prior: np.ndarray | None) -> ItemLists:
@@ -114,12 +129,13 @@ def build_lists(item_vectors: np.ndarray, prior: np.ndarray | None) -> ItemLists
     put three of them in a list most users ranked 265th, and 8 to 256 probed lists kept 0.77 of
     the exact top 10, where faiss's lists kept 0.991 at 8."""
     faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))  # Ray sets OMP_NUM_THREADS=1
-    data = index_data(item_vectors, prior)
-    nlist = max(1, round(math.sqrt(len(data))))
-    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(data.shape[1]), data.shape[1], nlist, faiss.METRIC_INNER_PRODUCT)
+    items, dims = len(item_vectors), item_vectors.shape[1] + (prior is not None)
+    nlist = max(1, round(math.sqrt(items)))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dims), dims, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.max_points_per_centroid, index.cp.niter = POINTS_PER_LIST, TRAIN_ITERATIONS
-    index.train(data)  # trains the quantizer alone: nothing is added to the lists
-    return ItemLists.of(index.quantizer.reconstruct_n(0, nlist), index.quantizer.assign(data, 1)[:, 0])
+    # trains the quantizer alone (nothing is added to the lists) on faiss's own sample
+    index.train(index_data(item_vectors, prior, training_rows(items, nlist * POINTS_PER_LIST, index.cp.seed)))
+    return ItemLists.of(index.quantizer.reconstruct_n(0, nlist), place(index.quantizer, item_vectors, prior))
 
 
 def ceilings(lists: ItemLists, item_vectors: np.ndarray, prior: np.ndarray | None) -> np.ndarray:

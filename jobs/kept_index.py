@@ -1,7 +1,7 @@
 """The items' index kept from the night that built it: what lets an incremental night rank its
 few users from the index instead of scoring each of them against every item.
 
-Building the index costs about 5 µs an item (jobs/candidate_topk.py INDEX_BUILD_USERS), most of
+Building the index costs about 3 µs an item (jobs/candidate_topk.py INDEX_BUILD_USERS), half of
 it placing each item in the list of its best centroid. Under the same model fingerprint
 (jobs/recs_state.py: vocabulary, trained item tower, weights) only the items whose content key
 changed have moved, so the run folder keeps the lists' centroids, each item's list and the
