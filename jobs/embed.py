@@ -193,7 +193,7 @@ def embed_corpus(
 
         start = time.perf_counter()
         keyed = good.then(partial(with_content_keys, identity=engine.model.hash))
-        with progress.stage(output, "embed", rows - rejects, counted=True) as counter:
+        with progress.stage(output, "embed", rows - rejects, counted="actors") as counter:
             reuse = reuse_previous(keyed, cache, [EMBEDDING], payload_columns(corpus), run / STAGED)
             progress.add(counter, reuse.count)
             engine_report, seconds["engine"] = waited(prepared)  # built while the cache was compared

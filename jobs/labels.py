@@ -203,7 +203,7 @@ def run_labels_job(
         start = time.perf_counter()
         identity = labeler_identity(labels, engine, head_dir, vocabulary)
         keyed = good.then(id_and_text).then(partial(with_content_keys, identity=identity))
-        with progress.stage(output, "label", rows - rejects, counted=True) as counter:
+        with progress.stage(output, "label", rows - rejects, counted="actors") as counter:
             reuse = reuse_previous(keyed, cache_dir, [VALUE], [], work_dir / STAGED)
             progress.add(counter, reuse.count)
             report, seconds["engine"] = waited(prepared)  # built while the cache was compared

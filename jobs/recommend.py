@@ -175,7 +175,7 @@ def rank_in_driver(
     seen: Seen,
     users: np.ndarray,
     block: int,
-    counter: ActorHandle | None,
+    counter: progress.Counter | None,
 ) -> list[pa.Table]:
     """The values of `users` (positions in `seen`), `block` users at a time, as TopKActor ranks them."""
     tables = []
@@ -321,9 +321,9 @@ def run_recs_job(
         values, ranked_in = None, None
         if rescored:
             chosen, block = np.flatnonzero(rescoring), ranking.users_per_call(job.users_per_block, dims)
-            with progress.stage(output, "top-k", rescored, counted=True) as counter:
-                in_driver = rescored <= job.topk_driver_users or (job.topk_driver_users > 0 and one_node())
-                ranked_in = "driver" if in_driver and not gpus else "actors"
+            in_driver = rescored <= job.topk_driver_users or (job.topk_driver_users > 0 and one_node())
+            ranked_in = "driver" if in_driver and not gpus else "actors"
+            with progress.stage(output, "top-k", rescored, counted=ranked_in) as counter:
                 if ranked_in == "driver":
                     ranker = ranker_of(towers.items, settings.k, block, prior, ranking)
                     values = ray.data.from_arrow(rank_in_driver(towers, ranker, seen, chosen, block, counter))

@@ -41,7 +41,7 @@ def test_a_stage_reports_rows_done_of_total_while_it_runs(ray_local) -> None:
     progress.LOG.addHandler(collect)
     progress.LOG.setLevel(logging.DEBUG)
     try:
-        with progress.stage("docs", "embed", 1000, counted=True) as counter:
+        with progress.stage("docs", "embed", 1000, counted="actors") as counter:
             ray.data.range(1000, override_num_blocks=10).map_batches(
                 SlowActor,
                 fn_constructor_kwargs={"counter": counter},
@@ -59,6 +59,27 @@ def test_a_stage_reports_rows_done_of_total_while_it_runs(ray_local) -> None:
     )
     assert last.ended and not last.failed and last.rows == 1000
     assert last.line().startswith("docs embed: 1,000 rows in ")
+
+
+def test_a_stage_the_driver_does_counts_its_rows_itself() -> None:
+    """No counter actor (whose start a short stage would wait for at its end): the driver's own
+    count, read by the stage's reporting thread while it runs."""
+    collect = Collect()
+    progress.LOG.addHandler(collect)
+    progress.LOG.setLevel(logging.DEBUG)
+    try:
+        with progress.stage("recs", "top-k", 300, counted="driver") as counter:
+            assert isinstance(counter, progress.DriverCount)
+            for _ in range(3):
+                progress.add(counter, 100)
+                time.sleep(0.6)
+    finally:
+        progress.LOG.removeHandler(collect)
+        progress.LOG.setLevel(logging.NOTSET)
+    *running, last = collect.seen
+    assert any(0 < p.rows < 300 for p in running)  # seen mid-way
+    assert last.ended and not last.failed and last.rows == 300
+    assert last.line().startswith("recs top-k: 300 rows in ")
 
 
 def test_off_a_terminal_progress_is_plain_lines_at_an_interval() -> None:
