@@ -129,7 +129,8 @@ def test_candidates_are_searched_deeper_for_a_user_whose_history_crowds_them_out
     history = np.sort(best[:200])
     seen = Seen(np.array([0, 200]), history.astype(np.int64), np.ones(200, np.float32))
 
-    found, _ = CandidateTopK(build_lists(items, None), items, K, None, 8)(torch.from_numpy(user), seen)
+    lists = build_lists(items, None)
+    found, _ = CandidateTopK(lists, ceilings(lists, items, None), items, K, None, 8)(torch.from_numpy(user), seen)
 
     assert found[0].tolist() == best[200:210].tolist()
 
@@ -258,7 +259,7 @@ def test_the_lists_ranker_scores_the_item_matrix_where_it_lies() -> None:
     items = clustered(rng, 60_000, rng.normal(size=(20, DIM)))
     lists = build_lists(items, None)
     items.setflags(write=False)  # as Ray's object store hands it out
-    ranker, grown = private_growth(ranker_of, items, K, 128, None, Ranking("ivf", "", nprobe=8, lists=lists))
+    ranker, grown = private_growth(ranker_of, items, K, 128, None, Ranking("ivf", "", nprobe=8, lists=lists, ceiling=ceilings(lists, items, None)))
     assert grown < 0.1 * items.nbytes, f"{grown / 1e6:.1f} MB private for {items.nbytes / 1e6:.1f} MB of items"
     queries = clustered(rng, 50, rng.normal(size=(20, DIM)))
     expected = faiss_ivf(lists, items).search(queries, K, params=faiss.SearchParametersIVF(nprobe=8))[1]

@@ -15,9 +15,10 @@ from precompute.jobs.candidate_topk import (
     MIN_CHECK_USERS,
     CandidateTopK,
     choose_ranking,
+    ranker_of,
     recall,
 )
-from precompute.jobs.item_lists import build_lists
+from precompute.jobs.item_lists import build_lists, ceilings
 from precompute.jobs.kept_index import MOVED_SHARE, KeptIndex, keep_index, kept_index
 from precompute.jobs.nights import Previous
 from precompute.jobs.recs_models import ContentTowers, Seen, seen_by_user
@@ -66,7 +67,7 @@ def test_a_kept_index_ranks_the_next_nights_vectors_at_the_recall_the_gate_asks(
     assert second.sample_users == first.sample_users and 0 < second.carried < second.sample_users
     vectors = torch.from_numpy(towers.users(histories))
     truth, _ = BlockedTopK(tonight, K, 128, prior)(vectors, histories)
-    found, _ = CandidateTopK(second.lists, tonight, K, prior, second.nprobe)(vectors, histories)
+    found, _ = ranker_of(tonight, K, 128, prior, second)(vectors, histories)
     at = np.searchsorted(histories.ids, second.check.users)
     assert second.recall == round(recall(found[at], truth[at]), 4)
     assert f"the index kept from v1 ({len(edited)} moved since)" in second.reason
@@ -100,7 +101,7 @@ def test_an_item_moved_since_the_build_is_found_in_tonights_list_not_its_old_one
 
     def top(moved: list[int]) -> tuple[np.ndarray, np.ndarray]:
         lists = KeptIndex("v1", WorkPath.of(tmp_path / STATE), np.array(moved, np.int64)).over(items, None)
-        return CandidateTopK(lists, items, K, None, 4)(torch.from_numpy(user), seen)
+        return CandidateTopK(lists, ceilings(lists, items, None), items, K, None, 4)(torch.from_numpy(user), seen)
 
     (blind, _), (found, scores) = top([]), top([7])
 
