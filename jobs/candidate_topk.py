@@ -183,9 +183,8 @@ class CandidateTopK:
         taken = unseen & (place < self.k)
         top = np.full((len(users), self.k), -1, np.int64)
         top_scores = np.full((len(users), self.k), -np.inf, np.float32)
-        rows_taken = np.nonzero(taken)[0]
-        top[rows_taken, place[taken]] = found[taken]
-        top_scores[rows_taken, place[taken]] = found_scores[taken]
+        at = np.nonzero(taken)[0], place[taken]
+        top[at], top_scores[at] = found[taken], found_scores[taken]
         return top, top_scores, short
 
 

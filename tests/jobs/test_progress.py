@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 import ray
@@ -24,6 +26,19 @@ class Collect(logging.Handler):
         self.seen.append(record.progress)  # type: ignore[attr-defined]
 
 
+@contextmanager
+def collected() -> Iterator[Collect]:
+    """The progress records logged meanwhile, DEBUG ones (the running lines) included."""
+    collect = Collect()
+    progress.LOG.addHandler(collect)
+    progress.LOG.setLevel(logging.DEBUG)
+    try:
+        yield collect
+    finally:
+        progress.LOG.removeHandler(collect)
+        progress.LOG.setLevel(logging.NOTSET)
+
+
 class SlowActor:
     """An inference actor as the jobs write one: it counts each batch it is done with."""
 
@@ -37,21 +52,14 @@ class SlowActor:
 
 
 def test_a_stage_reports_rows_done_of_total_while_it_runs(ray_local) -> None:
-    collect = Collect()
-    progress.LOG.addHandler(collect)
-    progress.LOG.setLevel(logging.DEBUG)
-    try:
-        with progress.stage("docs", "embed", 1000, counted="actors") as counter:
-            ray.data.range(1000, override_num_blocks=10).map_batches(
-                SlowActor,
-                fn_constructor_kwargs={"counter": counter},
-                batch_size=100,
-                batch_format="pyarrow",
-                concurrency=1,
-            ).materialize()
-    finally:
-        progress.LOG.removeHandler(collect)
-        progress.LOG.setLevel(logging.NOTSET)
+    with collected() as collect, progress.stage("docs", "embed", 1000, counted="actors") as counter:
+        ray.data.range(1000, override_num_blocks=10).map_batches(
+            SlowActor,
+            fn_constructor_kwargs={"counter": counter},
+            batch_size=100,
+            batch_format="pyarrow",
+            concurrency=1,
+        ).materialize()
     *running, last = collect.seen
     assert any(0 < p.rows < 1000 for p in running if p.rows is not None)  # seen mid-way
     assert [p.rows for p in running if p.rows is not None] == sorted(
@@ -64,18 +72,11 @@ def test_a_stage_reports_rows_done_of_total_while_it_runs(ray_local) -> None:
 def test_a_stage_the_driver_does_counts_its_rows_itself() -> None:
     """No counter actor (whose start a short stage would wait for at its end): the driver's own
     count, read by the stage's reporting thread while it runs."""
-    collect = Collect()
-    progress.LOG.addHandler(collect)
-    progress.LOG.setLevel(logging.DEBUG)
-    try:
-        with progress.stage("recs", "top-k", 300, counted="driver") as counter:
-            assert isinstance(counter, progress.DriverCount)
-            for _ in range(3):
-                progress.add(counter, 100)
-                time.sleep(0.6)
-    finally:
-        progress.LOG.removeHandler(collect)
-        progress.LOG.setLevel(logging.NOTSET)
+    with collected() as collect, progress.stage("recs", "top-k", 300, counted="driver") as counter:
+        assert isinstance(counter, progress.DriverCount)
+        for _ in range(3):
+            progress.add(counter, 100)
+            time.sleep(0.6)
     *running, last = collect.seen
     assert any(0 < p.rows < 300 for p in running)  # seen mid-way
     assert last.ended and not last.failed and last.rows == 300
