@@ -206,9 +206,6 @@ def search_by_list(
     reach = ceiling[:, 0] * (1 + 1e-4)
     visits = np.argsort(-((float(norms.mean()) if len(norms) else 0.0) * reach + ceiling[:, 1]), kind="stable")
     threads = faiss.omp_get_max_threads()
-    # The heaps' updates on one thread: faiss's OpenMP threads, spinning between torch's products,
-    # made the whole search about twice as slow (8.8-9.4 s against 4.5-4.7 s, 2 vCPUs).
-    faiss.omp_set_num_threads(1)
     try:
         for number in visits[(np.diff(bounds) * sizes)[visits] > 0]:
             probing = probing_users[bounds[number] : bounds[number + 1]]
@@ -220,7 +217,16 @@ def search_by_list(
             block = max(1, PRODUCT_SCORES // len(rows))
             for start in range(0, len(probing), block):
                 subset = probing[start : start + block]
-                heap.add_result_subset(subset, (torch.from_numpy(users[subset]) @ data.T).numpy(), rows)
+                # torch's product on every thread, the heaps' updates on one. faiss's threads on the
+                # heaps, spinning between products, made the search twice as slow (`bench topk`, 2
+                # vCPUs: 8.8-9.4 s on an AVX2 EPYC, 8.89 s on an AVX-512 one). Held to one for the
+                # whole search, they held torch's products to one thread too, where faiss's setting
+                # reaches torch's OpenMP runtime (AVX-512 EPYC: 4.83 s against 4.45 s in `bench
+                # topk`, 5.5-5.9 s against 3.8-4.8 s by hand, torch or faiss imported first).
+                faiss.omp_set_num_threads(threads)
+                scores = (torch.from_numpy(users[subset]) @ data.T).numpy()
+                faiss.omp_set_num_threads(1)
+                heap.add_result_subset(subset, scores, rows)
     finally:
         faiss.omp_set_num_threads(threads)
     heap.finalize()
