@@ -3,6 +3,7 @@ that decides which of the two the actors use."""
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 from collections.abc import Callable
 
@@ -206,6 +207,43 @@ def test_a_list_that_cannot_serve_a_user_is_skipped_for_that_user_and_the_search
         assert np.mean(found != expected) < 1e-3  # near-ties may swap
         made[name] = sum(scored)
     assert made["ceilings"] < 0.75 * made["none skipped"]  # 58% of them with this seed
+
+
+def test_the_products_keep_every_thread_and_the_heaps_take_one(monkeypatch) -> None:
+    """faiss's heaps are updated on one OpenMP thread (on more, its threads spin against torch's
+    products), torch's products on every thread. Where faiss's setting reaches torch's OpenMP
+    runtime, holding faiss to one thread for the whole search held the products to one too."""
+    cores = len(os.sched_getaffinity(0))
+    faiss.omp_set_num_threads(cores)
+    torch.set_num_threads(cores)
+    # torch sets its threads into OpenMP once per thread, at its first call that asks: a night's
+    # driver thread has trained and scored before it searches.
+    assert torch.get_num_threads() == cores
+    products: list[int] = []
+    heaps: list[int] = []
+
+    class ProductThreads(torch.overrides.TorchFunctionMode):
+        def __torch_function__(
+            self, func: Callable[..., object], types: object, args: tuple = (), kwargs: dict | None = None
+        ) -> object:
+            if func is torch.Tensor.matmul:
+                products.append(torch.get_num_threads())
+            return func(*args, **(kwargs or {}))
+
+    class HeapThreads(faiss.ResultHeap):
+        def add_result_subset(self, subset: np.ndarray, scores: np.ndarray, ids: np.ndarray) -> None:
+            heaps.append(faiss.omp_get_max_threads())
+            super().add_result_subset(subset, scores, ids)
+
+    monkeypatch.setattr(faiss, "ResultHeap", HeapThreads)
+    rng = np.random.default_rng(5)
+    items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
+    lists, users = build_lists(items, None), clustered(rng, 400, rng.normal(size=(20, DIM)))
+    with ProductThreads():
+        search_by_list(lists, lists.quantizer(), items, None, ceilings(lists, items, None), users, K, 4)
+    assert products and set(products) == {cores}
+    assert set(heaps) == {1}
+    assert faiss.omp_get_max_threads() == cores  # given back after the search
 
 
 def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
