@@ -214,6 +214,8 @@ def test_the_products_keep_every_thread_and_the_heaps_take_one(monkeypatch) -> N
     products), torch's products on every thread. Where faiss's setting reaches torch's OpenMP
     runtime, holding faiss to one thread for the whole search held the products to one too."""
     cores = len(os.sched_getaffinity(0))
+    # Both libraries' thread counts are process-wide: the worker's later tests get theirs back.
+    was = faiss.omp_get_max_threads(), torch.get_num_threads()
     faiss.omp_set_num_threads(cores)
     torch.set_num_threads(cores)
     # torch sets its threads into OpenMP once per thread, at its first call that asks: a night's
@@ -239,11 +241,16 @@ def test_the_products_keep_every_thread_and_the_heaps_take_one(monkeypatch) -> N
     rng = np.random.default_rng(5)
     items = clustered(rng, ITEMS, rng.normal(size=(20, DIM)))
     lists, users = build_lists(items, None), clustered(rng, 400, rng.normal(size=(20, DIM)))
-    with ProductThreads():
-        search_by_list(lists, lists.quantizer(), items, None, ceilings(lists, items, None), users, K, 4)
+    try:
+        with ProductThreads():
+            search_by_list(lists, lists.quantizer(), items, None, ceilings(lists, items, None), users, K, 4)
+        after = faiss.omp_get_max_threads()
+    finally:
+        faiss.omp_set_num_threads(was[0])
+        torch.set_num_threads(was[1])
     assert products and set(products) == {cores}
     assert set(heaps) == {1}
-    assert faiss.omp_get_max_threads() == cores  # given back after the search
+    assert after == cores  # given back after the search
 
 
 def private_growth(make: Callable[..., object], *args: object) -> tuple[object, int]:
