@@ -2,7 +2,7 @@
 # The GPU checks, each ours against its baseline in one run: `embed`, our encoder path (PyTorch
 # FP16 on CUDA, gated against FP32) against sentence-transformers FP16 on CUDA, through
 # `precompute bench embed`; `sequence`, the sequence model's training on the GPU against the
-# same training on the machine's CPU cores (bench/sequence_device.py). Arguments: the parts to
+# same training on the machine's CPU cores (precompute/bench/recs/sequence_device.py). Arguments: the parts to
 # run (default: both).
 #
 # Made for the GPU test machine (../shared/GPU.md): it has torch, transformers,
@@ -29,5 +29,5 @@ if [[ " $parts " == *" embed "* ]]; then
     done
 fi
 if [[ " $parts " == *" sequence "* ]]; then
-    python3 -m precompute.bench.sequence_device 3 | tee "$out/sequence.log"
+    python3 -m precompute.bench.recs.sequence_device 3 | tee "$out/sequence.log"
 fi

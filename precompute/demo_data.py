@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from precompute.models.reference_texts import TextSample
 from precompute.models.settings import Engine
 from precompute.models.source import bundled_encoder
+from precompute.models.text.reference import TextSample
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "data" / "demo" / "corpus.parquet"
 """5,000 Debian package descriptions (data/README.md)."""

@@ -17,8 +17,8 @@ from pydantic_settings import BaseSettings
 from precompute.jobs.settings import JobSettings
 from precompute.lookup.settings import ServiceSettings
 from precompute.models.settings import EngineSettings
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.vectors.settings import VectorStoreSettings
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ import pytest
 
 from precompute.demo_data import DEMO_CORPUS
 from precompute.kinds import registry
-from precompute.models import Encoder, Engine, EngineSettings, load_encoder, runtime
-from precompute.models.reference_texts import TextSample
+from precompute.models import Encoder, Engine, EngineSettings, load_encoder
+from precompute.models.engines import runtime
 from precompute.models.source import bundled_encoder
+from precompute.models.text.reference import TextSample
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
@@ -42,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def job_work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test's JobSettings() works in a folder of its own, never the user's
-    ~/.local/share/precompute: the jobs keep caches there (jobs/interaction_files.py)."""
+    ~/.local/share/precompute: the jobs keep caches there (jobs/recs/interaction_files.py)."""
     folder = tmp_path / "job-work"
     monkeypatch.setenv("PRECOMPUTE_JOB_WORK_DIR", str(folder))
     return folder
@@ -202,7 +203,7 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One real redis-server for the run, on a free port (`make test` installs redis-server)."""
-    from precompute.stores.redis_server import redis_server
+    from precompute.stores.key_value.server import redis_server
 
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from precompute.stores.key_value import KeyValueStore
-from precompute.stores.key_value_overlay import TOMBSTONE
-from precompute.stores.redis_settings import RedisSettings, output_keys
+from precompute.stores.key_value.overlay import TOMBSTONE
+from precompute.stores.key_value.settings import RedisSettings, output_keys
+from precompute.stores.key_value.store import KeyValueStore
 
 
 def held_records(settings: RedisSettings, output: str, version: str) -> dict[bytes, bytes]:

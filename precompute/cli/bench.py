@@ -39,7 +39,7 @@ def bench_search(
     requests: Annotated[int, typer.Option(min=50, help="Timed requests after warm-up.")] = 400,
 ) -> None:
     """Search p50/p99 through the service at a fixed rate, against sentence-transformers + qdrant-client local."""
-    from precompute.bench.search import main
+    from precompute.bench.search.latency import main
 
     main(rate, requests)
 
@@ -51,7 +51,7 @@ def bench_fidelity(
 ) -> None:
     """Served search against the same model in FP32 with exact search on a public known-item set:
     top-10 overlap, recall@10 of the known answer, and latency by query length."""
-    from precompute.bench.fidelity import main
+    from precompute.bench.search.fidelity import main
 
     main(documents, queries)
 
@@ -80,7 +80,7 @@ def bench_vectors(
     ] = None,
 ) -> None:
     """Qdrant edge, FP32 and INT8, against exact numpy search: load, HNSW build, p50/p99, recall@10, memory, disk."""
-    from precompute.bench.vector_store import main
+    from precompute.bench.search.vector_store import main
 
     main(docs, queries, points=points)
 
@@ -135,7 +135,7 @@ def bench_query_engines(
 ) -> None:
     """Which engine embeds the service's queries: dynamic INT8 one query a call, or FP32 and
     static INT8 in fixed-shape batches (micro-batching); cost per query and bit-identity."""
-    from precompute.bench.query_engines import main
+    from precompute.bench.search.query_engines import main
 
     main(queries)
 
@@ -162,7 +162,7 @@ def bench_scale(
     ] = True,
 ) -> None:
     """Every nightly stage at growing sizes: seconds, rows/s, growth exponents, peak memory, a 1% rerun."""
-    from precompute.bench.scale import MIN_ROWS, main
+    from precompute.bench.scale.main import MIN_ROWS, main
 
     try:
         sizes = [int(n.replace("_", "")) for n in rows.split(",") if n.strip()]
@@ -186,7 +186,7 @@ def bench_recs(
 ) -> None:
     """Held-out HR@10 / NDCG@10 of the published model against item-kNN, content and most-popular on
     public data; GFLOP/s of the top-k step against a plain GEMM."""
-    from precompute.bench.recs import main
+    from precompute.bench.recs.main import main
 
     main(datasets, repeats)
 
@@ -199,9 +199,9 @@ def bench_topk(
         float | None, typer.Option(min=0, help="The popularity prior's weight (default: the recs' default; bench scale ranks by 10).")
     ] = None,
 ) -> None:
-    """The recommendations' index search (jobs/item_lists.py) against faiss's IVF search, and
+    """The recommendations' index search (jobs/recs/topk/item_lists.py) against faiss's IVF search, and
     list by list with faiss.knn."""
-    from precompute.bench.topk import main
+    from precompute.bench.recs.topk import main
 
     main(items, repeats, prior_weight)
 

@@ -16,13 +16,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from precompute.cli.status import render, status
-from precompute.cli.terminal import print_summary, run_logged
+from precompute.flows.terminal import print_summary, run_logged
 from precompute.jobs.settings import JobSettings
-from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
+from precompute.service.server import running
 from precompute.settings import Machine
-from precompute.stores.redis_server import redis_server
+from precompute.stores.key_value.server import redis_server
 
 QUERIES = ("play chess against the computer", "compress files to save disk space", "python web framework")
 USERS = 2

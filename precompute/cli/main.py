@@ -64,7 +64,7 @@ def run(pipeline: PipelineOption = None, verbose: VerboseOption = False) -> None
     directory. Exit code 2: the pipeline file or an input is refused before any job; 1: an output
     failed (one line each; the others are published)."""
     checked = checked_pipeline(pipeline)
-    from precompute.cli.terminal import print_summary, run_logged
+    from precompute.flows.terminal import print_summary, run_logged
 
     report, log = run_logged(checked, verbose)
     print_summary(report, log)
@@ -91,7 +91,7 @@ def schema() -> None:
 def inputs() -> None:
     """Print what an input may be: the Arrow types each column accepts, and the sources and
     formats a pipeline file may name."""
-    from precompute.inputs_table import markdown
+    from precompute.cli.inputs_table import markdown
 
     print(markdown())
 
@@ -100,7 +100,7 @@ def inputs() -> None:
 def settings() -> None:
     """Print every setting in one table: this machine's (PRECOMPUTE_* variables) and each output's
     (the pipeline file's fields), with its environment variable and default."""
-    from precompute.settings_table import markdown
+    from precompute.cli.settings_table import markdown
 
     print(markdown())
 
@@ -174,8 +174,8 @@ def rollback(
 @app.command()
 def serve(pipeline: PipelineOption = None) -> None:
     """Serve every output of the pipeline file (PRECOMPUTE_SERVICE_* settings) until interrupted."""
-    from precompute.lookup.server import serve as serve_forever
     from precompute.lookup.settings import ServiceSettings
+    from precompute.service.server import serve as serve_forever
 
     serve_forever(ServiceSettings(), checked_pipeline(pipeline))
 

@@ -45,9 +45,9 @@ from precompute.models.source import ModelSource
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
-    from precompute.lookup.app import Service
     from precompute.lookup.served import Served
     from precompute.pipeline import Pipeline
+    from precompute.service.app import Service
     from precompute.settings import Machine
     from precompute.stores.versions import Versioned
 

@@ -1,6 +1,6 @@
 """Corpus embeddings: a text encoder's vectors of every row, in a Qdrant collection, served by search.
 
-    run:   embed (jobs/embed.py) -> check the version (count, canaries, recall@10: jobs/index_check.py)
+    run:   embed (jobs/text/embed.py) -> check the version (count, canaries, recall@10: jobs/vectors/index_check.py)
            -> publish (pointer file or alias swap) -> collect old versions and their run folders
     serve: POST /v1/search/<output> (and /v1/search for the first embeddings output)
 """
@@ -22,16 +22,16 @@ from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.models.datasets import DatasetInput, arrow_dataset
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
-from precompute.stores.vector_settings import Quantization
-from precompute.stores.vectors import VectorStore, open_vector_store
+from precompute.stores.vectors.settings import Quantization
+from precompute.stores.vectors.store import VectorStore, open_vector_store
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
-    from precompute.jobs.check_sample import Searches
-    from precompute.lookup.app import Service
+    from precompute.jobs.vectors.check_sample import Searches
     from precompute.lookup.served import Served
     from precompute.models.settings import Engine
     from precompute.pipeline import Pipeline
+    from precompute.service.app import Service
     from precompute.settings import Machine
 
 ROW_STAGES = ("validate", "embed", "load")
@@ -60,21 +60,21 @@ class EmbeddingsSpec(OutputSpec):
     engine: EnginePolicy = Field(default_factory=EnginePolicy)
     min_recall: float = Field(0.99, gt=0, le=1)
     """The check raises the version's search parameters (hnsw_ef, oversampling, at last an
-    exact scan) until its recall@10 against exact search reaches this (jobs/index_check.py)."""
+    exact scan) until its recall@10 against exact search reaches this (jobs/vectors/index_check.py)."""
     queries: QueriesInput | None = None
     """Searches users make: the index check measures recall@10 on them beside the input's own
     rows and their opening words, so the search parameters it records suit real queries
-    (jobs/index_check.py)."""
+    (jobs/vectors/index_check.py)."""
     quantization: Quantization = "none"
     """int8: the version also keeps INT8 vectors that search walks, rescored in FP32
-    (stores/vector_settings.py); gated by min_recall like any precision."""
+    (stores/vectors/settings.py); gated by min_recall like any precision."""
 
 
 OPENING_WORDS = (4, 8, 16, 32)
 """The check's searches made from held-out texts: their opening words, one of these many by the
 text's hash (a phrase to a sentence). By hash, not by place in the sample: a night that moves
 one gate text leaves every other text's search as it was, which a copy's check keeps
-(jobs/check_sample.py Searches.keys)."""
+(jobs/vectors/check_sample.py Searches.keys)."""
 
 
 def opening_searches(texts: list[str]) -> list[str]:
@@ -90,7 +90,7 @@ def check_texts(output: EmbeddingsSpec, engine: Engine) -> tuple[list[str], list
     built from. Searches are shorter than documents and land between them, where a graph walk
     at the same hnsw_ef misses more (README, "Search fidelity": recall@10 0.9995 for stored rows,
     0.9885 for 1,000 users' opening-words queries at hnsw_ef 64)."""
-    from precompute.models.engine import gate_texts
+    from precompute.models.engines.load import gate_texts
 
     opening = opening_searches(gate_texts(engine).texts[:CHECK_QUERIES])
     if output.queries is None:
@@ -102,7 +102,7 @@ def check_texts(output: EmbeddingsSpec, engine: Engine) -> tuple[list[str], list
 def check_searches(engine: Engine, opening: list[str], users: list[str] | None) -> Searches:
     """The check_texts as the index check's Searches, embedded (when the check needs their vectors)
     by the engine that embedded the corpus: its gate already passed, so opening it is a cache hit."""
-    from precompute.jobs.check_sample import Searches
+    from precompute.jobs.vectors.check_sample import Searches
     from precompute.models import load_encoder
 
     texts = opening + (users or [])
@@ -143,9 +143,9 @@ class Embeddings(OutputKind):
 
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
         from precompute.jobs import progress, work_dir
-        from precompute.jobs.carried_check import carried_check, checked_under, keep_check
-        from precompute.jobs.embed import STAGED, run_embed_job
-        from precompute.jobs.index_check import check_index
+        from precompute.jobs.text.embed import STAGED, run_embed_job
+        from precompute.jobs.vectors.carried_check import carried_check, checked_under, keep_check
+        from precompute.jobs.vectors.index_check import check_index
         from precompute.stores.versions import new_version
 
         output, machine = run.pipeline.outputs[name], run.machine

@@ -1,7 +1,7 @@
 """What the kinds kept in the key-value store share: a new version each run, status, rollback, routes.
 
 Each record is one id's ranked list, (index, score) pairs into the version's vocabulary
-(stores/records.py): label names for labels, item ids for recommendations.
+(stores/key_value/records.py): label names for labels, item ids for recommendations.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from precompute.jobs import work_dir
-from precompute.stores.key_value import KeyValueStore
-from precompute.stores.key_value_versions import NewVersion, OutputVersions
+from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.key_value.versions import NewVersion, OutputVersions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -34,7 +34,7 @@ class VersionVocabulary:
     """Label names for labels, item ids for recommendations, as strings."""
     digest: str
     """recs_state.vocabulary_digest(entries): for recommendations, the one the item table keeps
-    (jobs/item_table.py), so that 1M item ids are not hashed again for the meta."""
+    (jobs/recs/item_table.py), so that 1M item ids are not hashed again for the meta."""
     integer_ids: bool = False
     """The records' ids (items for labels, users for recommendations) were integers in the input."""
     integer_entries: bool = False
@@ -43,7 +43,7 @@ class VersionVocabulary:
     @classmethod
     def of(cls, entries: pa.StringArray, integer_ids: bool = False, integer_entries: bool = False) -> VersionVocabulary:
         """A vocabulary whose digest is hashed from `entries` here."""
-        from precompute.jobs.recs_state import vocabulary_digest
+        from precompute.jobs.recs.state import vocabulary_digest
 
         return cls(entries, vocabulary_digest(entries), integer_ids, integer_entries)
 
@@ -51,7 +51,7 @@ class VersionVocabulary:
         return {"integer_ids": self.integer_ids, "integer_vocabulary": self.integer_entries}
 
     def meta_digest(self) -> str:
-        """The version's meta told apart without making it (stores/key_value_meta.py): its
+        """The version's meta told apart without making it (stores/key_value/meta.py): its
         entries in order and its flags."""
         return hashlib.sha256(json.dumps([self.digest, self.flags()], sort_keys=True).encode()).hexdigest()[:32]
 

@@ -1,7 +1,7 @@
 """Content labels: each row's top labels, from a head trained on a label column or a classifier folder.
 
-    run:   train the head on a cache miss (models/label_head.py), refused if it loses to its
-           TF-IDF baseline -> gate the labeler (models/labels.py) -> label (jobs/labels.py) into
+    run:   train the head on a cache miss (models/labels/head.py), refused if it loses to its
+           TF-IDF baseline -> gate the labeler (models/labels/labeler.py) -> label (jobs/text/labels.py) into
            a new Redis version -> publish (count, sample reads, pointer flip) -> collect old
            versions; the run's values become the next run's cache
     serve: GET /v1/labels/<output>/{id}, POST /v1/labels/<output>:batchGet (and /v1/labels/...)
@@ -27,15 +27,15 @@ from precompute.kinds.keyed import (
 )
 from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.models.datasets import integer_column
-from precompute.models.label_head import LabelPolicy, LabelTask
+from precompute.models.labels.head import LabelPolicy, LabelTask
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
-    from precompute.lookup.app import Service
     from precompute.lookup.served import Served
     from precompute.pipeline import Pipeline
+    from precompute.service.app import Service
     from precompute.settings import Machine
     from precompute.stores.versions import Versioned
 
@@ -97,10 +97,10 @@ class Labels(OutputKind):
 
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
         from precompute.jobs import progress, work_dir
-        from precompute.jobs.content_cache import promote
-        from precompute.jobs.labels import STAGED, run_labels_job
-        from precompute.models.label_head import load_head
-        from precompute.models.label_training import loses_to_baseline
+        from precompute.jobs.text.content_cache import promote
+        from precompute.jobs.text.labels import STAGED, run_labels_job
+        from precompute.models.labels.head import load_head
+        from precompute.models.labels.training import loses_to_baseline
 
         output: LabelsSpec = run.pipeline.outputs[name]
         machine, task = run.machine, output.task()

@@ -1,8 +1,8 @@
 """Recommendations: each user's top k items, from a model trained on the night's interactions.
 
-    run:   (after its items' embeddings published) recommend (jobs/recommend.py: only the users whose
+    run:   (after its items' embeddings published) recommend (jobs/recs/recommend.py: only the users whose
            inputs moved when the published version allows) into a new Redis version -> held-out
-           quality beside the baselines (jobs/recs_quality.py); published only above most-popular's
+           quality beside the baselines (jobs/recs/quality.py); published only above most-popular's
            -> collect old versions
     serve: GET /v1/recs/<output>/{id}?k=, POST /v1/recs/<output>:batchGet (and /v1/recs/...)
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.recs_spec import RecsSpec
+from precompute.jobs.recs.spec import RecsSpec
 from precompute.kinds import OutputKind, OutputSpec, QualityError
 from precompute.kinds.keyed import (
     VersionVocabulary,
@@ -33,9 +33,9 @@ from precompute.models.towers import Signature, TowersSpec, column_problem, same
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
-    from precompute.lookup.app import Service
     from precompute.lookup.served import Served
     from precompute.pipeline import Pipeline
+    from precompute.service.app import Service
     from precompute.settings import Machine
     from precompute.stores.versions import Versioned
 
@@ -51,7 +51,7 @@ class RecsOutputSpec(OutputSpec, RecsSpec):
     id = "user_id" }, items = { path = "items.parquet", id = "item_id" } }."""
     min_lift: float = Field(1.0, gt=0)
     """A version is published only if its held-out NDCG@10 is above this multiple of most-popular's
-    on the same split (jobs/recs_quality.py)."""
+    on the same split (jobs/recs/quality.py)."""
 
     @model_validator(mode="after")
     def _towers_with_model(self) -> RecsOutputSpec:
@@ -102,13 +102,13 @@ class Recs(OutputKind):
 
     def run(self, run: RunContext, name: str) -> dict[str, Any]:
         from precompute.jobs import work_dir
-        from precompute.jobs.embed import STAGED
-        from precompute.jobs.item_table import sorted_items
-        from precompute.jobs.own_towers import own_towers
         from precompute.jobs.ray_session import ray_session
-        from precompute.jobs.recommend import RecsJobReport, run_recs_job
-        from precompute.jobs.recs_quality import beats_most_popular
-        from precompute.stores.key_value_versions import NewVersion
+        from precompute.jobs.recs.item_table import sorted_items
+        from precompute.jobs.recs.own_towers import own_towers
+        from precompute.jobs.recs.quality import beats_most_popular
+        from precompute.jobs.recs.recommend import RecsJobReport, run_recs_job
+        from precompute.jobs.text.embed import STAGED
+        from precompute.stores.key_value.versions import NewVersion
 
         output: RecsOutputSpec = run.pipeline.outputs[name]
         items_version = run.published(output.items)["version"]
@@ -118,7 +118,7 @@ class Recs(OutputKind):
 
         def recommend() -> tuple[RecsJobReport, str]:
             """Recommend from the published embeddings into a new version, rescoring only the users
-            whose inputs moved since the published one (jobs/recs_state.py); publish it only if the
+            whose inputs moved since the published one (jobs/recs/state.py); publish it only if the
             model's held-out NDCG@10 beats most-popular's by `min_lift`."""
             items = sorted_items(embeddings, items_version, work_dir.cache_dir(run.work_dir, output.items))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from precompute.models.engine_cache import EngineCache
+from precompute.models.engines.cache import EngineCache
+from precompute.models.engines.runtime import resolve_backend, resolve_device, rung_backend, text_ladder
 from precompute.models.errors import ModelError
-from precompute.models.runtime import resolve_backend, resolve_device, rung_backend, text_ladder
 from precompute.models.settings import Engine, EngineSettings
 from precompute.models.source import ModelSource, ModelSpec
 

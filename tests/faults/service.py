@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.demo_data import DEMO_CORPUS
-from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
 from precompute.models import Encoder, Engine
-from precompute.stores.redis_server import free_port
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.service.server import running
+from precompute.stores.key_value.server import free_port
+from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.vectors.settings import VectorStoreSettings
 from tests.lookup.test_keys import publish_both
 from tests.lookup.test_search import write_version
 

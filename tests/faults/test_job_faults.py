@@ -25,11 +25,11 @@ import redis
 from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
 from precompute.stores.errors import VersionNotFoundError
-from precompute.stores.key_value import KeyValueStore
-from precompute.stores.redis_server import redis_server
-from precompute.stores.redis_settings import RedisSettings, output_keys
-from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import open_vector_store
+from precompute.stores.key_value.server import redis_server
+from precompute.stores.key_value.settings import RedisSettings, output_keys
+from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors.settings import VectorStoreSettings
+from precompute.stores.vectors.store import open_vector_store
 from tests.waiting import wait_for
 
 LABELS = """

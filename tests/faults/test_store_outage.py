@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from precompute.stores.redis_server import redis_server
+from precompute.stores.key_value.server import redis_server
 from tests.faults.service import V1, published_service
 from tests.waiting import wait_for
 

@@ -17,13 +17,13 @@ import pytest
 
 from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
-from precompute.jobs.content_cache import previous_run
 from precompute.jobs.staging import committed_dataset
+from precompute.jobs.text.content_cache import previous_run
 from precompute.jobs.work_dir import WorkPath
-from precompute.stores.key_value import KeyValueStore
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import open_vector_store
+from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors.settings import VectorStoreSettings
+from precompute.stores.vectors.store import open_vector_store
 from tests.flows.conftest import THREE_OUTPUTS
 
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from precompute.flows.nightly import RunFailedError, nightly
-from precompute.stores.key_value import KeyValueStore
-from precompute.stores.records import decode_ranked
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
-from precompute.stores.vectors import open_vector_store
+from precompute.stores.key_value.records import decode_ranked
+from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors.settings import VectorStoreSettings
+from precompute.stores.vectors.store import open_vector_store
 from tests.flows.conftest import CONTENT_RECS
 from tests.held_records import held_records
 

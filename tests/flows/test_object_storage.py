@@ -24,7 +24,7 @@ from precompute.flows.nightly import nightly
 from precompute.jobs.ray_session import start_local, stop_local
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
-from precompute.stores.redis_server import free_port
+from precompute.stores.key_value.server import free_port
 from tests.conftest import LOCAL_RAY
 from tests.flows.conftest import CONTENT_RECS
 from tests.lookup.apps import app_of

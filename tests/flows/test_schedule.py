@@ -28,7 +28,7 @@ from precompute.flows.schedule import GRACE_S
 from precompute.kinds import registry
 from precompute.pipeline import load_pipeline
 from precompute.settings import Machine
-from precompute.stores.redis_server import free_port
+from precompute.stores.key_value.server import free_port
 from precompute.stores.versions import Version
 from tests.waiting import CEILING_S, wait_for
 

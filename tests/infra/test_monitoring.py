@@ -20,7 +20,7 @@ import pytest
 from precompute.flows.run_metrics import JOB, publish_run_metrics
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
-from precompute.stores.redis_server import free_port
+from precompute.stores.key_value.server import free_port
 from tests.faults.service import published_service
 from tests.lookup.test_keys import ITEMS
 from tests.waiting import wait_for

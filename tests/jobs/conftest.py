@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.demo_data import DEMO_CORPUS, DEMO_INTERACTIONS
-from precompute.jobs.content_cache import content_keys
-from precompute.jobs.recs_state import Items
+from precompute.jobs.recs.state import Items
+from precompute.jobs.text.content_cache import content_keys
 from precompute.models import Encoder
-from tests.jobs.recs_inputs import BAD_ROWS, ITEMS
+from tests.jobs.recs.inputs import BAD_ROWS, ITEMS
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pyarrow as pa
 import ray
 from ray.actor import ActorHandle
 
-from precompute.cli.terminal import progress_on
+from precompute.flows.terminal import progress_on
 from precompute.jobs import progress
 
 

@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from precompute.jobs.content_cache import stage_kept
 from precompute.jobs.staging import (
     MANIFEST,
     StagingSink,
@@ -19,6 +18,7 @@ from precompute.jobs.staging import (
     committed_parts,
     write_part,
 )
+from precompute.jobs.text.content_cache import stage_kept
 from precompute.jobs.work_dir import WorkPath
 
 

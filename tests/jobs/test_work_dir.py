@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from precompute.jobs import work_dir
-from precompute.jobs.content_cache import POINTER, previous_run, promote
 from precompute.jobs.staging import commit
+from precompute.jobs.text.content_cache import POINTER, previous_run, promote
 from precompute.jobs.work_dir import WorkPath
 
 

@@ -25,15 +25,15 @@ from precompute.kinds.keyed import (
 )
 from precompute.lookup.keys import LabelsBatchGet, Output
 from precompute.models.datasets import arrow_dataset, integer_column
-from precompute.stores.records import encode_ranked
+from precompute.stores.key_value.records import encode_ranked
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext
-    from precompute.lookup.app import Service
     from precompute.lookup.served import Served
     from precompute.pipeline import Pipeline
+    from precompute.service.app import Service
     from precompute.settings import Machine
-    from precompute.stores.key_value_versions import NewVersion
+    from precompute.stores.key_value.versions import NewVersion
     from precompute.stores.versions import Versioned
 
 FORMAT = Output("lengths", "lengths", '{"unit":%s,"value":%s}', LabelsBatchGet, "text lengths", "row")

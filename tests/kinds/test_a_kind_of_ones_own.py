@@ -16,10 +16,10 @@ import pytest
 
 from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
-from precompute.lookup.server import running
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
-from precompute.stores.redis_server import free_port
+from precompute.service.server import running
+from precompute.stores.key_value.server import free_port
 
 ROWS = 40
 

@@ -1,5 +1,5 @@
 """A key-value version's meta digest (precompute/kinds/keyed.py) and the vocabulary digest under
-it (jobs/recs_state.py): equal exactly when the meta would be, since an overlay with its base's
+it (jobs/recs/state.py): equal exactly when the meta would be, since an overlay with its base's
 digest answers with its base's vocabulary, and a recs night copies values only under the same
 vocabulary."""
 

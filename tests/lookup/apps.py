@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 
-from precompute.lookup.app import create_app
 from precompute.lookup.settings import ServiceSettings
 from precompute.models.settings import Engine
 from precompute.pipeline import Pipeline
+from precompute.service.app import create_app
 from precompute.settings import Machine
-from precompute.stores.redis_settings import RedisSettings
-from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.vectors.settings import VectorStoreSettings
 
 
 def app_of(

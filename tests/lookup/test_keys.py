@@ -22,11 +22,11 @@ from starlette.testclient import TestClient
 from precompute.lookup.errors import unavailable
 from precompute.lookup.settings import ServiceSettings
 from precompute.stores.errors import StoreUnavailableError
-from precompute.stores.key_value import KeyValueStore
-from precompute.stores.records import encode_ranked
-from precompute.stores.redis_server import redis_server
-from precompute.stores.redis_settings import RedisSettings, output_keys
-from precompute.stores.vector_settings import VectorStoreSettings
+from precompute.stores.key_value.records import encode_ranked
+from precompute.stores.key_value.server import redis_server
+from precompute.stores.key_value.settings import RedisSettings, output_keys
+from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors.settings import VectorStoreSettings
 from tests.lookup.apps import app_of
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"

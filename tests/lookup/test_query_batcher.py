@@ -14,7 +14,7 @@ import pytest
 from precompute.demo_data import DEMO_CORPUS
 from precompute.lookup.query_batcher import QueryBatcher
 from precompute.models import Engine, load_encoder
-from precompute.models.engine import peer_independent
+from precompute.models.engines.load import peer_independent
 from precompute.models.errors import InvalidInputError, ModelError
 from tests.waiting import CEILING_S
 

@@ -18,11 +18,11 @@ from precompute.demo_data import DEMO_CORPUS
 from precompute.models import Engine, load_encoder
 from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
 from precompute.models.errors import ModelError
-from precompute.models.label_head import LabelPolicy, LabelTask
-from precompute.models.labels import load_labeler
-from precompute.models.reference_texts import TextSample
+from precompute.models.labels.head import LabelPolicy, LabelTask
+from precompute.models.labels.labeler import load_labeler
 from precompute.models.source import read_classifier, read_encoder
-from precompute.models.tokenize import TextTokenizer
+from precompute.models.text.reference import TextSample
+from precompute.models.text.tokenize import TextTokenizer
 from tests.models.tiny import (
     ARCHITECTURES,
     HIDDEN,

@@ -13,7 +13,7 @@ import pytest
 
 from precompute.jobs.inputs import read_input
 from precompute.models.datasets import DatasetInput, InputError, arrow_dataset, input_files
-from precompute.models.reference_texts import TextSample
+from precompute.models.text.reference import TextSample
 
 ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int32()), "text": pa.array(["a", "b", "a"]).dictionary_encode()})
 

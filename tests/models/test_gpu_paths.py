@@ -11,13 +11,13 @@ import pytest
 from precompute.models.backends import BACKENDS, BuildSpec
 from precompute.models.backends.tensorrt import TensorRTRunner, profile_shapes, seq_buckets
 from precompute.models.backends.torch import TorchRunner
-from precompute.models.encoder import encode_texts
+from precompute.models.engines.gate import row_cosine
+from precompute.models.engines.runtime import precision_ladder, resolve_backend, resolve_graph_backend
 from precompute.models.errors import BackendUnavailableError, ModelError
-from precompute.models.gate import row_cosine
-from precompute.models.runtime import precision_ladder, resolve_backend, resolve_graph_backend
 from precompute.models.settings import EngineSettings
 from precompute.models.source import bundled_encoder
-from precompute.models.tokenize import TextTokenizer
+from precompute.models.text.encoder import encode_texts
+from precompute.models.text.tokenize import TextTokenizer
 from tests.models.tiny import tiny_towers
 
 

@@ -15,10 +15,10 @@ import torch
 from precompute.models.backends.base import BuildSpec
 from precompute.models.backends.tensorrt import TensorRTRunner, seq_buckets
 from precompute.models.backends.torch import TorchRunner
+from precompute.models.engines.export import export_onnx
 from precompute.models.errors import ModelError
-from precompute.models.export import export_onnx
 from precompute.models.source import ModelSource, bundled_encoder
-from precompute.models.tokenize import TextTokenizer
+from precompute.models.text.tokenize import TextTokenizer
 
 pytest.importorskip(
     "tensorrt",

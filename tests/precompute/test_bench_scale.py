@@ -10,10 +10,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from precompute.bench import scale_data
-from precompute.bench.scale import RESOLUTION_S, exponent, main, summary
-from precompute.bench.scale_data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
-from precompute.bench.scale_stages import STAGES
+from precompute.bench.scale import data as scale_data
+from precompute.bench.scale.data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
+from precompute.bench.scale.main import RESOLUTION_S, exponent, main, summary
+from precompute.bench.scale.stages import STAGES
 
 ROWS = 400
 

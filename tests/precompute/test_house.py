@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from precompute import inputs_table
-from precompute.settings_table import BEGIN, END, markdown
+from precompute.cli import inputs_table
+from precompute.cli.settings_table import BEGIN, END, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("precompute", "models", "jobs", "stores", "flows", "lookup", "bench")

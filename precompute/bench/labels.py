@@ -1,0 +1,142 @@
+"""`precompute bench labels`: the published labels against the baselines a data scientist tries first.
+
+Per data set (bench/labels_data.py), one seeded split for every model: 70% of the rows keep their
+label, 30% lose it. The nightly flow runs on all of them from a pipeline file as a user would
+write it (the bundled encoder, the labels output's defaults), the lookup service serves every
+unlabelled row's labels (POST /v1/labels:batchGet, as product services call it), and the top
+label is scored against the truth (an abstention counts as wrong). Beside it, trained in this
+process on the same 70% and scored on the same 30%:
+- tfidf_svc: TF-IDF of words and word pairs (sublinear, in two rows or more) + LinearSVC at
+  scikit-learn's defaults, seeded: the job's own baseline (models/labels/training.py baseline);
+- lr_fp32: logistic regression (scikit-learn's defaults) on the same encoder's FP32 embeddings.
+The job's own candidates, their held-out accuracy and training time (the grid and calibration;
+the encoder's fine-tuning apart, with its steps and device) come from its report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sklearn.linear_model import LogisticRegression
+
+from precompute.bench.labels_data import DATASETS, load
+from precompute.bench.served import served_run
+from precompute.jobs.settings import JobSettings
+from precompute.models.engines.load import load_encoder
+from precompute.models.hardware import device_fingerprint
+from precompute.models.labels.training import Labelled, baseline
+from precompute.models.settings import Engine
+from precompute.models.source import bundled_encoder
+from precompute.models.text.reference import TextSample
+
+PIPELINE = """\
+[outputs.labels]
+kind = "labels"
+input = { path = "corpus.parquet", id = "id", text = "text", label = "label" }
+"""
+TEST_SHARE = 0.3
+IDS_PER_CALL = 500
+
+
+def split(table: pa.Table, seed: int = 0) -> np.ndarray:
+    """Whether each row is a test row (its label withheld): a seeded TEST_SHARE of them."""
+    test = np.zeros(table.num_rows, bool)
+    test[np.random.default_rng(seed).permutation(table.num_rows)[: int(TEST_SHARE * table.num_rows)]] = True
+    return test
+
+
+def served_labels(base: str, ids: list[str]) -> dict[str, str | None]:
+    """Each id's top served label (None: it abstained)."""
+    top: dict[str, str | None] = {}
+    with httpx.Client(base_url=base, timeout=60) as http:
+        for start in range(0, len(ids), IDS_PER_CALL):
+            answer = http.post("/v1/labels:batchGet", json={"ids": ids[start : start + IDS_PER_CALL]})
+            answer.raise_for_status()
+            for result in answer.json()["results"]:
+                top[result["id"]] = result["labels"][0]["label"] if result["labels"] else None
+    return top
+
+
+def baselines(table: pa.Table, test: np.ndarray, folder: Path) -> dict[str, dict[str, float]]:
+    """tfidf_svc (the job's own baseline, label_training.baseline) and lr_fp32 trained on the
+    labelled rows, top-1 on the test rows, with their training time."""
+    texts = table["text"].to_pylist()
+    labels = np.array(table["label"].to_pylist(), dtype=object)
+    names = sorted(set(labels))
+    labelled = Labelled(texts, np.searchsorted(names, labels), names, np.zeros(len(texts), int))
+    svc = baseline(labelled, {"train": np.flatnonzero(~test), "test": np.flatnonzero(test)})
+    out = {"tfidf_svc": {"top1": svc.accuracy, "train_s": svc.train_seconds}}
+    engine = Engine(model=bundled_encoder(), reference=TextSample(path=str(folder / "corpus.parquet")))
+    with load_encoder(engine.replace(precision="fp32")) as encoder:
+        embeddings = encoder.encode(texts)
+    start = time.perf_counter()
+    lr = LogisticRegression(max_iter=2000).fit(embeddings[~test], labels[~test])
+    predicted = lr.predict(embeddings[test])
+    out["lr_fp32"] = {"top1": float(np.mean(predicted == labels[test])), "train_s": time.perf_counter() - start}
+    return out
+
+
+def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
+    """The served protocol on one data set in `folder`, and the baselines on its split."""
+    table = load(name, cache)
+    test = split(table)
+    for previous in ("work", "redis"):  # a first night: no head or versions from an earlier run
+        shutil.rmtree(folder / previous, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    withheld = pa.array([None if t else label for t, label in zip(test, table["label"].to_pylist(), strict=True)])
+    pq.write_table(table.set_column(table.schema.get_field_index("label"), "label", withheld), folder / "corpus.parquet")
+    (folder / "precompute.toml").write_text(PIPELINE)
+    environment = {"PRECOMPUTE_JOB_WORK_DIR": str(folder / "work")}
+    ids = [str(i) for i in np.array(table["id"].to_pylist(), dtype=object)[test]]
+    with served_run(folder, environment) as (report, base):
+        served = served_labels(base, ids)
+    truth = dict(zip(table["id"].to_pylist(), table["label"].to_pylist(), strict=True))
+    labels = report["outputs"]["labels"]
+    training = labels["head_training"]
+    found = baselines(table, test, folder)
+    return {
+        "dataset": name,
+        "rows": table.num_rows,
+        "classes": len(set(truth.values())),
+        "test_rows": len(ids),
+        "published_top1": round(float(np.mean([served.get(i) == truth[i] for i in ids])), 4),
+        "tfidf_svc_top1": round(found["tfidf_svc"]["top1"], 4),
+        "lr_fp32_top1": round(found["lr_fp32"]["top1"], 4),
+        "published_head": training["chosen"],
+        "engine": labels["engine"],
+        "job_estimate_top1": labels["head_held_out_accuracy"],
+        "candidates": {c["name"]: {"top1": c["accuracy"], "train_s": c["train_seconds"]} for c in training["candidates"]},
+        "fine_tune": training["fine_tune"],
+        "baseline_train_s": {name: round(figures["train_s"], 1) for name, figures in found.items()},
+        "label_s": labels["seconds"],
+    }
+
+
+def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
+    names = datasets.split(",")
+    if unknown := set(names) - set(DATASETS):
+        raise ValueError(f"unknown data sets {sorted(unknown)}: choose from {', '.join(DATASETS)}")
+    job = JobSettings()
+    result: dict[str, Any] = {"bench": "labels", "machine": device_fingerprint("cpu"), "datasets": {}}
+    for name in names:
+        figures = measure(name, job.work_dir.machine_dir() / "bench-labels" / name, job.work_dir.machine_dir() / "datasets")
+        result["datasets"][name] = figures
+        candidates = ", ".join(f"{c} {f['top1']:.4f} ({f['train_s']} s)" for c, f in figures["candidates"].items())
+        print(
+            f"{name}: {figures['rows']} rows, {figures['classes']} classes, {figures['test_rows']} served: "
+            f"published {figures['published_top1']:.4f} ({figures['published_head']}), "
+            f"tfidf_svc {figures['tfidf_svc_top1']:.4f}, lr_fp32 {figures['lr_fp32_top1']:.4f}; "
+            f"job's held-out candidates: {candidates}; fine-tuning: {figures['fine_tune']}"
+        )
+    default = result["datasets"][names[0]]
+    result |= {key: default[key] for key in ("published_top1", "tfidf_svc_top1", "lr_fp32_top1")}
+    print(json.dumps(result))
+    return result

@@ -1,0 +1,172 @@
+"""`precompute bench fidelity`: search as a user gets it, against its own model in FP32 with exact search.
+
+Data: bench/search/fidelity_data.py (10,000 documents, 1,000 queries with one known answer each).
+Ours: `precompute run` with every default on a pipeline file over the documents (the engine
+ladder and its gate, the self-tuned index), the lookup service, and `POST /v1/search` per query
+(one client, closed loop). Reference: the same model in sentence-transformers FP32 for
+documents and queries, and exact search (one matrix product): what the quantized, indexed path
+stands in for.
+
+Figures: overlap10_vs_fp32_exact (mean share of our top 10 that is the reference's top 10,
+ties at the reference's 10th score counted), recall@10 of the known answer on both sides and
+their ratio (recall_ratio). Latency by query length: queries cut from the documents to 16, 64,
+128 and 256 tokens, each asked once (no cache answers), p50 and p99 over HTTP, one client; then
+the 16-token ones again while a second client sends 256-token queries without pause (a long
+query must not delay a short one). The query engine is the one /readyz names.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import threading
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+from sentence_transformers import SentenceTransformer
+
+from precompute.bench.load import percentiles
+from precompute.bench.search.fidelity_data import retrieval_set
+from precompute.bench.served import served_run
+from precompute.jobs.settings import JobSettings
+from precompute.models.hardware import device_fingerprint
+from precompute.models.source import bundled_encoder
+from precompute.models.text.tokenize import TextTokenizer
+
+PIPELINE = """\
+[outputs.docs]
+kind = "embeddings"
+input = { path = "corpus.parquet" }
+"""
+K = 10
+TIE = 1e-5
+LENGTHS = (16, 64, 128, 256)
+PER_LENGTH = 100
+
+
+def ask(http: httpx.Client, query: str) -> tuple[float, dict[str, Any]]:
+    start = time.perf_counter()
+    answer = http.post("/v1/search", json={"query": query, "k": K})
+    seconds = time.perf_counter() - start
+    answer.raise_for_status()
+    return seconds * 1000, answer.json()
+
+
+def cut_queries(texts: list[str], tokens: int, count: int, offset: int) -> list[str]:
+    """`count` texts of exactly `tokens` tokens (special ones included), cut from documents."""
+    tokenizer = TextTokenizer(bundled_encoder())
+    found = []
+    for text in texts[offset:]:
+        ids = tokenizer.ids(text + (" more" * tokens))[1:-1][: tokens - 2]
+        found.append(tokenizer._tokenizer.decode(ids))
+        if len(found) == count:
+            return found
+    raise ValueError(f"too few documents for {count} queries of {tokens} tokens")
+
+
+def by_length(http: httpx.Client, texts: list[str]) -> dict[str, dict[str, float]]:
+    figures = {}
+    for n, tokens in enumerate(LENGTHS):
+        latencies = [ask(http, q)[0] for q in cut_queries(texts, tokens, PER_LENGTH, n * PER_LENGTH)]
+        figures[f"{tokens}tok"] = percentiles(np.array(latencies))
+    return figures
+
+
+def short_beside_long(base: str, texts: list[str]) -> dict[str, float]:
+    """16-token queries while another client sends 256-token ones back to back."""
+    stop = threading.Event()
+    longs = cut_queries(texts, 256, PER_LENGTH, len(LENGTHS) * PER_LENGTH)
+
+    def flood() -> None:
+        with httpx.Client(base_url=base, timeout=60) as other:
+            for i in range(10**6):
+                if stop.is_set():
+                    return
+                other.post("/v1/search", json={"query": f"{longs[i % len(longs)]} {i}", "k": K})
+
+    shorts = cut_queries(texts, 16, PER_LENGTH, (len(LENGTHS) + 1) * PER_LENGTH)
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    try:
+        with httpx.Client(base_url=base, timeout=60) as http:
+            time.sleep(0.5)
+            latencies = [ask(http, q)[0] for q in shorts]
+    finally:
+        stop.set()
+        flooder.join()
+    return percentiles(np.array(latencies))
+
+
+def reference(corpus: list[str], queries: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """FP32 sentence-transformers vectors of documents and queries (normalised)."""
+    model = SentenceTransformer(str(bundled_encoder().folder), device="cpu")
+    model.max_seq_length = bundled_encoder().max_seq_length
+    docs = model.encode(corpus, batch_size=32, normalize_embeddings=True)
+    return docs, model.encode(queries, batch_size=32, normalize_embeddings=True)
+
+
+def main(documents: int = 10_000, queries: int = 1_000) -> dict[str, Any]:
+    job = JobSettings()
+    folder = job.work_dir.machine_dir() / "bench-fidelity"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    data = retrieval_set(job.work_dir.machine_dir() / "datasets", documents, queries)
+    pq.write_table(data.corpus, folder / "corpus.parquet")
+    (folder / "precompute.toml").write_text(PIPELINE)
+    environment = {"PRECOMPUTE_JOB_WORK_DIR": str(folder / "work"), "PRECOMPUTE_QDRANT_PATH": str(folder / "qdrant")}
+    ids, texts = data.corpus["id"].to_pylist(), data.corpus["text"].to_pylist()
+    with served_run(folder, environment) as (report, base):
+        with httpx.Client(base_url=base, timeout=60) as http:
+            engine = http.get("/readyz").json()["engines"]["docs"]
+            answers, latencies = [], []
+            for query in data.queries:
+                ms, body = ask(http, query)
+                latencies.append(ms)
+                answers.append([hit["id"] for hit in body["hits"]])
+            lengths = by_length(http, texts)
+        beside = short_beside_long(base, texts)
+    docs, asked = reference(texts, data.queries)
+    scores = asked @ docs.T
+    tenth = np.sort(scores, axis=1)[:, -K]
+    row = {id_: i for i, id_ in enumerate(ids)}
+    overlap = statistics.mean(
+        sum(scores[q, row[i]] >= tenth[q] - TIE for i in hits) / K for q, hits in enumerate(answers)
+    )
+    exact_top = np.argsort(-scores, axis=1)[:, :K]
+    recall_fp32 = float(np.mean([row[a] in top for a, top in zip(data.answers, exact_top, strict=True)]))
+    recall_ours = float(np.mean([a in hits for a, hits in zip(data.answers, answers, strict=True)]))
+    output = report["outputs"]["docs"]
+    result = {
+        "bench": "fidelity",
+        "machine": device_fingerprint("cpu"),
+        "documents": len(ids),
+        "queries": len(data.queries),
+        "job_engine": output["engine"],
+        "gates": [
+            {k: g[k] for k in ("precision", "passed", "mean_cosine", "min_cosine", "overlap")} for g in output["gate"]
+        ],
+        "query_engine": engine,
+        "search": output["validation"]["search"],
+        "index_recall_at_10": output["validation"]["recall_at_10"],
+        "recall_at_10_ours": round(recall_ours, 4),
+        "recall_at_10_fp32_exact": round(recall_fp32, 4),
+        "queries_ms": percentiles(np.array(latencies)),
+        "by_length_ms": lengths,
+        "16tok_beside_256tok_ms": beside,
+        "overlap10_vs_fp32_exact": round(float(overlap), 4),
+        "recall_ratio": round(recall_ours / recall_fp32, 4),
+        "p99_ms_64tok": lengths["64tok"]["p99_ms"],
+    }
+    print(f"{len(ids)} documents, {len(data.queries)} queries (20 Newsgroups, known item); machine {result['machine']}")
+    print(f"job engine {output['engine']['precision']}, query engine {engine}; index search {result['search']}")
+    print(f"recall@10 of the known answer: ours {recall_ours:.4f}, FP32 exact {recall_fp32:.4f}")
+    print(f"top-10 overlap with FP32 exact search: {overlap:.4f}")
+    for length, figures in lengths.items():
+        print(f"{length:>7} p50 {figures['p50_ms']:7.2f} ms  p99 {figures['p99_ms']:7.2f} ms")
+    print(f"16tok beside 256tok p50 {beside['p50_ms']:7.2f} ms  p99 {beside['p99_ms']:7.2f} ms")
+    print(json.dumps(result))
+    return result

@@ -1,0 +1,376 @@
+"""The recommendation models, each as two towers whose dot product is the score, so that one exact
+blocked top-k (jobs/recs/topk/exact.py BlockedTopK) serves them all.
+
+    content  item: its text embedding; user: the normalised weighted mean of their items'
+    itemknn  item j: column j of the item-item cosine similarity of the interaction matrix, each
+             item's `neighbours` largest kept (implicit's CosineRecommender); user: their row
+             of the interaction matrix
+    ease     item j: column j of EASE's closed-form weights (Steck, "Embarrassingly Shallow
+             Autoencoders", 2019); user: their row of the interaction matrix
+    als      item: implicit's ALS item factors; user: ALS's least-squares solve of their row
+             against the item factors (the training's own user step)
+    transitions
+             first-order transitions, the baseline of sequence models: item j: column j of the
+             share of moves out of each item that went straight to j, in users' time order;
+             user: their latest `history` items, the t-th latest weighted decay**t
+    sequence SASRec (models/sequence.py, trained by jobs/recs/sequence/train.py): item j: its
+             embedding; user: the network's state after their latest items, both through the
+             engines its exported graphs passed the gate with
+    towers   the pipeline's own two-tower model (models/towers.py): item j: its item tower's
+             vector; user: their user tower's vector, looked up by id (jobs/recs/own_towers.py
+             computes both once a run)
+    hybrid   a collaborative model's towers beside the content towers: score = collaborative /
+             scale + content_weight * cosine (jobs/recs/blend.py; scale: the users' median
+             spread of collaborative scores). An item with no interactions has a zero
+             collaborative column, so the content part is what ranks it (cold items).
+    ensemble every collaborative model a night trained, each at its scale, added together
+             (jobs/recs/blend.py), with the content towers
+
+Collaborative models are trained here on one process's interaction matrix (users x items, CSR,
+each user's items in time order: HISTORY_ORDER): EASE inverts an [items, items] Gram matrix (on the GPU where torch sees one), so it is for
+catalogues up to ITEM_ITEM_MAX_ITEMS, as are item-kNN and transitions (their columns are dense
+here); ALS scales
+with the interactions.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
+import pyarrow as pa
+import scipy.sparse as sp
+import torch
+from threadpoolctl import threadpool_limits
+
+from precompute.jobs.recs.blend import BlendTowers, spread_scale
+from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs.sequence.towers import sequence
+from precompute.jobs.recs.sequence.train import WarmStart
+from precompute.jobs.recs.spec import Model, RecsSpec
+from precompute.models.settings import EngineSettings
+
+if TYPE_CHECKING:  # recs_kept imports this module
+    from precompute.jobs.recs.kept_als import KeptALS
+
+
+class Seen(NamedTuple):
+    """Users' interactions as CSR: user u's item positions are items[offsets[u]:offsets[u + 1]]."""
+
+    offsets: np.ndarray
+    items: np.ndarray
+    weights: np.ndarray
+    ids: np.ndarray | None = None
+    """User u's id (str): what a model with its own user tower looks the user up by."""
+
+
+HISTORY_ORDER = [(SECONDS, "ascending"), (INDEX, "ascending"), (WEIGHT, "ascending")]
+"""A user's history in time order; ties at one time (and no time at all) by item, then weight:
+the same order in every run, whatever order the rows arrive in."""
+
+
+GROUPED_ORDER = [(USER, "ascending"), *HISTORY_ORDER]
+
+
+def seen_by_user(good: pa.Table) -> Seen:
+    """Clean rows (any order) -> CSR, users in id order, each user's items in HISTORY_ORDER: a
+    model's training data."""
+    return as_seen(good.sort_by(GROUPED_ORDER))
+
+
+def as_seen(good: pa.Table) -> Seen:
+    """Clean rows sorted by GROUPED_ORDER -> CSR."""
+    encoded = good[USER].combine_chunks().dictionary_encode()
+    users = encoded.indices.to_numpy()
+    offsets = np.zeros(users.max(initial=-1) + 2, np.int64)
+    np.cumsum(np.bincount(users, minlength=len(offsets) - 1), out=offsets[1:])
+    return Seen(
+        offsets,
+        good[INDEX].to_numpy().astype(np.int64),
+        good[WEIGHT].to_numpy().astype(np.float32),
+        user_ids(encoded.dictionary),  # in order of first appearance: sorted
+    )
+
+
+def users_subset(seen: Seen, users: np.ndarray) -> Seen:
+    """The rows of `users` (positions, ascending), in that order."""
+    lengths = np.diff(seen.offsets)[users]
+    offsets = np.zeros(len(users) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    rows = ranges(seen.offsets[users], lengths)
+    return Seen(offsets, seen.items[rows], seen.weights[rows], None if seen.ids is None else seen.ids[users])
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions starts[i] .. starts[i] + lengths[i] - 1 of every i, in order."""
+    ends = np.cumsum(lengths)
+    return np.repeat(starts - ends + lengths, lengths) + np.arange(ends[-1] if len(ends) else 0)
+
+
+def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """User ids as the numpy strings OwnTowers searches."""
+    return np.asarray(ids.to_pylist(), dtype=str)
+
+
+ITEM_ITEM_MAX_ITEMS = 20_000
+"""Item-item models (EASE, item-kNN, transitions) hold an [items, items] float32 matrix: 1.6 GB
+at 20,000 items (EASE's Gram matrix and inverse too; the ensemble holds EASE's and transitions'
+side by side, 3.2 GB, in every top-k actor)."""
+
+
+class Towers(Protocol):
+    """What the top-k needs of a model: the item matrix and the user tower (picklable: every
+    top-k actor gets a copy)."""
+
+    name: str
+    items: np.ndarray
+    """[items, dim] float32: row j is item j's vector."""
+
+    def users(self, seen: Seen) -> np.ndarray:
+        """[users, dim] float32 from the users' interactions."""
+        ...
+
+
+def interaction_matrix(seen: Seen, items: int) -> sp.csr_matrix:
+    return sp.csr_matrix((seen.weights, seen.items, seen.offsets), shape=(len(seen.offsets) - 1, items))
+
+
+class ContentTowers:
+    name = "content"
+
+    def __init__(self, vectors: np.ndarray) -> None:
+        self.items = np.ascontiguousarray(vectors, np.float32)
+
+    def users(self, seen: Seen) -> np.ndarray:
+        """The normalised weighted mean of the user's items' vectors; zero for a user with none."""
+        sums = interaction_matrix(seen, len(self.items)) @ self.items
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        return (sums / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+class RowTowers:
+    """An item-item model: score(u, j) = sum_i x_ui * matrix[i, j]."""
+
+    def __init__(self, name: str, matrix: np.ndarray) -> None:
+        self.name = name
+        self.items = np.ascontiguousarray(np.asarray(matrix, np.float32).T)
+
+    def users(self, seen: Seen) -> np.ndarray:
+        return interaction_matrix(seen, len(self.items)).toarray().astype(np.float32)
+
+
+class TransitionTowers:
+    name = "transitions"
+
+    def __init__(self, matrix: np.ndarray, history: int, decay: float) -> None:
+        self.items = np.ascontiguousarray(np.asarray(matrix, np.float32).T)
+        self.history, self.decay = history, decay
+
+    def users(self, seen: Seen) -> np.ndarray:
+        """Each user's `history` latest items (the last of their items in `seen`), weighted decay**t."""
+        lengths = np.diff(seen.offsets)
+        rows, columns, weights = [], [], []
+        for t in range(self.history):
+            users = np.flatnonzero(lengths > t)
+            rows.append(users)
+            columns.append(seen.items[seen.offsets[users + 1] - 1 - t])
+            weights.append(np.full(len(users), self.decay**t, np.float32))
+        shape = (len(lengths), len(self.items))
+        latest = sp.csr_matrix(
+            (np.concatenate(weights), (np.concatenate(rows), np.concatenate(columns))), shape
+        )
+        return latest.toarray()
+
+
+class ALSTowers:
+    name = "als"
+
+    def __init__(self, model: object, digest: bytes | None = None) -> None:
+        self.model = model
+        self.items = np.ascontiguousarray(model.item_factors, np.float32)
+        self.digest = digest
+        """Its item factors hashed (jobs/recs/state.py part_digest), once known: a kept ALS's as
+        saved with them (jobs/recs/kept_als.py)."""
+
+    def users(self, seen: Seen) -> np.ndarray:
+        if not self.model.item_factors.flags.writeable:
+            # implicit's solve takes writable buffers only, and a top-k actor's come read-only
+            # from Ray's object store: its own copy, once.
+            self.model.item_factors = self.model.item_factors.copy()
+        matrix = interaction_matrix(seen, len(self.items))
+        rows = np.arange(matrix.shape[0])
+        return np.asarray(self.model.recalculate_user(rows, matrix), np.float32).reshape(len(rows), -1)
+
+
+def rows_of(sorted_ids: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each of `ids` is in `sorted_ids`, and its position there where it is)."""
+    if not len(sorted_ids):
+        return np.zeros(len(ids), bool), np.zeros(len(ids), np.int64)
+    at = np.searchsorted(sorted_ids, ids).clip(max=len(sorted_ids) - 1)
+    return sorted_ids[at] == ids, at
+
+
+class OwnTowers:
+    """The pipeline's own two-tower model: item vectors aligned to the item table (zeros for an
+    item without features), user vectors sorted by user id; a user without features gets zeros,
+    so the popularity prior and the content part rank their items."""
+
+    name = "towers"
+
+    def __init__(
+        self, items: np.ndarray, user_ids: np.ndarray, user_vectors: np.ndarray, report: dict | None = None
+    ) -> None:
+        self.items = np.ascontiguousarray(items, np.float32)
+        self.user_ids, self.user_vectors = user_ids, user_vectors
+        self.report = report or {}
+        """How the vectors were made (jobs/recs/own_towers.py): engines, gates, rows and rejects."""
+
+    def users(self, seen: Seen) -> np.ndarray:
+        if seen.ids is None:
+            raise ValueError("the towers model looks users up by id, and these users have none")
+        found, at = rows_of(self.user_ids, seen.ids)
+        vectors = np.zeros((len(seen.ids), self.items.shape[1]), np.float32)
+        vectors[found] = self.user_vectors[at[found]]
+        return vectors
+
+
+def check_item_item(name: str, items: int) -> None:
+    if items > ITEM_ITEM_MAX_ITEMS:
+        raise ValueError(
+            f"{name} holds an [items, items] matrix: {items:,} items are more than "
+            f"{ITEM_ITEM_MAX_ITEMS:,}; use als"
+        )
+
+
+def item_knn(matrix: sp.csr_matrix, neighbours: int) -> RowTowers:
+    check_item_item("itemknn", matrix.shape[1])
+    from implicit.nearest_neighbours import CosineRecommender
+    from implicit.utils import ParameterWarning
+
+    model = CosineRecommender(K=neighbours, num_threads=0)
+    with warnings.catch_warnings():
+        # It normalises the rows into a COO matrix itself, then warns that it got COO.
+        warnings.simplefilter("ignore", ParameterWarning)
+        model.fit(matrix, show_progress=False)
+    return RowTowers("itemknn", model.similarity.toarray())
+
+
+def ease(matrix: sp.csr_matrix, regularization: float) -> RowTowers:
+    """B = I - P / diag(P), P = (X'X + lambda I)^-1, with B's diagonal zero (EASE's closed form)."""
+    check_item_item("ease", matrix.shape[1])
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gram = torch.tensor((matrix.T @ matrix).toarray(), dtype=torch.float32, device=device)
+    gram.diagonal().add_(regularization)
+    # X'X + lambda I is symmetric positive definite (lambda > 0): Cholesky inverts it in about
+    # half the time of a general inverse (1.9 s against 4.1 s at 5,000 items on 2 vCPUs).
+    inverse = torch.cholesky_inverse(torch.linalg.cholesky(gram))
+    weights = inverse / (-inverse.diagonal())
+    weights.diagonal().zero_()
+    return RowTowers("ease", weights.cpu().numpy())
+
+
+def transitions(train: Seen, items: int, settings: RecsSpec) -> TransitionTowers:
+    """Counts of each user's consecutive (item, next item) pairs, a repeat of one item left out,
+    each row divided by its sum."""
+    check_item_item("transitions", items)
+    sources, targets = train.items[:-1], train.items[1:]
+    pairs = sources != targets
+    ends = train.offsets[1:-1] - 1  # a user's last item and the next user's first are no pair
+    pairs[ends[(ends >= 0) & (ends < len(pairs))]] = False
+    sources, targets = sources[pairs], targets[pairs]
+    counts = sp.csr_matrix((np.ones(len(sources), np.float32), (sources, targets)), (items, items))
+    outgoing = np.asarray(counts.sum(axis=1), np.float32)
+    return TransitionTowers(counts.toarray() / np.maximum(outgoing, 1), settings.history, settings.decay)
+
+
+def als_model(settings: RecsSpec, gpu: bool = False) -> object:
+    """implicit's untrained ALS of these settings (the CPU one unless `gpu`)."""
+    from implicit.als import AlternatingLeastSquares
+
+    with threadpool_limits(1, "blas"):  # else implicit warns, at construction, of BLAS threads under its own
+        return AlternatingLeastSquares(
+            factors=settings.factors,
+            regularization=settings.regularization_als,
+            alpha=settings.alpha,
+            iterations=settings.iterations,
+            random_state=0,
+            num_threads=0,
+            use_gpu=gpu,
+        )
+
+
+def als(matrix: sp.csr_matrix, settings: RecsSpec) -> ALSTowers:
+    """implicit's ALS: on the GPU where its CUDA build sees one (then copied to the CPU: the
+    top-k actors solve users against it), else on every core."""
+    import implicit.gpu
+
+    with threadpool_limits(1, "blas"):  # implicit parallelises over users; BLAS threads under it thrash
+        model = als_model(settings, implicit.gpu.HAS_CUDA)
+        model.fit(matrix, show_progress=False)
+    if implicit.gpu.HAS_CUDA:
+        model = model.to_cpu()
+    return ALSTowers(model)
+
+
+def candidates(model: Model, items: int, ordered: bool) -> list[Model]:
+    """The models a run trains: `model` itself, or for auto those the catalogue and the data
+    afford, to publish the best on held-out data (jobs/recs/quality.py): the sequence model and
+    transitions where histories have an order (a time column), EASE where its [items, items]
+    matrix fits ITEM_ITEM_MAX_ITEMS, ALS past it."""
+    if model != "auto":
+        return [model]
+    small = items <= ITEM_ITEM_MAX_ITEMS
+    sequential = ["sequence", "transitions"] if small else ["sequence"]
+    return [*(sequential if ordered else []), "ease" if small else "als"]
+
+
+def collaborative(
+    name: Model, train: Seen, items: int, settings: RecsSpec, engine: EngineSettings, warm: WarmStart | None
+) -> Towers:
+    if name == "transitions":
+        return transitions(train, items, settings)
+    if name == "sequence":
+        return sequence(train, items, settings.sequence, engine, warm)
+    matrix = interaction_matrix(train, items)
+    if name == "itemknn":
+        return item_knn(matrix, settings.neighbours)
+    if name == "ease":
+        return ease(matrix, settings.regularization_ease)
+    if name == "als":
+        return als(matrix, settings)
+    raise ValueError(f"{name!r} is not a collaborative model")
+
+
+def train_towers(
+    model: Model,
+    train: Seen,
+    item_vectors: np.ndarray,
+    settings: RecsSpec,
+    own: OwnTowers | None = None,
+    engine: EngineSettings | None = None,
+    warm: WarmStart | None = None,
+    kept: KeptALS | None = None,
+) -> Towers:
+    """The towers of `model` trained on `train` (the towers model: `own`, already
+    computed); with content_weight > 0 a collaborative model or own towers are the hybrid
+    with the content towers of `item_vectors`. engine: how this machine runs engines (the
+    sequence model's; None: from the environment, PRECOMPUTE_ENGINE_*). warm: the sequence
+    model's start (jobs/recs/sequence/train.py warm_start; None: cold). kept: the published ALS
+    and its scale, used instead of training one (jobs/recs/kept_als.py)."""
+    if model == "auto":
+        raise ValueError("auto is a choice among trained models (candidates), not one to train")
+    content = ContentTowers(item_vectors)
+    if model == "content":
+        return content
+    if model == "towers" and own is None:
+        raise ValueError("model 'towers' needs the pipeline's own towers (jobs/recs/own_towers.py)")
+    hybrid = content if settings.content_weight > 0 else None
+    if model == "als" and kept is not None and kept.towers is not None:
+        return BlendTowers([(kept.towers, kept.scale)], hybrid, settings.content_weight)
+    towers = (
+        own
+        if model == "towers"
+        else collaborative(model, train, len(item_vectors), settings, engine or EngineSettings(), warm)
+    )
+    return BlendTowers([(towers, spread_scale(towers, train))], hybrid, settings.content_weight)

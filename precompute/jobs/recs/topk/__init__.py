@@ -1,0 +1,2 @@
+"""Every user's top k: exact blocked scoring, or candidates from inverted lists over the item
+matrix, kept across nights with their recall check."""

@@ -1,0 +1,283 @@
+"""Pick, build, gate and open a model's engine: the one entry point jobs and the service call.
+
+For each precision on the ladder (fastest first), the precision's ONNX graph and the
+backend's engine come from the cache (built on a miss), and the engine is gated against
+the FP32 reference on held-out texts. The first precision that passes serves; each one
+that fails is recorded with its reason in the report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from precompute.models.backends import BuildSpec, ConcreteDevice, Runner
+from precompute.models.engines.cache import EngineCache
+from precompute.models.engines.gate import GateResult, agreement_gate, cosine_gate, few_texts
+from precompute.models.engines.runtime import BF16, resolve_backend, resolve_device, rung_backend, text_ladder
+from precompute.models.errors import GateFailedError, ModelError
+from precompute.models.hardware import device_fingerprint
+from precompute.models.settings import Engine
+from precompute.models.text.encoder import Encoder, EngineReport, encode_texts
+from precompute.models.text.kept_vectors import read, text_digest, vectors_of
+from precompute.models.text.reference import reference_texts
+from precompute.models.text.tokenize import TextTokenizer
+
+# The ONNX graph each (device, precision) runs; fp32 runs the export itself, bf16 (PyTorch) none.
+ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
+    ("cpu", "int8"): "int8-dynamic",
+    ("cuda", "int8"): "int8-qdq",
+    ("cuda", "fp16"): "fp16",
+    ("cpu", "bf16"): "bf16",
+    ("cpu", "fp32"): "fp32",
+    ("cuda", "fp32"): "fp32",
+}
+# The single-query graph of a variant, where one exists (EngineSettings.graph): ONNX Runtime's
+# BERT fusions, for BERT encoders.
+FUSED = {"int8-dynamic": "int8-dynamic-fused"}
+FUSABLE = ("bert",)
+GATE_VECTORS = "gate-vectors.npz"
+"""An engine's outputs of the gate texts (and the label gate's calibration texts), in its cache
+entry, by text."""
+REFERENCE_VECTORS = "vectors.npz"
+"""The FP32 reference outputs, in the model's `reference` entry."""
+MOVED_SHARE = 0.1
+"""A gate leaves out its sample's texts that no earlier gate of the model scored while they are at
+most this share of it (gate_texts)."""
+MIXED_SHARES = {"int8-mixed-12": 0.125, "int8-mixed-25": 0.25, "int8-mixed-38": 0.375, "int8-mixed-50": 0.5}
+"""The mixed graphs dynamic INT8 falls back to before the next precision on CPUs without BF16, by
+the share of weight MatMuls each keeps in float (quantize.py int8_mixed), fewest first: slower,
+nearer to FP32."""
+
+
+def peer_independent(engine: Engine) -> Engine:
+    """`engine` as an engine whose output for one row never depends on the other rows of its
+    batch, as micro-batched queries need: CPU INT8 is dynamic (activation scales per batch: a
+    query's vector moved by up to 0.03 per component beside other queries), so on CPUs the
+    ladder from BF16 where the CPU's has it (text_ladder), else FP32; every GPU rung is static
+    (Q/DQ, FP16, FP32)."""
+    if resolve_device(engine.machine) != "cpu" or engine.policy.precision in (BF16, "fp32"):
+        return engine
+    if engine.policy.precision == "int8":
+        raise ModelError(
+            "precision='int8' on CPU is dynamic INT8, whose answers depend on batch peers; "
+            "batched queries need precision='bf16', 'fp32' or auto"
+        )
+    backend = resolve_backend(engine.machine, "cpu").name
+    return engine.replace(precision=BF16 if BF16 in text_ladder("auto", "cpu", backend) else "fp32")
+
+
+def rungs(engine: Engine, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
+    """The precisions load_encoder tries: the text ladder, less BF16 for the query graph unless
+    asked for. One short text per call pays the eager PyTorch module's per-op dispatch, under the
+    GIL, on every query: over HTTP 16-token queries took p50 / p99 17.7 / 34.8 ms on BF16 against
+    12.8 / 13.8 ms on ONNX Runtime's mixed graph (README, "Search fidelity"); batches amortise it."""
+    ladder = text_ladder(engine.policy.precision, device, backend)
+    if engine.machine.graph == "query" and engine.policy.precision != BF16:
+        return tuple(precision for precision in ladder if precision != BF16)
+    return ladder
+
+
+def load_encoder(engine: Engine) -> Encoder:
+    """The fastest engine of `engine.model` for this machine that passes the accuracy gate."""
+    device = resolve_device(engine.machine)
+    backend = resolve_backend(engine.machine, device)
+    backend.check_available(device)
+    machine = engine.machine
+    cpus = len(os.sched_getaffinity(0))
+    batch_size = machine.batch_size or (16 if device == "cpu" else 256)
+    source = engine.model
+    build = _Builder(engine, device, backend, BuildSpec(batch_size, source.max_seq_length))
+    tokenizer = TextTokenizer(source)
+
+    gates: list[GateResult] = []
+    ladder = rungs(engine, device, backend.name)
+    for precision in ladder:
+        runner_cls = build.backend(precision)
+        # ONNX Runtime on a CPU: a single-threaded stream per core; PyTorch: one over every core.
+        streams = machine.streams or (cpus if device == "cpu" and runner_cls.name != "torch" else 1)
+        threads = machine.threads or max(1, cpus // streams)
+        for variant in build.variants(precision, mixed=BF16 not in ladder):
+            engine_dir, hit = build.engine(precision, variant)
+            open_runner = partial(runner_cls.open, engine_dir, device, threads, source, precision)
+            mixed = variant in MIXED_SHARES  # its gate names the share, its report "int8-mixed"
+            runner = None
+            if (runner_cls.name, precision) != ("torch", "fp32"):  # the reference needs no gate
+                result, runner = build.gate(engine_dir, variant if mixed else precision, open_runner, tokenizer)
+                gates.append(result)
+                if not result.passed:
+                    if runner is not None:
+                        runner.close()
+                    continue
+            runner = runner or open_runner()
+            model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
+            served = "int8-mixed" if mixed else precision
+            report = EngineReport(runner_cls.name, device, served, str(engine_dir), hit, model, gates)
+            return Encoder(runner, tokenizer, batch_size, streams, report)
+    failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
+    raise GateFailedError(f"no precision passed the accuracy gate ({failures})")
+
+
+class _Builder:
+    """Cache lookups and builds for one (engine, device, backend): graphs, engines, gates."""
+
+    def __init__(
+        self, engine: Engine, device: ConcreteDevice, runner_cls: type[Runner], spec: BuildSpec
+    ) -> None:
+        self.config = engine
+        self.device = device
+        self.runner_cls = runner_cls
+        self.spec = spec
+        self.cache = EngineCache(engine.machine.cache_dir)
+        self.model = engine.model.hash
+        self._gate_texts: GateTexts | None = None
+
+    def onnx(self, variant: str) -> Path:
+        """The FP32 export, or a quantized graph derived from it."""
+        if variant == "fp32":
+            from precompute.models.engines.export import export_onnx  # torch is imported only to export
+
+            key = {"model": self.model}
+            source = self.config.model
+            return (
+                self.cache.get_or_build("export", key, lambda d: export_onnx(source, d / "model.onnx")).path
+                / "model.onnx"
+            )
+        fp32 = self.onnx("fp32")
+        key = {"model": self.model, "variant": variant, "quantizer": f"onnxruntime {ort.__version__}"}
+
+        def quantize(directory: Path) -> None:
+            from precompute.models.engines.quantize import (
+                QUANTIZERS,  # onnxruntime's quantization tools: slow to import, needed on a miss only
+            )
+
+            calibration = reference_texts(
+                self.config.reference, "calibration", self.config.policy.calibration_texts
+            )
+            QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.config.model)
+
+        return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
+
+    def variants(self, precision: str, mixed: bool) -> list[str]:
+        """The graphs to gate for this precision, in order: its own (fused for single queries
+        where it can be), then, if `mixed`, its mixed graphs. A ladder with BF16 goes without
+        them: on an AMX CPU BF16 was both nearer FP32 and faster in batches than any of them
+        (README, "A second real model")."""
+        variant = ONNX_VARIANTS[(self.device, precision)]
+        fusable = self.config.model.task == "embed" and self.config.model.architecture in FUSABLE
+        first = FUSED[variant] if self.config.machine.graph == "query" and variant in FUSED and fusable else variant
+        return [first, *(MIXED_SHARES if mixed and variant == "int8-dynamic" else ())]
+
+    def backend(self, precision: str) -> type[Runner]:
+        """The machine's backend, or PyTorch where it runs the rung (runtime.rung_backend)."""
+        return rung_backend(self.runner_cls, self.device, precision)
+
+    def engine(self, precision: str, variant: str) -> tuple[Path, bool]:
+        """The backend's engine for this precision's graph: (its cache entry, whether it was a hit)."""
+        runner_cls = self.backend(precision)
+        key = {
+            "model": self.model,
+            "precision": precision,
+            "graph": variant,
+            "backend": runner_cls.name,
+            "runtime": runner_cls.runtime_version(),
+            "device": device_fingerprint(self.device),
+            "max_batch": str(self.spec.max_batch),
+        }
+
+        def build(directory: Path) -> None:
+            if runner_cls.engine_file:
+                runner_cls.build(self.onnx(variant), directory / runner_cls.engine_file, self.spec)
+
+        entry = self.cache.get_or_build(f"{runner_cls.name}-{precision}", key, build)
+        return entry.path, entry.hit
+
+    def gate(
+        self, engine_dir: Path, precision: str, open_runner: Callable[[], Runner], tokenizer: TextTokenizer
+    ) -> tuple[GateResult, Runner | None]:
+        """Score the engine on held-out texts; its outputs are kept beside the engine by text
+        (text_vectors). The engine is opened only to encode texts it has not seen (and returned,
+        to serve if it passes): on a night whose gate texts moved by at most MOVED_SHARE
+        (gate_texts), a graph that fails costs no session (MiniLM's five INT8 graphs on a CPU)."""
+        asked = self.gate_texts()
+        opened: list[Runner] = []
+
+        def encode(missing: list[str]) -> np.ndarray:
+            opened.append(open_runner())
+            return encode_texts(opened[0], tokenizer, missing, self.spec.max_batch)
+
+        outputs = vectors_of(engine_dir / GATE_VECTORS, asked.texts, encode)
+        reference = reference_embeddings(self.config, asked.texts)
+        policy, texts_from = self.config.policy, self.config.reference.path
+        if self.config.model.task == "classify":
+            result = agreement_gate(precision, outputs, reference, policy.gate_agreement, texts_from)
+        else:
+            thresholds = (policy.gate_mean_cosine, policy.gate_min_cosine, policy.gate_min_overlap)
+            result = cosine_gate(precision, outputs, reference, thresholds, texts_from)
+        runner = opened[0] if opened else None
+        return replace(result, texts=len(asked.texts), note=asked.note(policy.gate_texts)), runner
+
+    def gate_texts(self) -> GateTexts:
+        if self._gate_texts is None:
+            self._gate_texts = gate_texts(self.config)
+        return self._gate_texts
+
+
+@dataclass(frozen=True)
+class GateTexts:
+    texts: list[str]
+    drawn: int
+    """The input's sample they come from (reference_texts): fewer than asked on a small input,
+    more than `texts` where some were left out as new."""
+
+    def note(self, asked: int) -> str:
+        """GateResult.note: on a small input, or where new texts were left out."""
+        notes = [few_texts(len(self.texts), asked) if self.drawn < asked else ""]
+        if left_out := self.drawn - len(self.texts):
+            notes.append(f"{left_out} of {self.drawn} drawn texts left out: new since the model's last gate")
+        return "; ".join(note for note in notes if note)
+
+
+def gate_texts(engine: Engine) -> GateTexts:
+    """The input's sample of held-out texts (reference_texts), less those no earlier gate of the
+    model scored (no FP32 reference kept: reference_embeddings) while they are at most
+    MOVED_SHARE of it; past the share, all of them, and the new ones join the kept ones.
+
+    An engine's agreement with FP32 does not move with a few of the corpus's texts, and a gate
+    that asks a new text encodes it on every graph of the ladder (a session each) and on the
+    PyTorch reference: on the demo, a night that edited 1% of the texts moved 3 of the 256, and
+    scoring them cost 9 s of a 110 s night. Left out, a gate on an unchanged engine reads every
+    output it needs from the files its earlier gates kept."""
+    drawn = reference_texts(engine.reference, "gate", engine.policy.gate_texts)
+    held = read(reference_file(engine))
+    scored = [text for text in drawn if text_digest(text) in held]
+    texts = scored if len(drawn) - len(scored) <= MOVED_SHARE * len(drawn) else drawn
+    return GateTexts(texts, len(drawn))
+
+
+def reference_file(engine: Engine) -> Path:
+    """The model's FP32 reference outputs kept by text; the entry is only the model's folder, and
+    the file grows by text after the entry exists."""
+    cache = EngineCache(engine.machine.cache_dir)
+    entry = cache.get_or_build("reference", {"model": engine.model.hash}, lambda directory: None)
+    return entry.path / REFERENCE_VECTORS
+
+
+def reference_embeddings(engine: Engine, texts: list[str]) -> np.ndarray:
+    """FP32 PyTorch outputs of `texts`, kept per model by text (text_vectors): every gate (cosine
+    or agreement here, label agreement in labels.py) scores against the same reference, and a
+    night whose gate texts moved by a few computes only those."""
+
+    def encode(missing: list[str]) -> np.ndarray:
+        from precompute.models.backends.torch import TorchRunner  # torch: on a miss only
+
+        with TorchRunner(engine.model, "cpu", len(os.sched_getaffinity(0))) as reference:
+            return encode_texts(reference, TextTokenizer(engine.model), missing, 32)
+
+    return vectors_of(reference_file(engine), texts, encode)

@@ -1,0 +1,327 @@
+"""A label head trained on the corpus's own label column, over an encoder: the best of several
+linear heads by held-out evidence (label_training.py), its probabilities calibrated.
+
+The head is trained on every labelled row (the gate's held-out texts excluded), exported to
+ONNX and cached like an engine, keyed by model, training rows and recipe, and kept while its
+training rows change little (`retrain_share`): `load_head` trains it on first use, so a fresh
+machine needs no step of its own. Its graph takes the text's embedding and the logits of its
+sparse TF-IDF features (zeros for a head without them) and adds them, then a softmax (one label
+per row) or a sigmoid (several); it runs through the backends every engine uses
+(models/engines/runtime.py open_graph). Weights never go into git.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from pydantic import BaseModel, ConfigDict, Field
+
+from precompute.models.backends.base import BuildSpec
+from precompute.models.engines.cache import EngineCache
+from precompute.models.engines.load import load_encoder
+from precompute.models.engines.runtime import open_graph, resolve_device
+from precompute.models.errors import ModelError
+from precompute.models.labels.features import TextFeatures
+from precompute.models.labels.finetune import fine_tuned
+from precompute.models.labels.training import Labelled, held_out_split, train_head
+from precompute.models.settings import Engine
+from precompute.models.source import read_encoder
+from precompute.models.text.reference import SPLIT_SLOT, TextSample, sample_batches, split_slot
+
+RECIPE = "linear-svm/embeddings|fine-tuned(+tfidf)/calibrated/v4"
+HEAD_FILE = "head.onnx"
+LABELS_FILE = "labels.json"
+TEXT_WEIGHT_FILE = "text_weight.npy"
+TRAINING_FILE = "training.npy"
+"""The sorted fingerprints of the rows a head was trained on (row_fingerprints)."""
+PROBABILITIES = "probabilities"
+HEAD_INPUT = "embedding"
+TEXT_LOGITS = "text_logits"
+HEAD_ROWS = 4096
+"""Embeddings per head call: the batch its engine is built for."""
+
+
+class LabelPolicy(BaseModel):
+    """How an output's labels are made: the pipeline file's fields of a labels output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    top: int = Field(3, ge=1, le=10)
+    """Labels stored per item, best first."""
+
+    min_score: float = Field(0.0, ge=0, le=1)
+    """A label is stored only at or above this calibrated probability: an item whose best label
+    is less sure gets none (abstains). With several labels per row, each label's own threshold
+    (chosen on held-out rows) applies too."""
+
+    train_texts: int | None = Field(None, ge=10)
+    """Trained head: at most this many labelled rows train it (None: all), the gate's held-out ones
+    excluded: those of the smallest row fingerprints, so a night that changes a few rows changes
+    as few of them; the report says how many did."""
+
+    fine_tune_seconds: float = Field(600, ge=0)
+    """Trained head: the encoder is also fine-tuned on the labelled rows for at most this long
+    (on the GPU where the engine runs on one), and heads on its embeddings compete with the
+    frozen encoder's; 0 trains no fine-tuned candidate. Cached: an unchanged night reuses it."""
+
+    max_baseline_loss: float = Field(0.02, ge=0, le=1)
+    """A version is published only if its head's held-out accuracy is at least the TF-IDF +
+    linear SVM baseline's (trained and tested on the same rows) minus this."""
+
+    retrain_share: float = Field(0.05, ge=0, le=1)
+    """A cached head is kept while at most this share of its training rows changed; past it, a
+    new head is trained (and every label computed again). 0 retrains on any change."""
+
+    recheck_texts: int = Field(400, ge=10)
+    """Calibration texts (disjoint from the gate's; at most this many, as many as the corpus
+    has) that set the near-tie margin of a precision that falls short of the gate: the widest
+    margin at which it flipped a label."""
+
+
+class LabelTask(BaseModel):
+    """What a labeler is made for: the corpus and the label column a head learns from (None: a
+    classifier folder labels by itself), and the output's policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    corpus: TextSample
+    column: str | None = None
+    policy: LabelPolicy = LabelPolicy()
+
+
+def export_head(weight: np.ndarray, bias: np.ndarray, path: Path, multi: bool = False) -> None:
+    """embedding [B, dim], text_logits [B, labels] -> probabilities [B, labels]: Gemm, Add, then
+    Softmax (one label per row) or Sigmoid (several)."""
+    activation = (
+        helper.make_node("Sigmoid", ["logits"], [PROBABILITIES])
+        if multi
+        else (helper.make_node("Softmax", ["logits"], [PROBABILITIES], axis=-1))
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gemm", [HEAD_INPUT, "weight", "bias"], ["embedding_logits"], transB=1),
+            helper.make_node("Add", ["embedding_logits", TEXT_LOGITS], ["logits"]),
+            activation,
+        ],
+        "label_head",
+        [
+            helper.make_tensor_value_info(HEAD_INPUT, TensorProto.FLOAT, ["batch", weight.shape[1]]),
+            helper.make_tensor_value_info(TEXT_LOGITS, TensorProto.FLOAT, ["batch", len(bias)]),
+        ],
+        [helper.make_tensor_value_info(PROBABILITIES, TensorProto.FLOAT, ["batch", len(bias)])],
+        [
+            numpy_helper.from_array(weight.astype(np.float32), "weight"),
+            numpy_helper.from_array(bias.astype(np.float32), "bias"),
+        ],
+    )
+    # IR version 10: what the ONNX Runtime releases we pin load (onnx writes a newer one by default).
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+class LabelHead:
+    """The exported head through the engines' backends: label probabilities of (embeddings, texts)."""
+
+    def __init__(self, directory: Path, engine: Engine) -> None:
+        self.directory = directory
+        device = resolve_device(engine.machine)
+        self.runner = open_graph(
+            (directory / HEAD_FILE).read_bytes(), engine.machine, device, BuildSpec(HEAD_ROWS)
+        )
+        meta = json.loads((directory / LABELS_FILE).read_text())
+        self.labels: list[str] = meta["labels"]
+        self.multi: bool = meta["multi"]
+        self.thresholds = None if meta["thresholds"] is None else np.array(meta["thresholds"], np.float32)
+        self.training: dict = meta["training"]
+        """The candidates, the baseline and the chosen one, on held-out rows (label_training.TrainingReport)."""
+        self.held_out_accuracy: float = meta["held_out_accuracy"]
+        self.encoder: str | None = meta["encoder"]
+        """The fine-tuned encoder's cache entry whose embeddings the head takes (None: the engine's own)."""
+        self.features = TextFeatures.load(directory) if (directory / TEXT_WEIGHT_FILE).exists() else None
+        self.text_weight = np.load(directory / TEXT_WEIGHT_FILE) if self.features else None
+
+    def probabilities(self, embeddings: np.ndarray, texts: list[str]) -> np.ndarray:
+        parts = []
+        for start in range(0, len(embeddings), HEAD_ROWS):
+            batch = embeddings[start : start + HEAD_ROWS]
+            text_logits = np.zeros((len(batch), len(self.labels)), np.float32)
+            if self.features is not None:
+                text_logits = np.asarray(
+                    self.features.transform(texts[start : start + HEAD_ROWS]) @ self.text_weight.T, np.float32
+                )
+            parts.append(self.runner.infer({HEAD_INPUT: batch, TEXT_LOGITS: text_logits}))
+        return np.concatenate(parts) if parts else np.zeros((0, len(self.labels)), np.float32)
+
+    def given(self, probabilities: np.ndarray, min_score: float) -> np.ndarray:
+        """Which labels a row is given: at or above `min_score`, and with several labels per
+        row, at or above each label's threshold."""
+        floor = np.float32(min_score)
+        return probabilities >= (floor if self.thresholds is None else np.maximum(self.thresholds, floor))
+
+
+def load_head(task: LabelTask, engine: Engine) -> LabelHead:
+    """The head for this model and training data: the one trained on exactly these rows, else the
+    closest one trained on rows that differ by at most `retrain_share`, else one trained now.
+
+    Keeping a head through small changes is what makes labels incremental: the head is part of
+    every label's identity (jobs/text/labels.py), so a head retrained on 1% new rows would label every
+    row again for a head that labels almost all of them the same."""
+    column = label_column(task)
+    labelled, fingerprints = labelled_rows(task.corpus, column, task.policy.train_texts)
+    lineage = {
+        "model": engine.model.hash,
+        "column": column,
+        "max_train_texts": str(task.policy.train_texts),
+        "fine_tune_seconds": str(task.policy.fine_tune_seconds),
+        "recipe": RECIPE,
+    }
+    key = {**lineage, "training": hashlib.sha256(fingerprints.tobytes()).hexdigest()[:16]}
+    cache = EngineCache(engine.machine.cache_dir)
+    if (kept := cache.find("label-head", key)) or (
+        kept := closest_head(cache, lineage, fingerprints, task.policy.retrain_share)
+    ):
+        return LabelHead(kept, engine)
+    entry = cache.get_or_build(
+        "label-head", key, lambda directory: _train(labelled, fingerprints, engine, task.policy, directory)
+    )
+    return LabelHead(entry.path, engine)
+
+
+def label_column(task: LabelTask) -> str:
+    if task.column is None:
+        raise ModelError("a trained head needs the label column it learns from")
+    return task.column
+
+
+def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[Labelled, np.ndarray]:
+    """The corpus's labelled rows (the gate's held-out ones excluded), read a batch at a time, in
+    file order; and their fingerprints. A list column gives several labels per row.
+
+    With a `limit`, the rows kept are those of the smallest fingerprints, held in a heap while
+    reading: memory is O(limit) however large the corpus, the sample is as random as the hash and
+    blind to the file's order (which may group rows by class), and a night that changes 1% of the
+    rows changes about 1% of the sample, so the cached head is kept (`retrain_share`). Every night
+    reads the whole corpus here, so each batch's columns go to Python once, not a dict a row."""
+    kept: list[tuple[int, int, str, object, int]] = []  # (-fingerprint, row number, text, label, slot)
+    number = 0
+    for batch in sample_batches(sample, [sample.id, sample.text, column]):
+        columns = (batch[name].to_pylist() for name in (sample.id, sample.text, column))
+        for id_, text, label in zip(*columns, strict=True):
+            if (labelled := labelled_row(id_, text, label)) is None:
+                continue
+            text, label, slot = labelled
+            digest = hashlib.blake2b(f"{id_}\x00{text}\x00{label}".encode(), digest_size=8).digest()
+            entry = (-int.from_bytes(digest, "little"), number, text, label, slot)
+            number += 1
+            if limit is None:
+                kept.append(entry)
+            elif len(kept) < limit:
+                heapq.heappush(kept, entry)
+            else:
+                heapq.heappushpop(kept, entry)
+    if not kept:
+        raise ModelError(f"labels corpus {sample.path}: no row has both a text and a {column!r} label")
+    kept.sort(key=lambda entry: entry[1])
+    texts = [entry[2] for entry in kept]
+    labels = [entry[3] for entry in kept]
+    slots = [entry[4] for entry in kept]
+    multi = isinstance(labels[0], tuple)
+    names = sorted({name for label in labels for name in (label if multi else [label])})
+    if len(names) < 2 and not multi:
+        raise ModelError(
+            f"labels corpus {sample.path}: every labelled row of {column!r} has the label {names[0]!r}; "
+            "a head learns from two or more"
+        )
+    index = {name: i for i, name in enumerate(names)}
+    if multi:
+        targets = np.zeros((len(labels), len(names)), dtype=bool)
+        for row, label in enumerate(labels):
+            targets[row, [index[name] for name in label]] = True
+    else:
+        targets = np.array([index[label] for label in labels], dtype=np.int64)
+    fingerprints = np.sort(np.array([-entry[0] for entry in kept], dtype="<u8"))
+    return Labelled(texts, targets, names, np.array(slots)), fingerprints
+
+
+def labelled_row(id_: object, text: object, label: object) -> tuple[str, object, int] | None:
+    """(text, label, slot) of a row with a text and a label, not one of the gate's; else None. A
+    list of labels becomes a sorted tuple of its names (None for an empty list)."""
+    if not isinstance(text, str) or not text.strip() or label is None:
+        return None
+    if (slot := split_slot(id_)) == SPLIT_SLOT["gate"]:
+        return None
+    if isinstance(label, list):
+        names = tuple(sorted({str(name) for name in label if name is not None}))
+        return (text, names, slot) if names else None
+    return (text, str(label), slot) if str(label) else None
+
+
+def closest_head(
+    cache: EngineCache, lineage: dict[str, str], fingerprints: np.ndarray, retrain_share: float
+) -> Path | None:
+    """The cached head of this lineage whose training rows differ least from these, if by at most
+    `retrain_share` of them (rows changed, added or removed); ties go to the newest."""
+    best: tuple[float, float, Path] | None = None
+    for path, key in cache.entries("label-head"):
+        if {name: key.get(name) for name in lineage} != lineage or not (path / TRAINING_FILE).exists():
+            continue
+        trained = np.load(path / TRAINING_FILE)
+        same = len(np.intersect1d(trained, fingerprints, assume_unique=True))
+        changed = 1 - same / max(len(trained), len(fingerprints))
+        candidate = (changed, -path.stat().st_mtime, path)
+        if changed <= retrain_share and (best is None or candidate < best):
+            best = candidate
+    return best[2] if best else None
+
+
+def _train(
+    labelled: Labelled, fingerprints: np.ndarray, engine: Engine, policy: LabelPolicy, directory: Path
+) -> None:
+    """Embed the labelled rows at FP32 (with the frozen encoder, and the one fine-tuned on the
+    training rows), train and choose the head, export it with its report."""
+    rows = held_out_split(labelled)
+    embeddings = {"embeddings": fp32_embeddings(engine, labelled.texts)}
+    fine_tune, tuned = None, None
+    if policy.fine_tune_seconds > 0:
+        cache = EngineCache(engine.machine.cache_dir)
+        device = resolve_device(engine.machine)
+        tuned, fine_tune = fine_tuned(engine.model, labelled, rows["train"], policy.fine_tune_seconds, device, cache)
+        embeddings["fine-tuned"] = fp32_embeddings(engine.replace(model=tuned), labelled.texts)
+    head, report = train_head(labelled, embeddings, rows)
+    export_head(head.weight, head.bias, directory / HEAD_FILE, labelled.multi)
+    if head.features is not None and head.text_weight is not None:
+        head.features.save(directory)
+        np.save(directory / TEXT_WEIGHT_FILE, head.text_weight)
+    np.save(directory / TRAINING_FILE, fingerprints)
+    meta = {
+        "labels": labelled.names,
+        "multi": labelled.multi,
+        "thresholds": None if head.thresholds is None else head.thresholds.tolist(),
+        "held_out_accuracy": report.accuracy,
+        "encoder": tuned.folder.name if tuned is not None and report.encoder == "fine-tuned" else None,
+        "training": {**asdict(report), "fine_tune": fine_tune},
+    }
+    (directory / LABELS_FILE).write_text(json.dumps(meta))
+
+
+def fp32_embeddings(engine: Engine, texts: list[str]) -> np.ndarray:
+    with load_encoder(engine.replace(precision="fp32")) as encoder:
+        return encoder.encode(texts)
+
+
+def labeling_engine(head: LabelHead, engine: Engine) -> Engine:
+    """The engine whose embeddings `head` takes: `engine`, or its encoder fine-tuned (cached
+    beside the head), which then goes through the precision ladder and gates as any encoder."""
+    if head.encoder is None:
+        return engine
+    base = engine.model
+    tuned = read_encoder(engine.machine.cache_dir / head.encoder, base.pooling, base.normalize, base.max_seq_length)
+    return engine.replace(model=tuned)

@@ -1,0 +1,264 @@
+"""The content labeler: a user's sequence classifier, or a trained head over an encoder (label_head.py).
+
+A classifier folder (`AutoModelForSequenceClassification`) runs on the engine path like an
+encoder: exported with its softmax (or sigmoid) in the graph, quantized, and gated on
+top-label agreement with its own FP32 self (models/engines/load.py).
+
+The encoder under a trained head runs on the engine path (quantized, cached) with its own
+gate: a precision labels only if its top label agrees with FP32's on `gate_agreement` of the
+held-out texts. Labels are less forgiving than search: a near tie between two labels flips on
+a small perturbation, so a precision that passes the cosine gate for embeddings can still fail
+this one. Such a precision gets a second try before the ladder falls back: it labels every
+text, and the texts whose top two probabilities lie closer than a calibrated margin (the near
+ties, where flips happen) are labelled again at FP32. Each try is in the report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from precompute.models.engines.cache import EngineCache
+from precompute.models.engines.load import GATE_VECTORS, gate_texts, load_encoder, reference_embeddings
+from precompute.models.engines.runtime import resolve_backend, resolve_device, text_ladder
+from precompute.models.errors import GateFailedError
+from precompute.models.labels.head import LabelHead, LabelPolicy, LabelTask, labeling_engine, load_head
+from precompute.models.settings import Engine
+from precompute.models.text.encoder import Encoder, EngineReport
+from precompute.models.text.kept_vectors import vectors_of
+from precompute.models.text.reference import reference_texts, texts_digest
+
+GATES_FILE = "gates.json"
+
+
+@dataclass(frozen=True)
+class LabelGate:
+    precision: str
+    agreement: float
+    passed: bool
+    reason: str
+    recheck_margin: float | None = None
+    """Texts whose top-2 probability margin is under this were labelled again at FP32 (None: none)."""
+    rechecked: float = 0.0
+    """Share of the gate's texts that were."""
+
+
+@dataclass(frozen=True)
+class LabelerReport:
+    engine: EngineReport
+    head_dir: str
+    """The trained head's cache entry; empty for a classifier."""
+    held_out_accuracy: float | None
+    """The trained head's top-1 accuracy (micro F1 with several labels per row) on held-out
+    labelled texts; None for a classifier."""
+    training: dict[str, Any] | None = None
+    """The trained head's candidates and baseline on those texts (label_training.TrainingReport)."""
+    gates: list[LabelGate] = field(default_factory=list)
+
+
+def top_of(probabilities: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(label indices, probabilities), [rows, k] each, best first."""
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(probabilities, order, axis=1)
+
+
+def top_two_margin(probabilities: np.ndarray) -> np.ndarray:
+    """Best minus second-best probability per row: how far a text is from a tie."""
+    two = np.partition(probabilities, -2, axis=1)[:, -2:]
+    return two[:, 1] - two[:, 0]
+
+
+class KeptOutputs:
+    """An encoder whose outputs are kept beside its engine by text (text_vectors), where its
+    cosine gate keeps its outputs of the same gate texts: the label gate asks those and the
+    calibration texts every night, and a night whose texts moved by a few encodes those few."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.encoder = encoder
+        self.path = Path(encoder.report.engine_dir) / GATE_VECTORS
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return vectors_of(self.path, texts, self.encoder.encode)
+
+
+class Labeler:
+    """Texts in, top labels out: a gated classifier; or a gated encoder, then the trained head,
+    near ties again at FP32 if so gated."""
+
+    def __init__(
+        self,
+        encoder: Encoder | KeptOutputs,
+        head: LabelHead | None,
+        policy: LabelPolicy,
+        recheck: Encoder | KeptOutputs | None = None,
+        margin: float = 0.0,
+    ) -> None:
+        self.encoder = encoder
+        self.head = head
+        self.top = policy.top
+        self.min_score = policy.min_score
+        self.recheck = recheck
+        self.margin = margin
+        self.report: LabelerReport | None = None
+        """Set by load_labeler once the gate passed."""
+
+    @property
+    def labels(self) -> list[str]:
+        return self.head.labels if self.head else list(self.encoder.source.labels)
+
+    def probabilities(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(label probabilities [rows, labels], whether each row was rechecked at FP32)."""
+        outputs = self.encoder.encode(texts)
+        probabilities = self.head.probabilities(outputs, texts) if self.head else outputs
+        near = np.zeros(len(texts), dtype=bool)
+        if self.recheck is not None and self.head is not None:
+            near = top_two_margin(probabilities) < self.margin
+            if near.any():
+                near_texts = [t for t, n in zip(texts, near, strict=True) if n]
+                probabilities[near] = self.head.probabilities(self.recheck.encode(near_texts), near_texts)
+        return probabilities, near
+
+    def label(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(label indices, probabilities, whether each is given), [len(texts), top] each, best
+        first: a label is given at or above `min_score` (and a multi-label head's threshold)."""
+        probabilities = self.probabilities(texts)[0]
+        given = (
+            self.head.given(probabilities, self.min_score) if self.head else probabilities >= self.min_score
+        )
+        indices, scores = top_of(probabilities, self.top)
+        return indices, scores, np.take_along_axis(given, indices, axis=1)
+
+    def close(self) -> None:
+        """Closes what load_labeler or open_labeler opened: Encoders (a gate's KeptOutputs wrap
+        encoders that the gate closes)."""
+        for encoder in (self.encoder, self.recheck):
+            if isinstance(encoder, Encoder):
+                encoder.close()
+
+    def __enter__(self) -> Labeler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def recheck_margin(head: LabelHead, quantized: KeptOutputs, fp32: KeptOutputs, texts: list[str]) -> float:
+    """Just above the widest margin at which `quantized` flipped a calibration text's top label."""
+    quick = head.probabilities(quantized.encode(texts), texts)
+    exact = head.probabilities(fp32.encode(texts), texts)
+    flipped = np.argmax(quick, axis=1) != np.argmax(exact, axis=1)
+    return float(np.nextafter(top_two_margin(quick)[flipped].max(initial=0.0), np.inf))
+
+
+def load_labeler(task: LabelTask, engine: Engine, head_dir: Path | None = None) -> Labeler:
+    """The fastest labeler whose labels agree with FP32's: each precision alone, then with its
+    near ties rechecked at FP32, before the ladder falls back to the next precision. `head_dir`:
+    the head the caller chose already (load_head), whose rows are then not read again (every
+    labelled row of the corpus, a row at a time: seconds at 1M rows)."""
+    if engine.model.task == "classify":
+        return load_classifier(task, engine)
+    head = load_head(task, engine) if head_dir is None else chosen_head(head_dir, engine)
+    engine = labeling_engine(head, engine)  # a fine-tuned encoder is gated like any other
+    texts = gate_texts(engine).texts
+    reference = np.argmax(head.probabilities(reference_embeddings(engine, texts), texts), axis=1)
+    device = resolve_device(engine.machine)
+    policy, threshold = task.policy, engine.policy.gate_agreement
+
+    def agreement_gate(labeler: Labeler, name: str) -> LabelGate:
+        probabilities, rechecked = labeler.probabilities(texts)
+        agreement = float(np.mean(np.argmax(probabilities, axis=1) == reference))
+        passed = agreement >= threshold
+        reason = "" if passed else f"label agreement {agreement:.4f} < {threshold}"
+        margin = labeler.margin if labeler.recheck is not None else None
+        return LabelGate(name, agreement, passed, reason, margin, float(rechecked.mean()))
+
+    def evaluate(encoder: Encoder, directory: Path) -> None:
+        """A rung's gates: its precision alone, then with the near ties rechecked at FP32."""
+        precision, quick = encoder.report.precision, KeptOutputs(encoder)
+        tried = [agreement_gate(Labeler(quick, head, policy), precision)]
+        if not tried[0].passed and precision != "fp32":
+            with load_encoder(engine.replace(precision="fp32")) as fp32:
+                # As many as a small corpus has: the gate still judges the margin they set.
+                calibration = reference_texts(engine.reference, "calibration", policy.recheck_texts, at_least=0)
+                exact = KeptOutputs(fp32)
+                margin = recheck_margin(head, quick, exact, calibration)
+                recheck = Labeler(quick, head, policy, exact, margin)
+                tried.append(agreement_gate(recheck, f"{precision}+fp32-recheck"))
+        (directory / GATES_FILE).write_text(json.dumps([asdict(g) for g in tried]))
+
+    # A rung's gates are cached like the engine's own, by head, engine and gate texts: a nightly
+    # run on an unchanged corpus opens its labeler without gating again, and one whose texts moved
+    # scores the head over the kept outputs of the texts that did not (KeptOutputs).
+    cache = EngineCache(engine.machine.cache_dir)
+    gates: list[LabelGate] = []
+    backend = resolve_backend(engine.machine, device).name
+    for rung in text_ladder(engine.policy.precision, device, backend):
+        if any(g.precision == rung for g in gates):
+            continue
+        # Its precision is lower than `rung` if the cosine gate failed it. Neighbours are not what
+        # a labeler is judged by: its label agreement is, below.
+        encoder = load_encoder(engine.replace(precision=rung, gate_min_overlap=0.0))
+        key = {
+            "head": head.directory.name,
+            "engine": Path(encoder.report.engine_dir).name,
+            "texts": texts_digest(texts),
+            "gate_agreement": str(threshold),
+            "recheck_texts": str(policy.recheck_texts),
+        }
+        entry = cache.get_or_build("label-gate", key, lambda directory, e=encoder: evaluate(e, directory))
+        gates += [LabelGate(**g) for g in json.loads((entry.path / GATES_FILE).read_text())]
+        if gates[-1].passed:
+            report = LabelerReport(
+                encoder.report, str(head.directory), head.held_out_accuracy, head.training, gates
+            )
+            return passed_labeler(encoder, head, task, engine, report)
+        encoder.close()
+    failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
+    raise GateFailedError(f"no precision passed the label agreement gate ({failures})")
+
+
+def load_classifier(task: LabelTask, engine: Engine) -> Labeler:
+    """A classifier labels through its own engine, whose gate is top-label agreement with FP32."""
+    encoder = load_encoder(engine)
+    labeler = Labeler(encoder, None, task.policy)
+    gates = [LabelGate(g.precision, g.agreement or 0.0, g.passed, g.reason) for g in encoder.report.gates]
+    labeler.report = LabelerReport(encoder.report, "", None, None, gates)
+    return labeler
+
+
+def chosen_head(head_dir: Path, engine: Engine) -> LabelHead:
+    """A head chosen elsewhere (the flow's, the gate's), by its entry's name in this machine's
+    cache: a task or actor never picks another one (load_head), wherever the chooser's cache was."""
+    return LabelHead(engine.machine.cache_dir / head_dir.name, engine)
+
+
+def open_labeler(task: LabelTask, engine: Engine, report: LabelerReport) -> Labeler:
+    """The labeler a passed gate chose (`report`, from load_labeler), opened without gating it
+    again: a job gates once, and each of its actors opens what passed. Gating costs seconds
+    of encoding (the gate's and the calibration texts, at two precisions); opening, a cache hit."""
+    head = None
+    if report.head_dir:
+        head = chosen_head(Path(report.head_dir), engine)
+        engine = labeling_engine(head, engine)
+    encoder = load_encoder(engine.replace(precision=report.engine.precision))
+    return passed_labeler(encoder, head, task, engine, report)
+
+
+def passed_labeler(
+    encoder: Encoder,
+    head: LabelHead | None,
+    task: LabelTask,
+    engine: Engine,
+    report: LabelerReport,
+) -> Labeler:
+    """The labeler the last gate of `report` passed: `encoder`, with FP32 rechecking the near ties
+    when that gate passed with a recheck margin."""
+    margin = report.gates[-1].recheck_margin
+    recheck = None if margin is None else load_encoder(engine.replace(precision="fp32"))
+    labeler = Labeler(encoder, head, task.policy, recheck, margin or 0.0)
+    labeler.report = report
+    return labeler

@@ -1,0 +1,127 @@
+"""One output's versions in the key-value store: the one a run writes, and those an operator lists.
+
+`NewVersion` is the whole life of a run's version, so that no job or flow handles buckets,
+copies or cleanup: it is created once the job knows how many records it will hold (fresh, or
+for an incremental run the published version's records less those that left, as an overlay),
+written through a Ray Datasink, then published whole after its checks, or dropped whole
+if anything failed first. `OutputVersions` is the `Versioned` view `status` and `rollback` read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from precompute.stores.key_value.overlay import REBASE_SHARE
+from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.versions import Version, new_version
+
+if TYPE_CHECKING:
+    from precompute.stores.key_value.sink import KeyValueSink
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """How an incremental version starts: a copy of `version`, less the records `gone`; the job
+    then writes only the records that changed, over the copied ones."""
+
+    version: str
+    gone: list[str]
+
+
+class NewVersion:
+    """A new version of `output`, written aside while readers keep the published one."""
+
+    def __init__(
+        self, store: KeyValueStore, output: str, meta: Callable[[], Mapping[str, Any]], meta_digest: str | None = None
+    ) -> None:
+        self.store = store
+        self.output = output
+        self.meta = meta
+        """What is stored with the version (JSON): e.g. the vocabulary its values index into. Made
+        only if stored: an overlay whose base has the same `meta_digest` reads the base's."""
+        self.meta_digest = meta_digest
+        self.version = new_version()
+        self.published = False
+
+    def copyable(self, version: str) -> range:
+        """Record counts a copy of `version` holds well (KeyValueStore.copyable)."""
+        return self.store.copyable(self.output, version)
+
+    def create(self, rows: int, copy: CopyPlan | None = None) -> None:
+        """Register the version for `rows` records; with `copy`, start from that version's records.
+
+        A copy is an overlay over the copied version's base (key_value_overlay.py): it holds only
+        what the night writes and deletes, and the overlay that `copy` may already be, copied
+        server-side. Once REBASE_SHARE of the base's records have changed, it is a whole version:
+        the base's buckets copied server-side, then the overlay's changes applied."""
+        digest = self.meta_digest
+        if copy is None:
+            self.store.create_version(self.output, self.version, rows, self.meta(), meta_digest=digest)
+            return
+        source = self.store.layout(self.output, copy.version)
+        if source.base is None:
+            meta = self._meta_over(copy.version)
+            self.store.create_version(self.output, self.version, rows, meta, base=copy.version, meta_digest=digest)
+        elif self.store.changed(self.output, copy.version) <= REBASE_SHARE * source.base_rows:
+            meta, buckets = self._meta_over(source.base), source.buckets
+            self.store.create_version(
+                self.output, self.version, rows, meta, buckets=buckets, base=source.base, meta_digest=digest
+            )
+            self.store.copy_version(self.output, copy.version, self.version)
+        else:
+            buckets = source.whole_buckets
+            self.store.create_version(self.output, self.version, rows, self.meta(), buckets=buckets, meta_digest=digest)
+            self.store.copy_version(self.output, copy.version, self.version)
+        self.store.delete(self.output, self.version, copy.gone)
+
+    def _meta_over(self, base: str) -> Mapping[str, Any] | None:
+        """The meta an overlay over `base` stores: none where it reads the base's (the same digest)."""
+        return None if self.store.shares_meta(self.output, base, self.meta_digest) else self.meta()
+
+    def sink(self) -> KeyValueSink:
+        """A Ray Datasink writing (id, value) rows into the version, once it is created."""
+        return self.store.sink(self.output, self.version)
+
+    def publish(self, samples: Mapping[str, bytes]) -> None:
+        """Check the version (record count, these sample values read back) and switch readers to it."""
+        self.store.publish(self.output, self.version, samples)
+        self.published = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """A version that failed before its publish is deleted whole, if it got as far as existing."""
+        if exc is not None and not self.published:
+            with contextlib.suppress(Exception):
+                if self.store.current(self.output) != self.version:
+                    self.store.drop_version(self.output, self.version)
+
+
+class OutputVersions:
+    """`Versioned` (versions.py) for one output of the key-value store."""
+
+    def __init__(self, store: KeyValueStore, output: str) -> None:
+        self.store = store
+        self.output = output
+        self.where = f"redis: {store.settings.prefix}:{output}"
+
+    def current(self) -> str | None:
+        return self.store.current(self.output)
+
+    def listing(self) -> list[Version]:
+        now = datetime.now(UTC)
+        return [
+            Version(v.name, v.rows, (now - v.created).total_seconds(), v.is_current)
+            for v in self.store.versions(self.output)
+        ]
+
+    def rollback(self, to: str | None = None) -> str:
+        return self.store.rollback(self.output, to)
