@@ -46,8 +46,8 @@ from precompute.models.hardware import device_fingerprint
 from precompute.service.server import running
 from precompute.stores.key_value.server import free_port, redis_server
 from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 from precompute.stores.versions import new_version
 
 SEARCH_SHARE = 0.10

@@ -22,8 +22,8 @@ from precompute.jobs.text.embed import run_embed_job
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import load_encoder
 from precompute.models.hardware import device_fingerprint
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 
 
 def main(corpus: str | None = None) -> dict[str, object]:

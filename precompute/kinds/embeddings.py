@@ -22,8 +22,9 @@ from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.models.datasets import DatasetInput, arrow_dataset
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import Quantization
-from precompute.stores.vectors.store import VectorStore, open_vector_store
+from precompute.stores.vectors.store import VectorStore
 
 if TYPE_CHECKING:
     from precompute.flows.steps import RunContext

@@ -6,8 +6,9 @@ engines implement it in-process (qdrant_edge_store.py) and on a server
 """
 
 from precompute.stores.errors import StoreError, StoreUnavailableError, VersionNotFoundError
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import Hit, VectorStore, open_vector_store
+from precompute.stores.vectors.store import Hit, VectorStore
 
 __all__ = [
     "Hit",

@@ -28,8 +28,8 @@ from precompute.stores.errors import VersionNotFoundError
 from precompute.stores.key_value.server import redis_server
 from precompute.stores.key_value.settings import RedisSettings, output_keys
 from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 from tests.waiting import wait_for
 
 LABELS = """

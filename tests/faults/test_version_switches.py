@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.demo_data import DEMO_CORPUS
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 from tests.faults.service import V1, published_service
 from tests.lookup.test_search import write_version
 from tests.waiting import wait_for

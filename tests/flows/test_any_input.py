@@ -34,8 +34,8 @@ from precompute.cli.main import app
 from precompute.demo_data import DEMO_CORPUS
 from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 
 WIDER = os.environ.get("PRECOMPUTE_PROPERTY_EXAMPLES")
 RUNS = int(WIDER or 1)

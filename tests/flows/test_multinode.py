@@ -22,8 +22,8 @@ from precompute.jobs.text.content_cache import previous_run
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 from tests.flows.conftest import THREE_OUTPUTS
 
 if TYPE_CHECKING:

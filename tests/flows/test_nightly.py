@@ -16,8 +16,8 @@ from precompute.flows.nightly import RunFailedError, nightly
 from precompute.stores.key_value.records import decode_ranked
 from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 from tests.flows.conftest import CONTENT_RECS
 from tests.held_records import held_records
 

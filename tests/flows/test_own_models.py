@@ -19,8 +19,8 @@ from precompute.flows.nightly import nightly
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
 from precompute.settings import Machine
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 from tests.lookup.apps import app_of
 from tests.models.tiny import HIDDEN, LABELS, saved_by_sentence_transformers, tiny_classifier, tiny_towers
 

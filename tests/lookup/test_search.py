@@ -19,8 +19,8 @@ from precompute.lookup.settings import ServiceSettings
 from precompute.models.engines.runtime import BF16, text_ladder
 from precompute.stores.key_value.server import free_port
 from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 from tests.lookup.apps import app_of
 from tests.waiting import wait_for
 

@@ -14,8 +14,8 @@ from precompute.cli.main import app
 from precompute.stores.key_value.records import encode_ranked
 from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 
 V1, V2 = "20261121T010000Z-aaaaaa", "20261122T010000Z-bbbbbb"
 

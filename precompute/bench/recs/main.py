@@ -36,13 +36,14 @@ import torch
 from precompute.bench.recs.data import DATASETS, load
 from precompute.bench.recs.served import served_quality
 from precompute.demo_data import DEMO_CORPUS, demo_engine
-from precompute.jobs.recs.models import seen_by_user, train_towers
+from precompute.jobs.recs.models import train_towers
 from precompute.jobs.recs.quality import (
     RecsQuality,
     evaluate,
     interactions_table,
     valid_interactions,
 )
+from precompute.jobs.recs.seen import seen_by_user
 from precompute.jobs.recs.spec import RecsSpec
 from precompute.jobs.recs.topk.exact import BlockedTopK, popularity_prior
 from precompute.jobs.settings import JobSettings

@@ -27,8 +27,9 @@ import pyarrow.parquet as pq
 
 from precompute.bench.served import served_run
 from precompute.jobs.recs.interactions import INDEX, SECONDS, USER
-from precompute.jobs.recs.models import HISTORY_ORDER, train_towers, users_subset
+from precompute.jobs.recs.models import train_towers
 from precompute.jobs.recs.quality import EVAL_K, hold_out_last, measure
+from precompute.jobs.recs.seen import HISTORY_ORDER, users_subset
 from precompute.jobs.recs.spec import RecsSpec
 
 PIPELINE = """\

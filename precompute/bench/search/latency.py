@@ -30,8 +30,8 @@ from precompute.models import load_encoder
 from precompute.models.hardware import device_fingerprint
 from precompute.service.server import running
 from precompute.stores.key_value.server import free_port
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import open_vector_store
 
 VERSION = "20000101T000000Z-bench0"
 K = 10

@@ -17,13 +17,13 @@ Weights of 0.5-2 between the parts moved NDCG@10 by under 0.01: equal weights, u
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # recs_models imports this module
-    from precompute.jobs.recs.models import ContentTowers, Seen, Towers
+from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.topk.exact import BlockedTopK
+from precompute.jobs.recs.towers import ContentTowers, Towers
 
 SCALE_USERS = 2000
 """Training users whose scores set a part's scale (a median: stable at this size)."""
@@ -38,10 +38,6 @@ def spread_scale(towers: Towers, train: Seen) -> float:
     SCALE_RANK-th best: the unit a part's scores are divided by (1 where it is zero). Scored as
     the job scores (jobs/recs/topk/exact.py BlockedTopK: blocks of users, bounded tiles of items, only the
     columns a block uses), every item counted, seen or not."""
-    from precompute.jobs.recs.topk.exact import (
-        BlockedTopK,  # it imports recs_models, which imports this module
-    )
-
     users = min(SCALE_USERS, len(train.offsets) - 1)
     end = train.offsets[users]
     head = train._replace(

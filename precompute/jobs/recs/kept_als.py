@@ -33,9 +33,9 @@ import polars as pl
 import pyarrow as pa
 
 from precompute.jobs.recs.interactions import INDEX, USER, WEIGHT
-from precompute.jobs.recs.models import ALSTowers, als_model
 from precompute.jobs.recs.spec import RecsSpec
 from precompute.jobs.recs.state import part_digest
+from precompute.jobs.recs.towers import ALSTowers, als_model
 from precompute.jobs.work_dir import WorkPath, copy_file
 
 SKETCH = 2**20

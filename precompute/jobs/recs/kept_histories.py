@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from precompute.jobs.nights import Previous
 from precompute.jobs.recs.interaction_files import Validated
 from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.models import GROUPED_ORDER, Seen, as_seen, ranges, user_ids
+from precompute.jobs.recs.seen import GROUPED_ORDER, Seen, as_seen, ranges, user_ids
 from precompute.jobs.recs.state import FINGERPRINT, HISTORIES, HISTORIES_FILES, LENGTH, STATE, USERS_FILE
 from precompute.jobs.recs.user_histories import Grouped, fingerprints, group_all
 from precompute.jobs.text.content_cache import key_array

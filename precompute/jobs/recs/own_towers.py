@@ -24,7 +24,7 @@ from ray.data.expressions import col
 
 from precompute.jobs.inputs import read_input
 from precompute.jobs.ray_session import actor_pool
-from precompute.jobs.recs.models import OwnTowers, rows_of
+from precompute.jobs.recs.towers import OwnTowers, rows_of
 from precompute.jobs.validate import REASON, duplicate_ids, id_key, quarantine
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.backends.base import ConcreteDevice

@@ -37,19 +37,12 @@ from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs.blend import BlendTowers, ensemble
 from precompute.jobs.recs.interactions import INDEX, SECONDS, clean, column_renames, tag_rejects
 from precompute.jobs.recs.kept_als import KeptALS
-from precompute.jobs.recs.models import (
-    ITEM_ITEM_MAX_ITEMS,
-    OwnTowers,
-    Seen,
-    Towers,
-    candidates,
-    seen_by_user,
-    train_towers,
-    users_subset,
-)
+from precompute.jobs.recs.models import ITEM_ITEM_MAX_ITEMS, candidates, train_towers
+from precompute.jobs.recs.seen import Seen, seen_by_user, users_subset
 from precompute.jobs.recs.sequence.train import WarmStart
 from precompute.jobs.recs.spec import RecsSpec
 from precompute.jobs.recs.topk.exact import BlockedTopK, popularity_prior, recommend_users
+from precompute.jobs.recs.towers import OwnTowers, Towers
 from precompute.jobs.validate import REASON
 from precompute.models.datasets import arrow_dataset
 from precompute.models.engines.gate import few_held_out

@@ -43,16 +43,8 @@ from precompute.jobs.recs.interaction_files import KeptFiles, validated_interact
 from precompute.jobs.recs.interactions import INDEX
 from precompute.jobs.recs.kept_als import interactions_sketch, kept_als, save_als
 from precompute.jobs.recs.kept_histories import grouped, keep_grouping
-from precompute.jobs.recs.models import (
-    ALSTowers,
-    OwnTowers,
-    Seen,
-    Towers,
-    rows_of,
-    user_ids,
-    users_subset,
-)
 from precompute.jobs.recs.quality import RecsQuality, evaluate, quality_of
+from precompute.jobs.recs.seen import Seen, user_ids, users_subset
 from precompute.jobs.recs.sequence.towers import SequenceTowers
 from precompute.jobs.recs.sequence.train import save_weights, warm_start
 from precompute.jobs.recs.spec import RecsSpec
@@ -72,6 +64,7 @@ from precompute.jobs.recs.state import (
 from precompute.jobs.recs.topk.candidates import CandidateTopK, choose_ranking, ranker_of
 from precompute.jobs.recs.topk.exact import BlockedTopK, popularity_prior, recommend_users
 from precompute.jobs.recs.topk.kept_index import keep_index, kept_index
+from precompute.jobs.recs.towers import ALSTowers, OwnTowers, Towers, rows_of
 from precompute.jobs.recs.user_histories import history_blocks, seen_of, user_rows
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import REJECTS

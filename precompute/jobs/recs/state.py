@@ -58,6 +58,7 @@ import pyarrow.compute as pc
 
 from precompute.jobs import nights
 from precompute.jobs.nights import NIGHT, Night, Previous, copy_files, same_night
+from precompute.jobs.recs.towers import ALSTowers, OwnTowers, Towers
 from precompute.jobs.text.content_cache import KEY, differ, key_array, key_column
 from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath, copy_file, read_ipc, write_ipc
@@ -67,7 +68,6 @@ from precompute.models.settings import EngineSettings
 if TYPE_CHECKING:
     from precompute.jobs.inputs import InteractionsInput
     from precompute.jobs.recs.blend import BlendTowers
-    from precompute.jobs.recs.models import OwnTowers, Towers
     from precompute.jobs.recs.spec import RecsSpec
 
 STATE = "recs_state"
@@ -191,8 +191,6 @@ def part_digest(part: Towers) -> bytes:
     """A trained part's item matrix hashed. An ALS keeps its digest (ALSTowers.digest) and saves
     it with its factors, so that a night that keeps the ALS does not hash 1M items' factors
     again (0.21-0.60 s of a 1% night's grouping, bench scale)."""
-    from precompute.jobs.recs.models import ALSTowers  # the recs job's: imported already
-
     if not isinstance(part, ALSTowers):
         return rows_digest(part.items)
     if part.digest is None:

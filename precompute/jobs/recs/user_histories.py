@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import ray
 
 from precompute.jobs.recs.interactions import SECONDS
-from precompute.jobs.recs.models import GROUPED_ORDER, Seen, as_seen, user_ids, users_subset
+from precompute.jobs.recs.seen import GROUPED_ORDER, Seen, as_seen, user_ids, users_subset
 from precompute.jobs.recs.state import FINGERPRINT, LENGTH
 from precompute.jobs.text.content_cache import key_column
 

@@ -20,6 +20,7 @@ import onnxruntime as ort
 from precompute.models.backends import BuildSpec, ConcreteDevice, Runner
 from precompute.models.engines.cache import EngineCache
 from precompute.models.engines.gate import GateResult, agreement_gate, cosine_gate, few_texts
+from precompute.models.engines.graphs import FUSABLE, FUSED, MIXED_SHARES, ONNX_VARIANTS
 from precompute.models.engines.runtime import BF16, resolve_backend, resolve_device, rung_backend, text_ladder
 from precompute.models.errors import GateFailedError, ModelError
 from precompute.models.hardware import device_fingerprint
@@ -29,19 +30,6 @@ from precompute.models.text.kept_vectors import read, text_digest, vectors_of
 from precompute.models.text.reference import reference_texts
 from precompute.models.text.tokenize import TextTokenizer
 
-# The ONNX graph each (device, precision) runs; fp32 runs the export itself, bf16 (PyTorch) none.
-ONNX_VARIANTS: dict[tuple[ConcreteDevice, str], str] = {
-    ("cpu", "int8"): "int8-dynamic",
-    ("cuda", "int8"): "int8-qdq",
-    ("cuda", "fp16"): "fp16",
-    ("cpu", "bf16"): "bf16",
-    ("cpu", "fp32"): "fp32",
-    ("cuda", "fp32"): "fp32",
-}
-# The single-query graph of a variant, where one exists (EngineSettings.graph): ONNX Runtime's
-# BERT fusions, for BERT encoders.
-FUSED = {"int8-dynamic": "int8-dynamic-fused"}
-FUSABLE = ("bert",)
 GATE_VECTORS = "gate-vectors.npz"
 """An engine's outputs of the gate texts (and the label gate's calibration texts), in its cache
 entry, by text."""
@@ -50,10 +38,6 @@ REFERENCE_VECTORS = "vectors.npz"
 MOVED_SHARE = 0.1
 """A gate leaves out its sample's texts that no earlier gate of the model scored while they are at
 most this share of it (gate_texts)."""
-MIXED_SHARES = {"int8-mixed-12": 0.125, "int8-mixed-25": 0.25, "int8-mixed-38": 0.375, "int8-mixed-50": 0.5}
-"""The mixed graphs dynamic INT8 falls back to before the next precision on CPUs without BF16, by
-the share of weight MatMuls each keeps in float (quantize.py int8_mixed), fewest first: slower,
-nearer to FP32."""
 
 
 def peer_independent(engine: Engine) -> Engine:

@@ -38,7 +38,7 @@ from onnxruntime.transformers import optimizer
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
 from precompute.models.backends.base import Feeds
-from precompute.models.engines.load import MIXED_SHARES
+from precompute.models.engines.graphs import MIXED_SHARES
 from precompute.models.source import INPUT_NAMES, ModelSource
 from precompute.models.text.tokenize import TextTokenizer
 

@@ -13,8 +13,9 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
 from precompute.stores.errors import StoreError
-from precompute.stores.key_value.settings import RedisSettings, buckets_of, output_keys
+from precompute.stores.key_value.settings import RedisSettings, buckets_of, check_output, output_keys
 from precompute.stores.key_value.store import KeyValueStore
+from precompute.stores.versions import check_version
 
 BUCKET = "bucket"
 
@@ -32,9 +33,10 @@ class KeyValueSink(Datasink[int]):
     """
 
     def __init__(self, settings: RedisSettings, output: str, version: str) -> None:
+        """A sink into `version`, which create_version must have registered."""
         self.settings = settings
-        self.output = output
-        self.version = version
+        self.output = check_output(output)
+        self.version = check_version(version)
         self.rows = 0
         """Records written, set once the write completes; publish checks the count in Redis."""
 

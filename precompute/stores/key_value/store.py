@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import repeat
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from precompute.stores.errors import StoreError, VersionNotFoundError
 from precompute.stores.key_value import meta as kv_meta
@@ -30,15 +30,11 @@ from precompute.stores.key_value.settings import (
     OutputKeys,
     RedisSettings,
     buckets_of,
-    check_output,
     connect,
     output_keys,
     unavailable_as_store_error,
 )
 from precompute.stores.versions import check_version
-
-if TYPE_CHECKING:
-    from precompute.stores.key_value.sink import KeyValueSink
 
 COPY_CHUNK = 500
 """Buckets per COPY round trip: a bucket is one small listpack, cheap to copy."""
@@ -211,12 +207,6 @@ class KeyValueStore:
                     pending = 0
             replies += pipe.execute()
         return replies
-
-    def sink(self, output: str, version: str) -> KeyValueSink:
-        """A Ray Datasink writing into `version`, which create_version must have registered."""
-        from precompute.stores.key_value.sink import KeyValueSink  # Ray Data: slow to import, for jobs only
-
-        return KeyValueSink(self.settings, check_output(output), check_version(version))
 
     def check_writable(self, keys: OutputKeys, version: str) -> int:
         """The version's bucket count; refuses unknown and published versions."""

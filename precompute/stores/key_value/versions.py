@@ -85,7 +85,9 @@ class NewVersion:
 
     def sink(self) -> KeyValueSink:
         """A Ray Datasink writing (id, value) rows into the version, once it is created."""
-        return self.store.sink(self.output, self.version)
+        from precompute.stores.key_value.sink import KeyValueSink  # Ray Data: slow to import, for jobs only
+
+        return KeyValueSink(self.store.settings, self.output, self.version)
 
     def publish(self, samples: Mapping[str, bytes]) -> None:
         """Check the version (record count, these sample values read back) and switch readers to it."""

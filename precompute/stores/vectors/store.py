@@ -19,7 +19,7 @@ from typing import Any, Self
 import numpy as np
 
 from precompute.stores.errors import StoreError, VersionNotFoundError
-from precompute.stores.vectors.settings import QUANTIZED_OVERSAMPLING, Quantization, VectorStoreSettings
+from precompute.stores.vectors.settings import QUANTIZED_OVERSAMPLING, Quantization
 from precompute.stores.versions import Version, version_age
 
 ITEM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "precompute:item")
@@ -299,15 +299,3 @@ class VectorStore(ABC):
     ) -> None:
         self.close()
 
-
-def open_vector_store(settings: VectorStoreSettings, name: str) -> VectorStore:
-    """The collection `name` in the store `settings.type` names (the alias readers query on a
-    server, a directory on edge; each version is stored apart); each engine is imported only
-    when chosen."""
-    if settings.type == "edge":
-        from precompute.stores.vectors.edge import QdrantEdgeStore
-
-        return QdrantEdgeStore(settings, name)
-    from precompute.stores.vectors.server import QdrantServerStore
-
-    return QdrantServerStore(settings, name)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from precompute.jobs.recs.blend import BlendTowers, ensemble, spread_scale
-from precompute.jobs.recs.models import ContentTowers, Seen
+from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.towers import ContentTowers
 
 ITEMS = 150
 

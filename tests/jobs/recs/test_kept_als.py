@@ -16,9 +16,9 @@ from precompute.jobs.recs.kept_als import (
     retrain,
     save_als,
 )
-from precompute.jobs.recs.models import ALSTowers, als_model
 from precompute.jobs.recs.spec import RecsSpec
 from precompute.jobs.recs.state import part_digest, vocabulary_digest
+from precompute.jobs.recs.towers import ALSTowers, als_model
 from precompute.jobs.work_dir import WorkPath
 
 

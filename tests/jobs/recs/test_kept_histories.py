@@ -14,7 +14,7 @@ from precompute.jobs.nights import Previous
 from precompute.jobs.recs.interaction_files import Validated
 from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
 from precompute.jobs.recs.kept_histories import grouped, keep_grouping
-from precompute.jobs.recs.models import ranges
+from precompute.jobs.recs.seen import ranges
 from precompute.jobs.recs.state import STATE, stage
 from precompute.jobs.recs.user_histories import Grouped, group_all, user_rows
 from precompute.jobs.work_dir import WorkPath

@@ -8,8 +8,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from precompute.jobs.recs.models import Seen, train_towers
+from precompute.jobs.recs.models import train_towers
 from precompute.jobs.recs.quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
+from precompute.jobs.recs.seen import Seen
 from precompute.jobs.recs.spec import RecsSpec, SequenceSpec
 from precompute.jobs.recs.topk.exact import BlockedTopK, recommend_users
 

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.models import Seen, seen_by_user
+from precompute.jobs.recs.seen import Seen, seen_by_user
 from precompute.jobs.recs.state import FINGERPRINT, LENGTH
 from precompute.jobs.recs.user_histories import (
     HOLDS,

@@ -23,8 +23,9 @@ from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import load_encoder
 from precompute.models.datasets import Digests, InputFiles
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import VectorStore, open_vector_store
+from precompute.stores.vectors.store import VectorStore
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from precompute.models.text.reference import TextSample
 from precompute.stores.key_value.reader import KeyValueReader
 from precompute.stores.key_value.records import decode_ranked
 from precompute.stores.key_value.settings import RedisSettings
+from precompute.stores.key_value.sink import KeyValueSink
 from precompute.stores.key_value.store import KeyValueStore
 from precompute.stores.key_value.versions import CopyPlan, NewVersion
 
@@ -55,7 +56,7 @@ def test_every_valid_item_gets_the_labelers_top_labels(
             job,
             LABELS,
             settings,
-            store.sink("labels", VERSION),
+            KeyValueSink(store.settings, "labels", VERSION),
             WorkPath.of(tmp_path / "run"),
             before_write=lambda rows, copy: store.create_version("labels", VERSION, rows),
         )
@@ -102,7 +103,7 @@ def test_too_many_rejects_fail_before_any_labelling(
             JobSettings(work_dir=tmp_path),
             LABELS,
             settings,
-            store.sink("labels", VERSION),
+            KeyValueSink(store.settings, "labels", VERSION),
             WorkPath.of(tmp_path / "run"),
         )
     assert pq.read_table(tmp_path / "run" / "rejects.parquet").num_rows == 4  # quarantined, with reasons

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from precompute.models import Engine, load_encoder
 from precompute.models.engines import runtime
 from precompute.models.engines.gate import cosine_gate
-from precompute.models.engines.load import MIXED_SHARES
+from precompute.models.engines.graphs import MIXED_SHARES
 from precompute.models.engines.quantize import QUANTIZERS, int8_dynamic
 from precompute.models.source import ModelSource
 

@@ -30,7 +30,7 @@ from precompute.stores.key_value.reader import KeyValueReader
 from precompute.stores.key_value.records import decode_ranked, encode_ranked
 from precompute.stores.key_value.server import redis_server
 from precompute.stores.key_value.settings import RedisSettings, output_keys
-from precompute.stores.key_value.sink import BUCKET
+from precompute.stores.key_value.sink import BUCKET, KeyValueSink
 from precompute.stores.key_value.store import KeyValueStore
 from precompute.stores.key_value.versions import CopyPlan, NewVersion, OutputVersions
 from tests.waiting import wait_for
@@ -210,7 +210,7 @@ def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, sett
     values = values_of(1)
     store.create_version(OUTPUT, V1, N)
     table = pa.table({"id": IDS, "value": pa.array(values, pa.binary())})
-    sink = store.sink(OUTPUT, V1)
+    sink = KeyValueSink(store.settings, OUTPUT, V1)
     ray.data.from_arrow(table).repartition(3).write_datasink(sink)
     assert sink.rows == N
     store.publish(OUTPUT, V1, {IDS[100]: values[100]})
@@ -219,7 +219,7 @@ def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, sett
     store.create_version(OUTPUT, V2, N)
     bad = pa.table({"id": IDS, "value": [str(i) for i in range(N)]})  # strings, not binary
     with pytest.raises(Exception, match=r"values\[0\] must be bytes, got str"):
-        ray.data.from_arrow(bad).write_datasink(store.sink(OUTPUT, V2))
+        ray.data.from_arrow(bad).write_datasink(KeyValueSink(store.settings, OUTPUT, V2))
     assert [v.name for v in store.versions(OUTPUT)] == [V1]  # the failed version is deleted whole
 
 
@@ -233,7 +233,7 @@ def test_rows_routed_by_bucket_reach_each_write_task_as_whole_buckets(ray_local:
     values = values_of(1)
     with KeyValueStore(settings) as store:
         store.create_version(OUTPUT, V1, N)
-        sink = store.sink(OUTPUT, V1)
+        sink = KeyValueSink(store.settings, OUTPUT, V1)
         routed = sink.routed(ray.data.from_arrow(pa.table({"id": IDS, "value": pa.array(values, pa.binary())})), N)
         blocks = [ray.get(ref) for ref in routed.materialize().to_arrow_refs()]
         assert len(blocks) == 5 and sum(b.num_rows for b in blocks) == N  # ceil(250 / 60)
@@ -401,7 +401,7 @@ def test_bad_parameters_are_named(store: KeyValueStore, settings: RedisSettings)
     with pytest.raises(ValueError, match="ids and values differ in length: 2 and 1"):
         store.write(OUTPUT, V1, IDS[:2], [b"x"])
     with pytest.raises(ValueError, match="version 'v 2'"):
-        store.sink(OUTPUT, "v 2")
+        KeyValueSink(store.settings, OUTPUT, "v 2")
     store.write(OUTPUT, V1, IDS[:2], [b"x", b"y"])
     store.publish(OUTPUT, V1)
     with pytest.raises(StoreError, match="is published; it is never written again"):

@@ -30,10 +30,11 @@ from precompute.jobs.text.embedding_cache import EMBEDDING, embeddings_column
 from precompute.jobs.vectors.index_check import check_index
 from precompute.jobs.work_dir import WorkPath
 from precompute.stores.errors import StoreError, VersionNotFoundError
+from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.edge import QdrantEdgeStore
 from precompute.stores.vectors.server import QdrantServerStore
 from precompute.stores.vectors.settings import VectorStoreSettings
-from precompute.stores.vectors.store import SearchParams, VectorStore, open_vector_store
+from precompute.stores.vectors.store import SearchParams, VectorStore
 from tests.waiting import wait_for
 
 DIM = 16

@@ -5,11 +5,10 @@ actors run the gated engine."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 
+from precompute.jobs.recs.seen import Seen
 from precompute.jobs.recs.sequence.train import TrainReport, WarmStart, latest, train_sequence
 from precompute.jobs.recs.spec import SequenceSpec
 from precompute.models.backends.base import Runner
@@ -24,9 +23,6 @@ from precompute.models.towers import (
     open_tower,
     vectors_of,
 )
-
-if TYPE_CHECKING:  # recs_models imports this module: Seen is only named here
-    from precompute.jobs.recs.models import Seen
 
 
 class SequenceTowers:

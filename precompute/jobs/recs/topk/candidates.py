@@ -33,11 +33,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from precompute.jobs.recs.models import Seen, Towers, users_subset
+from precompute.jobs.recs.seen import Seen, users_subset
 from precompute.jobs.recs.topk.exact import BlockedTopK
 from precompute.jobs.recs.topk.item_lists import ItemLists, build_lists, ceilings, search_by_list
 from precompute.jobs.recs.topk.kept_check import CheckLists, carried_check, fresh_check, saved_check
 from precompute.jobs.recs.topk.kept_index import KeptIndex
+from precompute.jobs.recs.towers import Towers
 
 IVF_MIN_ITEMS = 50_000
 """auto ranks by the index past this many items on CPUs. Below it exact scoring costs little

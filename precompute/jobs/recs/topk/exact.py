@@ -13,7 +13,8 @@ import warnings
 import numpy as np
 import torch
 
-from precompute.jobs.recs.models import Seen, Towers
+from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.towers import Towers
 
 SCORE_BUFFER_BYTES = 512 * 2**20
 """The score buffer's bound: a block of users is scored against tiles of at most this many bytes

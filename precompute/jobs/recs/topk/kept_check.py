@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from precompute.jobs.recs.models import Seen, Towers, rows_of, users_subset
+from precompute.jobs.recs.seen import Seen, users_subset
 from precompute.jobs.recs.state import CHECK_FILE
 from precompute.jobs.recs.topk.exact import BlockedTopK
+from precompute.jobs.recs.towers import Towers, rows_of
 from precompute.jobs.recs.user_histories import fingerprints
 from precompute.jobs.work_dir import WorkPath
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.models import ContentTowers, Seen, seen_by_user
+from precompute.jobs.recs.seen import Seen, seen_by_user
 from precompute.jobs.recs.topk import item_lists
 from precompute.jobs.recs.topk.candidates import (
     INDEX_BUILD_USERS,
@@ -37,6 +37,7 @@ from precompute.jobs.recs.topk.item_lists import (
     index_data,
     search_by_list,
 )
+from precompute.jobs.recs.towers import ContentTowers
 
 ITEMS, DIM, USERS, K = 3000, 32, 300, 10
 

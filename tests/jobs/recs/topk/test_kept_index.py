@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from precompute.jobs.nights import Previous
-from precompute.jobs.recs.models import ContentTowers, Seen, seen_by_user
+from precompute.jobs.recs.seen import Seen, seen_by_user
 from precompute.jobs.recs.state import STATE
 from precompute.jobs.recs.topk.candidates import (
     INDEX_BUILD_USERS,
@@ -24,6 +24,7 @@ from precompute.jobs.recs.topk.candidates import (
 from precompute.jobs.recs.topk.exact import BlockedTopK
 from precompute.jobs.recs.topk.item_lists import build_lists, ceilings
 from precompute.jobs.recs.topk.kept_index import MOVED_SHARE, KeptIndex, keep_index, kept_index
+from precompute.jobs.recs.towers import ContentTowers
 from precompute.jobs.work_dir import WorkPath
 from tests.jobs.recs.topk.test_candidates import DIM, ITEMS, USERS, K, clustered, interactions
 
