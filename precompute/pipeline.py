@@ -17,9 +17,11 @@ PRECOMPUTE_OUTPUTS__EMBEDDINGS__INPUT__PATH=s3://bucket/corpus.parquet. An outpu
 its kind's spec (precompute/kinds/); `precompute settings` lists every field.
 
 `load_pipeline` validates the file's shape (pydantic; `schema()` is its JSON Schema), then
-`Pipeline.check` what shape cannot show: each output's kind checks its models and inputs, and
-no two outputs write one place of a store. Every error is one line naming the file, the output
-and the field.
+`Pipeline.check` what shape cannot show: each output's kind checks its models and inputs, no two
+outputs write one place of a store, every output one needs is declared, and none needs itself
+through others.
+Every error is one line naming the file, the output and the field. The kinds' hooks see each
+output as an `Output` (precompute/kinds/).
 """
 
 from __future__ import annotations
@@ -29,26 +31,19 @@ import os
 import re
 import tomllib
 from functools import cached_property
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from typing import Annotated, Any, Union
 
-import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, create_model
 from pydantic._internal._utils import deep_update
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
-from precompute.jobs.inputs import COLUMN_TYPES
-from precompute.kinds import NAME, OutputKind, OutputSpec, kinds, registry
-from precompute.models.datasets import DatasetInput, InputError, arrow_dataset
+from precompute.kinds import NAME, Output, OutputKind, OutputSpec, PipelineError, registry
 from precompute.models.location import BASE
-from precompute.models.source import ModelSource
 
 SHIPPED = Path(__file__).resolve().parents[1] / "precompute.toml"
 FILE_NAME = "precompute.toml"
-
-
-class PipelineError(Exception):
-    """The pipeline file is wrong; the message is one line naming the file, output and field."""
 
 
 class FlowSpec(BaseModel):
@@ -74,6 +69,14 @@ class Pipeline(BaseModel):
         """The file this was read from."""
         return self._path
 
+    @cached_property
+    def declared(self) -> dict[str, Output]:
+        """Each output as its kind's hooks see it, in the file's order."""
+        declared: dict[str, Output] = {}
+        for name, spec in self.outputs.items():
+            declared[name] = Output(name, spec, self.path, declared)
+        return declared
+
     def kind(self, name: str) -> OutputKind:
         return registry()[self.outputs[name].kind]
 
@@ -81,73 +84,54 @@ class Pipeline(BaseModel):
         return {name: o for name, o in self.outputs.items() if o.kind == kind}
 
     def default(self, kind: str) -> str | None:
+        """The kind's first output in the file: the service's unnamed routes answer from it."""
         return next(iter(self.of_kind(kind)), None)
 
-    def store(self, name: str) -> str:
-        """The output's place in its store: a Qdrant collection or a Redis key part."""
-        return self.outputs[name].store or name
-
     def run_order(self) -> list[str]:
-        """Outputs by kind in the registry's order (a kind's inputs come from the kinds before it),
-        in the file's order within a kind."""
-        return [name for kind in kinds() for name in self.of_kind(kind.name)]
+        """Outputs in the order a night runs them: each after the outputs it needs, otherwise in
+        the file's order. `check` has refused a cycle."""
+        needs = self.needs()
+        order = TopologicalSorter({name: needs[name] for name in self.outputs})
+        order.prepare()
+        ready: list[str] = []
+        done: list[str] = []
+        position = {name: i for i, name in enumerate(self.outputs)}
+        while order.is_active():
+            ready = sorted([*ready, *order.get_ready()], key=position.__getitem__)
+            done.append(name := ready.pop(0))
+            order.done(name)
+        return done
 
-    def error(self, output: str, field: str, message: str) -> PipelineError:
-        return PipelineError(f"{self.path}: outputs.{output}.{field}: {message}")
-
-    @cached_property
-    def sources(self) -> dict[str, ModelSource]:
-        """Each output's model, read from its folder, for the outputs that run one."""
-        sources = {}
-        for name in self.outputs:
-            if (source := self.kind(name).source(self, name)) is not None:
-                sources[name] = source
-        return sources
+    def needs(self) -> dict[str, list[str]]:
+        return {name: self.kind(name).needs(output) for name, output in self.declared.items()}
 
     def check(self) -> None:
         """Everything a run would trip on before its first job: raise PipelineError on the first."""
         places: dict[tuple[str, str], str] = {}
-        for name in self.outputs:
-            family, store = self.kind(name).store_family, self.store(name)
-            if (family, store) in places:
-                raise self.error(
-                    name, "store", f"{family} store {store!r} is written by output {places[family, store]!r} too"
+        for name, output in self.declared.items():
+            family = output.kind.store_family
+            if (family, output.store) in places:
+                raise output.error(
+                    "store", f"{family} store {output.store!r} is written by output {places[family, output.store]!r} too"
                 )
-            places[family, store] = name
-            self.kind(name).check(self, name)
-        self.sources  # noqa: B018 - reads every model folder, raising on the first bad one
+            places[family, output.store] = name
+            output.kind.check(output)
+        for output in self.declared.values():
+            output.source  # noqa: B018 - reads every model folder, raising on the first bad one
+        self.check_needs()
 
-    def check_input(
-        self,
-        name: str,
-        source: DatasetInput,
-        columns: dict[str, str],
-        optional: dict[str, str] | None = None,
-        table: str = "input",
-    ) -> None:
-        """The output's input is readable, holds rows, and has each column (by its field in the
-        output's `table`, `input` by default) with a type COLUMN_TYPES accepts for that field; each
-        `optional` one that it has, too."""
-        path = source.path
+    def check_needs(self) -> None:
+        """Each output needs outputs the file declares, and none needs itself through others."""
+        needs = self.needs()
+        for name, needed in needs.items():
+            for other in needed:
+                if other not in self.outputs:
+                    raise PipelineError(f"{self.path}: outputs.{name}: needs output {other!r}, which the file does not declare")
         try:
-            dataset = arrow_dataset(source)
-            rows = dataset.count_rows()
-        except InputError as e:
-            raise self.error(name, f"{table}.path", str(e)) from None
-        except (OSError, pa.ArrowException) as e:
-            raise self.error(name, f"{table}.path", f"cannot read {path} ({e})") from None
-        if rows == 0:
-            raise self.error(name, f"{table}.path", f"{path} holds no rows")
-        schema = dataset.schema
-        present = {field: column for field, column in (optional or {}).items() if column in schema.names}
-        for field, column in (present | columns).items():
-            if column not in schema.names:
-                raise self.error(
-                    name, f"{table}.{field}", f"column {column!r} is not in {path} (it has {', '.join(schema.names)})"
-                )
-            accepts, expected = COLUMN_TYPES[field]
-            if not accepts(kind := schema.field(column).type):
-                raise self.error(name, f"{table}.{field}", f"column {column!r} of {path} is {kind}, not {expected}")
+            TopologicalSorter(needs).prepare()
+        except CycleError as e:
+            cycle = " -> ".join(e.args[1])
+            raise PipelineError(f"{self.path}: outputs: the outputs need each other in a cycle ({cycle})") from None
 
 
 def locate(path: str | Path | None = None) -> Path:
@@ -218,7 +202,7 @@ def load_pipeline(path: str | Path | None = None) -> Pipeline:
 
 def schema() -> str:
     """The file's JSON Schema, for editors (Even Better TOML and others read `$schema`)."""
-    specs = tuple(kind.spec for kind in kinds())
+    specs = tuple(kind.spec for kind in registry().values())
     output = Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007 - a union built at run time
     document = create_model(
         "Pipeline",

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import torch
 from sentence_transformers import SentenceTransformer
 
+from precompute.bench.records import Figure, write_record
 from precompute.demo_data import DEMO_CORPUS
 from precompute.models import Encoder, Engine, load_encoder
 from precompute.models.engines.gate import row_cosine
@@ -122,4 +123,15 @@ def main(docs: int, repeats: int, corpus: str | None = None, model: str | None =
         )
     print(f"machine {result['machine']}")
     print(json.dumps(result))
+    batch = f"batch {result['batch_size']}"
+    demo = Path(path).parts[-2:] == DEMO_CORPUS.parts[-2:]  # the demo corpus, wherever it lies
+    write_record(
+        "embed",
+        result,
+        dataset=f"demo corpus, {len(texts):,} Debian package descriptions" if demo else f"{path}, {len(texts):,} texts",
+        ours=Figure(f"our encoder, {result['engine']}, {batch}", result["ours_docs_per_s"], "docs/s"),
+        baseline=Figure(f"{result['baseline']}, {batch}", result["baseline_docs_per_s"], "docs/s"),
+        ratio=result["ratio"],
+        device="cuda" if str(result["machine"]).startswith("cuda:") else "cpu",
+    )
     return result

@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sklearn.linear_model import LogisticRegression
 
-from precompute.bench.labels_data import DATASETS, load
+from precompute.bench.labels_data import DATASETS, TITLES, load
+from precompute.bench.records import Figure, write_record
 from precompute.bench.served import served_run
 from precompute.jobs.settings import JobSettings
 from precompute.models.engines.load import load_encoder
@@ -139,4 +140,12 @@ def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
     default = result["datasets"][names[0]]
     result |= {key: default[key] for key in ("published_top1", "tfidf_svc_top1", "lr_fp32_top1")}
     print(json.dumps(result))
+    write_record(
+        "labels",
+        result,
+        dataset=f"{TITLES[names[0]]}: {default['rows']:,} texts, {default['classes']} classes, "
+        f"{default['test_rows']:,} held out",
+        ours=Figure(f"served labels' top-1 ({default['published_head']})", default["published_top1"], "accuracy"),
+        baseline=Figure("TF-IDF + LinearSVC top-1", default["tfidf_svc_top1"], "accuracy"),
+    )
     return result

@@ -44,6 +44,8 @@ def rotten_tomatoes(cache: Path) -> pa.Table:
 
 
 DATASETS: dict[str, Callable[[Path], pa.Table]] = {"demo": demo, "rotten-tomatoes": rotten_tomatoes}
+TITLES = {"demo": "demo corpus, Debian package sections", "rotten-tomatoes": "Rotten Tomatoes, fresh / rotten / plot"}
+"""How a bench record names each data set."""
 
 
 def load(name: str, cache: Path) -> pa.Table:

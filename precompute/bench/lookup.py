@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import redis
 
 from precompute.bench.load import CLIENT_THREADS, Connect, get, http, open_loop, percentiles
+from precompute.bench.records import Figure, write_record
 from precompute.demo_data import DEMO_CORPUS
 from precompute.lookup.settings import ServiceSettings
 from precompute.models.hardware import device_fingerprint
@@ -148,6 +149,15 @@ def main(rates: Sequence[float] = (500.0, 1000.0), seconds: float = 10.0, seed: 
     print("acceptance at 500/s: p50 <= 1 ms, p99 <= 5 ms; target at 1000/s: p50 <= 0.6 ms, p99 <= 2 ms")
     print(f"machine {result['machine']}")
     print(json.dumps(result))
+    first = result["rates"][str(int(rates[0]))]
+    write_record(
+        "lookup",
+        result,
+        dataset=f"demo corpus ids, {len(ids):,} items x top-{LABELS_PER_ITEM} labels",
+        ours=Figure(f"GET /v1/labels/{{id}} p99 at {rates[0]:g}/s", first["ours"]["p99_ms"], "ms"),
+        baseline=Figure(f"redis-py GET p99 at {rates[0]:g}/s", first["baseline"]["p99_ms"], "ms"),
+        higher_is_better=False,
+    )
     return result
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from precompute.bench.records import Figure, write_record
 from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.settings import JobSettings
@@ -59,4 +60,13 @@ def main(corpus: str | None = None) -> dict[str, object]:
     print(f"efficiency   {result['efficiency']:8.2f}")
     print(f"machine {result['machine']}")
     print(json.dumps(result))
+    demo = Path(source.path).parts[-2:] == DEMO_CORPUS.parts[-2:]
+    write_record(
+        "pipeline",
+        result,
+        dataset=f"demo corpus, {len(texts):,} Debian package descriptions" if demo else f"{source.path}, {len(texts):,} texts",
+        ours=Figure(f"Ray Data embedding job, {result['engine']}", result["job_docs_per_s"], "docs/s"),
+        baseline=Figure("bare engine, Encoder.encode in one process", result["bare_engine_docs_per_s"], "docs/s"),
+        ratio=result["efficiency"],
+    )
     return result

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 import redis
 
 from precompute.bench.load import CLIENT_THREADS, open_loop, percentiles
+from precompute.bench.records import Figure, write_record
 from precompute.demo_data import DEMO_CORPUS
 from precompute.models.hardware import device_fingerprint
 from precompute.stores.key_value.reader import KeyValueReader
@@ -320,6 +321,14 @@ def main(
     result["load_average_1m"] = round(os.getloadavg()[0], 1)
     print(f"machine {result['machine']}, load average (1 min) at the end {result['load_average_1m']}")
     print(json.dumps(result))
+    write_record(
+        "publish",
+        result,
+        dataset=f"{records_n:,} records: demo corpus ids, top-{k} ranked pairs each",
+        ours=Figure("KeyValueStore versioned publish", result["ours_records_per_s"], "records/s"),
+        baseline=Figure(f"redis-py MSET, {MSET_BATCH} keys a call", result["baseline_records_per_s"], "records/s"),
+        ratio=result["ratio"],
+    )
     return result
 
 

@@ -8,7 +8,8 @@ import typer
 
 bench_app = typer.Typer(
     no_args_is_help=True,
-    help="Benchmarks: our path and the baseline a user would otherwise pick, in one run. Last line JSON.",
+    help="Benchmarks: our path and the baseline a user would otherwise pick, in one run. Last line JSON;"
+    " each writes a record into bench/results/ (or $PRECOMPUTE_BENCH_RESULTS).",
 )
 
 
@@ -215,3 +216,24 @@ def bench_labels(
     from precompute.bench.labels import main
 
     main(datasets)
+
+
+@bench_app.command("report")
+def bench_report(
+    summary: Annotated[
+        bool, typer.Option("--summary", help="Print the README's summary table instead of writing the page.")
+    ] = False,
+) -> None:
+    """docs/benchmarks.md from the records in bench/results/ (or $PRECOMPUTE_BENCH_RESULTS): the
+    newest record of each bench on each machine class."""
+    from precompute.bench.records import results_dir
+    from precompute.bench.report import page_path, render
+    from precompute.bench.report import summary as summary_table
+
+    if summary:
+        print(summary_table(results_dir()))
+        return
+    page = page_path()
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(render(results_dir()))
+    print(f"wrote {page}")

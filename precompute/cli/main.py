@@ -36,7 +36,8 @@ VerboseOption = Annotated[
 def checked_pipeline(path: str | None, inputs_and_models: bool = True) -> Pipeline:
     """The pipeline file, validated and (`inputs_and_models`: reading every input's schema and
     hashing every model folder) checked; a bad one is one line on stderr and exit code 2."""
-    from precompute.pipeline import PipelineError, load_pipeline
+    from precompute.kinds import PipelineError
+    from precompute.pipeline import load_pipeline
 
     try:
         pipeline = load_pipeline(path)
@@ -188,6 +189,7 @@ def engine_build(pipeline: PipelineOption = None) -> None:
     from precompute.settings import Machine
 
     checked, machine = checked_pipeline(pipeline), Machine.from_environment()
-    for name in checked.sources:
-        with load_encoder(engine_of(checked, name, machine.engine)) as encoder:
-            print(json.dumps({"output": name, **asdict(encoder.report)}, indent=2))
+    for name, output in checked.declared.items():
+        if output.source is not None:
+            with load_encoder(engine_of(output, machine.engine)) as encoder:
+                print(json.dumps({"output": name, **asdict(encoder.report)}, indent=2))

@@ -10,8 +10,10 @@ def plan(pipeline: Pipeline, machine: Machine) -> str:
     """One block per output, in the order the flow runs them, each as its kind describes it."""
     lines = [f"pipeline {pipeline.path}: {len(pipeline.outputs)} outputs, schedule '{pipeline.flow.cron}'"]
     for name in pipeline.run_order():
-        kind = pipeline.kind(name)
+        output = pipeline.declared[name]
+        kind = output.kind
         default = ", default route" if pipeline.default(kind.name) == name else ""
-        lines.append(f"\n{name} ({kind.name}{default})")
-        lines += kind.plan(pipeline, name, machine)
+        needs = kind.needs(output)
+        lines.append(f"\n{name} ({kind.name}{default}{', after ' + ', '.join(needs) if needs else ''})")
+        lines += kind.plan(output, machine)
     return "\n".join(lines)

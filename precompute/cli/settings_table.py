@@ -22,7 +22,7 @@ from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
 from precompute.jobs.work_dir import WorkPath
-from precompute.kinds import kinds
+from precompute.kinds import registry
 from precompute.models.settings import EnginePolicy
 from precompute.pipeline import FlowSpec
 from precompute.settings import Machine
@@ -71,13 +71,17 @@ def model_of(field: FieldInfo) -> type[BaseModel] | None:
 
 
 def machine_rows() -> list[Row]:
+    """The machine's groups, then each output kind's own, by the kind's name."""
     hints = get_type_hints(Machine)
+    groups: list[tuple[str, type[BaseSettings], str]] = [
+        (group.name, hints[group.name], "") for group in fields(Machine) if group.name != "kinds"
+    ]
+    groups += [(kind.name, kind.settings, kind.name) for kind in registry().values() if kind.settings is not None]
     rows = []
-    for group in fields(Machine):
-        settings: type[BaseSettings] = hints[group.name]
+    for group, settings, kind in groups:
         prefix = settings.model_config.get("env_prefix", "")
         for name, field in settings.model_fields.items():
-            rows.append(Row(f"{group.name}.{name}", f"{prefix}{name.upper()}", "", default_of(field), first_sentence(field)))
+            rows.append(Row(f"{group}.{name}", f"{prefix}{name.upper()}", kind, default_of(field), first_sentence(field)))
     return rows
 
 
@@ -99,12 +103,12 @@ def spec_rows(spec: type[BaseModel], path: str, variable: str, kind: str) -> lis
 def pipeline_rows() -> list[Row]:
     rows = spec_rows(FlowSpec, "flow", "PRECOMPUTE_FLOW", "")
     merged: dict[tuple[str, str, str], Row] = {}
-    for kind in kinds():
+    for kind in registry().values():
         for row in spec_rows(kind.spec, "outputs.<name>", "PRECOMPUTE_OUTPUTS__<NAME>", kind.name):
             key = (row.setting, row.default, row.what)
             seen = merged.get(key)
             merged[key] = row if seen is None else Row(*key[:1], row.variable, f"{seen.kinds}, {row.kinds}", *key[1:])
-    engine_kinds = ", ".join(k.name for k in kinds() if "engine" in k.spec.model_fields)
+    engine_kinds = ", ".join(k.name for k in registry().values() if "engine" in k.spec.model_fields)
     for name, field in EnginePolicy.model_fields.items():
         variable = f"PRECOMPUTE_ENGINE_{name.upper()} (every output), PRECOMPUTE_OUTPUTS__<NAME>__ENGINE__{name.upper()}"
         rows.append(Row(f"outputs.<name>.engine.{name}", variable, engine_kinds, default_of(field), first_sentence(field)))

@@ -31,22 +31,23 @@ def status(pipeline: Pipeline, machine: Machine) -> list[OutputStatus]:
     """Every output of the pipeline file, in its order; an output whose store does not answer
     says so (`unavailable`) instead of failing the others."""
     statuses = []
-    for name, output in pipeline.outputs.items():
+    for name, output in pipeline.declared.items():
         current, versions, unavailable, where = None, [], None, ""
         try:
-            with pipeline.kind(name).versions(pipeline, name, machine) as store:
+            with output.kind.versions(output, machine) as store:
                 where = store.where
                 versions = store.listing()
                 current = next((v.name for v in versions if v.current), None)
         except StoreUnavailableError as e:
             unavailable = str(e)
-        statuses.append(OutputStatus(name, output.kind, where, current, versions, unavailable))
+        statuses.append(OutputStatus(name, output.kind.name, where, current, versions, unavailable))
     return statuses
 
 
 def rollback(pipeline: Pipeline, output: str, to: str | None, machine: Machine) -> str:
     """Publish `to`, by default the version before the published one; return the version now served."""
-    with pipeline.kind(output).versions(pipeline, output, machine) as store:
+    declared = pipeline.declared[output]
+    with declared.kind.versions(declared, machine) as store:
         return store.rollback(to)
 
 

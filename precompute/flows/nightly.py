@@ -1,10 +1,10 @@
-"""The nightly flow: every output of the pipeline file, each computed, checked and published on its
-own by its kind (precompute/kinds/), then a run report.
+"""The nightly flow: every output of the pipeline file through the same lifecycle (lifecycle.py),
+its kind's hooks doing the work (precompute/kinds/), then a run report.
 
-Outputs run in the order of their kinds in the registry (embeddings, labels, recs: recs need the
-item vectors their embeddings output published in this run), in the file's order within a kind.
-Nothing a reader sees changes before an output's publish, which is one atomic switch, and an
-output that fails leaves the others published: the flow fails after the report.
+Outputs run after the outputs they need (recs need the item vectors their embeddings output
+published in this night), otherwise in the file's order. Nothing a reader sees changes before an
+output's publish, which is one atomic switch, and an output that fails leaves the others
+published: the flow fails after the report.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Any
 from prefect import flow
 
 from precompute.flows.failures import failure_line
-from precompute.flows.run_report import write_report
-from precompute.flows.steps import RunContext
+from precompute.flows.lifecycle import OutputFailedError, run_output
+from precompute.flows.run_report import RunReport, write_report
+from precompute.jobs.ray_session import ray_stopped_last, stop_deferred
 from precompute.jobs.work_dir import WorkPath
+from precompute.kinds import RunContext
 from precompute.pipeline import Pipeline, load_pipeline
 from precompute.settings import Machine
 from precompute.stores.versions import new_version
@@ -79,27 +81,22 @@ def run_outputs(spec: Pipeline, machine: Machine, keep_versions: int | None) -> 
     """Each output in turn. The first job that needs Ray starts it and the night's end stops it
     (each start and stop is seconds on a small machine); after an output failed, the next job
     starts a Ray of its own, so a failure never hands on a broken one."""
-    from precompute.jobs.ray_session import ray_stopped_last, stop_deferred  # Ray: for the jobs
-
     started, run_id = time.time(), new_version()
-    run = RunContext(spec, machine, keep_versions)
+    run = RunContext(machine, spec.declared, keep_versions)
     failed: dict[str, str] = {}
     with ray_stopped_last():
         for name in spec.run_order():
-            run.at = "start"  # until its first step: an output it needs was not published (SkippedError)
             try:
-                run.reports[name] = spec.kind(name).run(run, name)
-            except Exception as e:  # reported, and the flow fails after the other outputs ran
+                run.reports[name] = run_output(run, spec.declared[name])
+            except OutputFailedError as e:  # reported, and the flow fails after the other outputs ran
                 stop_deferred()
-                log.error("output %s failed at %s", name, run.at, exc_info=e)
-                failed[name] = f"{run.at}: {failure_line(e)}"
-                run.reports[name] = {"kind": spec.outputs[name].kind, "published": False, "error": failed[name]}
-    report = {"run": run_id, "pipeline": str(spec.path), "outputs": run.reports, "failed": failed}
+                log.error("output %s failed at %s", name, e.stage, exc_info=e.cause)
+                failed[name] = e.report.error = f"{e.stage}: {failure_line(e.cause)}"
+                run.reports[name] = e.report
+    report = RunReport(run_id, str(spec.path), run.reports, failed)
     finished = time.time()
-    path = write_report(
-        report, machine.job.work_dir, spec.path, finished - started, finished, machine.job.pushgateway_url
-    )
-    print(json.dumps(report))
+    path = write_report(report, machine.job.work_dir, spec.path, finished - started, finished, machine.job.pushgateway_url)
+    print(json.dumps(report.json()))
     if failed:
         raise RunFailedError(failed, path)
-    return report
+    return report.json()

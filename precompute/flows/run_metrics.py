@@ -1,5 +1,5 @@
 """A run's metrics for Prometheus: whether it succeeded, when it finished, and per output
-whether it published, its rows, rejects and seconds per stage.
+whether it published, its rows, rejects, seconds per step and per stage of its compute.
 
 A nightly run is gone before Prometheus could scrape it, so after every run, failed or not,
 its metrics are written as a textfile (`<work_dir>/metrics/nightly.prom`, the format of the
@@ -11,11 +11,11 @@ on a run missing for 26 h.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest, push_to_gateway
 
 from precompute.jobs.work_dir import WorkPath
+from precompute.kinds.report import RunReport
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ JOB = "precompute_nightly"
 """The Pushgateway's job label."""
 
 
-def run_registry(report: dict[str, Any], pipeline: str, seconds: float, finished: float) -> CollectorRegistry:
+def run_registry(report: RunReport, pipeline: str, seconds: float, finished: float) -> CollectorRegistry:
     """The run's metrics, labelled by pipeline (the pipeline file's name without its suffix)."""
     registry = CollectorRegistry()
 
@@ -31,29 +31,32 @@ def run_registry(report: dict[str, Any], pipeline: str, seconds: float, finished
         return Gauge(name, help, ["pipeline", *labels], registry=registry)
 
     gauge("precompute_run_success", "1 when every output of the run published, else 0").labels(pipeline).set(
-        0 if report["failed"] else 1
+        0 if report.failed else 1
     )
     gauge("precompute_run_finished_timestamp_seconds", "When the run ended").labels(pipeline).set(finished)
     gauge("precompute_run_duration_seconds", "The run's wall time").labels(pipeline).set(seconds)
     published = gauge("precompute_output_published", "1 when the output published", "output", "kind")
     rows = gauge("precompute_output_rows", "Input rows of the output's job", "output")
     rejects = gauge("precompute_output_rejects", "Rows quarantined, with their reasons", "output")
+    steps = gauge("precompute_output_step_seconds", "Seconds per step of the output's night", "output", "step")
     stages = gauge(
-        "precompute_output_stage_seconds", "Seconds per stage of the output's job", "output", "stage"
+        "precompute_output_stage_seconds", "Seconds per stage of the output's compute", "output", "stage"
     )
-    for output, fields in report["outputs"].items():
-        published.labels(pipeline, output, fields["kind"]).set(1 if fields["published"] else 0)
-        if not fields["published"]:
+    for output, fields in report.outputs.items():
+        published.labels(pipeline, output, fields.kind).set(1 if fields.published else 0)
+        if not fields.published or fields.computed is None:
             continue
-        rows.labels(pipeline, output).set(fields["rows"])
-        rejects.labels(pipeline, output).set(fields["rejects"])
-        for stage, value in fields["seconds"].items():
+        rows.labels(pipeline, output).set(fields.computed.rows)
+        rejects.labels(pipeline, output).set(fields.computed.rejects)
+        for step, value in fields.steps.items():
+            steps.labels(pipeline, output, step).set(value)
+        for stage, value in fields.computed.seconds.items():
             stages.labels(pipeline, output, stage).set(value)
     return registry
 
 
 def publish_run_metrics(
-    report: dict[str, Any],
+    report: RunReport,
     pipeline: str,
     seconds: float,
     finished: float,

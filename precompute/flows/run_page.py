@@ -3,9 +3,10 @@ CSS and SVG, no script, nothing fetched) that opens from disk, a Prefect link ar
 mail attachment.
 
 Per output: whether it published and which version, rows, rejects counted by reason (read from
-the output's rejects file), rows reused and computed, rows/s per stage as bars, each precision
-gate's cosine distribution as a histogram, and the held-out checks: recall@10 of an index,
-hit rate and NDCG of recommendations beside their baselines.
+the output's rejects file), rows reused and computed, where the night's time went (seconds per
+step and per stage of the kind's compute, training and engine building included), rows/s per
+stage, each precision gate's cosine distribution as a histogram, and the held-out checks:
+recall@10 of an index, hit rate and NDCG of recommendations beside their baselines.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from jinja2 import Environment, StrictUndefined
 from markupsafe import Markup, escape
 
 from precompute.jobs.validate import REASON
+from precompute.kinds.report import OutputReport, RunReport
 from precompute.models.engines.gate import COSINE_BINS
 
 TOP_REASONS = 10
@@ -60,6 +62,8 @@ svg text { font: 11px system-ui, sans-serif; fill: #1f2328; }
 {% if o.reasons %}<h3>Rejected rows by reason ({{ o.rejects }}; in {{ o.rejects_path }})</h3>
 <table><tr><th>reason</th><th>rows</th></tr>{% for reason, count in o.reasons %}<tr><td>{{ reason }}</td><td class="n">{{ count }}</td></tr>{% endfor %}</table>{% endif %}
 <div class="charts">
+{% if o.steps %}<div><h3>seconds per step</h3>{{ bars(o.steps) }}</div>{% endif %}
+{% if o.seconds %}<div><h3>seconds per stage of compute</h3>{{ bars(o.seconds) }}</div>{% endif %}
 {% if o.rates %}<div><h3>{{ o.rate_unit }} per stage</h3>{{ bars(o.rates) }}</div>{% endif %}
 {% for g in o.gates %}<div><h3>Gate {{ g.precision }}: {% if g.passed %}<span class="ok">passed</span>{% else %}<span class="bad">failed</span>{% endif -%}
 {% if g.mean_cosine is not none %}, mean cosine {{ "%.4f"|format(g.mean_cosine) }}, min {{ "%.4f"|format(g.min_cosine) }}{% endif %}
@@ -131,43 +135,44 @@ def rejects_by_reason(path: str) -> list[tuple[str, int]]:
     return Counter(reasons).most_common(TOP_REASONS)
 
 
-def output_view(name: str, fields: dict[str, Any]) -> dict[str, Any]:
+def output_view(name: str, report: OutputReport) -> dict[str, Any]:
     """What the template shows of one output, whatever its kind."""
+    computed = report.computed
+    validation = report.json()["validation"] or {}
     view = {
         "name": name,
-        "kind": fields["kind"],
-        "published": fields["published"],
-        "error": fields.get("error", ""),
-        "version": fields.get("version"),
-        "rows": fields.get("rows", "-"),
-        "rejects": fields.get("rejects", "-"),
-        "reused": fields.get("reused", "-"),
-        "computed": fields.get("computed", "-"),
-        "deleted": fields.get("deleted_versions", []),
-        "rejects_path": fields.get("rejects_path", ""),
-        "reasons": rejects_by_reason(fields.get("rejects_path", "")) if fields.get("rejects") else [],
-        "gates": [{**GATE_FIELDS, **gate} for gate in fields.get("gate", [])],
-        "recall": fields.get("validation", {}).get("recall_at_10"),
-        "curve": fields.get("validation", {}).get("curve", []),
+        "kind": report.kind,
+        "published": report.published,
+        "error": report.error or "",
+        "version": report.version,
+        "rows": "-" if computed is None else computed.rows,
+        "rejects": "-" if computed is None else computed.rejects,
+        "reused": "-" if computed is None else computed.reused,
+        "computed": "-" if computed is None else computed.computed,
+        "deleted": report.deleted_versions,
+        "rejects_path": "" if computed is None else computed.rejects_path or "",
+        "reasons": rejects_by_reason(computed.rejects_path or "") if computed and computed.rejects else [],
+        "gates": [{**GATE_FIELDS, **gate} for gate in ([] if computed is None else computed.gate)],
+        "recall": validation.get("recall_at_10"),
+        "curve": validation.get("curve", []),
         "models": [],
-        "rates": fields.get("rates", {}),
-        "rate_unit": fields.get("rate_unit", "rows/s"),
+        "steps": report.steps,
+        "seconds": {} if computed is None else computed.seconds,
+        "rates": {} if computed is None else computed.rates,
+        "rate_unit": "rows/s" if computed is None else computed.rate_unit,
     }
-    if models := fields.get("validation", {}).get("models"):
-        quality = fields["validation"]
-        view["quality"] = quality
+    if models := validation.get("models"):
+        view["quality"] = validation
         view["models"] = [
-            (f"{quality['published']} (published)" if n == "published" else n, m) for n, m in models.items()
+            (f"{validation['published']} (published)" if n == "published" else n, m) for n, m in models.items()
         ]
         view["best_hit_rate"] = max(m["hit_rate"] for m in models.values())
     return view
 
 
-def render(report: dict[str, Any]) -> str:
+def render(report: RunReport) -> str:
     environment = Environment(autoescape=True, undefined=StrictUndefined)
     environment.globals.update(bars=bars, bar=bar, histogram=histogram)
     template = environment.from_string(TEMPLATE)
-    outputs = [output_view(name, fields) for name, fields in report["outputs"].items()]
-    return template.render(
-        run=report["run"], pipeline=report["pipeline"], failed=report["failed"], outputs=outputs
-    )
+    outputs = [output_view(name, output) for name, output in report.outputs.items()]
+    return template.render(run=report.run, pipeline=report.pipeline, failed=report.failed, outputs=outputs)

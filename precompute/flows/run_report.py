@@ -1,5 +1,5 @@
 """A run's report: `reports/<run>.json`, the page beside it (run_page.py), a Prefect artifact each,
-and its metrics (run_metrics.py). Each output's block is what its kind's `run` returned."""
+and its metrics (run_metrics.py). Each output's block is its OutputReport (precompute/kinds/report.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from precompute.flows.run_metrics import publish_run_metrics
 from precompute.flows.run_page import render
 from precompute.jobs.work_dir import WorkPath
+from precompute.kinds.report import RunReport
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +22,15 @@ def report_path(work_dir: WorkPath, run: str) -> WorkPath:
     return work_dir / "reports" / f"{run}.json"
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(report: RunReport) -> str:
     sections = []
-    for output, fields in report["outputs"].items():
+    for name, output in report.outputs.items():
+        fields = output.json()
         rows = "\n".join(f"| {key} | {json.dumps(value)} |" for key, value in fields.items())
-        sections.append(f"## {output}\n\n| field | value |\n| --- | --- |\n{rows}\n")
-        if models := fields.get("validation", {}).get("models"):
+        sections.append(f"## {name}\n\n| field | value |\n| --- | --- |\n{rows}\n")
+        if models := (fields.get("validation") or {}).get("models"):
             sections.append(models_table(fields["validation"], models))
-    return f"# Nightly run {report['run']}\n\n" + "\n".join(sections)
+    return f"# Nightly run {report.run}\n\n" + "\n".join(sections)
 
 
 def models_table(quality: dict[str, Any], models: dict[str, dict[str, Any]]) -> str:
@@ -47,17 +49,17 @@ def models_table(quality: dict[str, Any], models: dict[str, dict[str, Any]]) -> 
 
 
 def write_report(
-    report: dict[str, Any], work_dir: WorkPath, pipeline: Path, seconds: float, finished: float, pushgateway: str | None
+    report: RunReport, work_dir: WorkPath, pipeline: Path, seconds: float, finished: float, pushgateway: str | None
 ) -> WorkPath:
     """The JSON (returned), its page, the Prefect artifacts and the run's metrics."""
-    path = report_path(work_dir, report["run"])
-    path.write_text(json.dumps(report, indent=2))
-    page = path.parent / f"{report['run']}.html"
+    path = report_path(work_dir, report.run)
+    path.write_text(json.dumps(report.json(), indent=2))
+    page = path.parent / f"{report.run}.html"
     try:
         page.write_text(render(report))
     except Exception:  # a view of the JSON beside it: a bug here must not fail a run that published
         log.exception("the run's page %s was not written", page)
-    create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {report['run']}")
-    create_link_artifact(page.as_uri(), link_text=f"run {report['run']} report", key="nightly-run-page")
+    create_markdown_artifact(markdown(report), key="nightly-run-report", description=f"run {report.run}")
+    create_link_artifact(page.as_uri(), link_text=f"run {report.run} report", key="nightly-run-page")
     publish_run_metrics(report, pipeline.stem, seconds, finished, work_dir, pushgateway)
     return path

@@ -102,7 +102,7 @@ def run_logged(pipeline: Pipeline, verbose: bool = False) -> tuple[dict[str, Any
 
 def summary_table(report: dict[str, Any]) -> Table:
     """One row per output: what was published, from how many rows, and how long it took (its
-    job's stages, in seconds). Fits 80 columns: no versions cut short."""
+    night's steps, in seconds). Fits 80 columns: no versions cut short."""
     table = Table(
         title=f"run {report['run']}",
         title_justify="left",
@@ -122,7 +122,7 @@ def summary_table(report: dict[str, Any]) -> Table:
             f"{fields['rejects']:,}",
             f"{fields['reused']:,}",
             f"{fields['computed']:,}",
-            f"{sum(fields['seconds'].values()):.0f}",
+            f"{sum(fields['steps'].values()):.0f}",
         )
     return table
 

@@ -2,7 +2,7 @@
 
 Each run records in its folder what it was made from, as one digest (`inputs_digest`: the
 input's files byte for byte, how they are read, the model and the settings), beside the figures
-it measured (`Night`, in night.json). The next run digests its own inputs before it reads a row;
+it recorded (`Night`, in night.json). The next run digests its own inputs before it reads a row;
 when they equal the published run's (`same_night`), it copies what that run staged into its own
 folder, its night.json included, and measures nothing again: the embeddings job skips
 validation, the engine and inference (jobs/text/embed.py), the labels job also the head's labelling

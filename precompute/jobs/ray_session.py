@@ -24,19 +24,19 @@ from precompute.jobs.settings import JobSettings
 TARGET_BLOCK_BYTES = 32 * 1024 * 1024
 """Ray Data's largest block (its default: 128 MiB). A read task builds, and each task and actor
 downstream holds, a block at a time, so a process's memory grows with the input until its
-blocks reach this size: bench scale's readers held 2.07x as much at 1M rows as at 100,000,
-whose corpus (30 MB) is one block, while the 1M corpus's blocks were 434,362 rows."""
+blocks reach this size, and no further (`precompute bench scale` reports each stage's peak
+memory by size)."""
 LOCAL_START_ATTEMPTS = 3
-"""Ray waits a fixed 30 s for a local node's raylet to register, too little on a loaded machine."""
+"""Ray waits a fixed half minute for a local node's raylet to register, too little on a loaded machine."""
 
 log = logging.getLogger(__name__)
 
 
 def worker_pool(num_cpus: int) -> dict[str, int]:
     """Ray's system config for a node's pool of worker processes. By default Ray kills an idle
-    worker after 1 s once a node runs more workers than CPUs (actors count), so on a small node
-    each stage of a run starts new ones, each seconds of CPU to import Ray Data, pandas and
-    pyarrow (README, "Figures behind the defaults"). Kept a minute, up to four per
+    worker after a second once a node runs more workers than CPUs (actors count), so on a small
+    node each stage of a run starts new ones, each importing Ray Data, pandas and pyarrow
+    again (`precompute bench scale` times the stages). Kept a minute, up to four per
     CPU, they are reused from stage to stage."""
     return {"num_workers_soft_limit": 4 * num_cpus, "idle_worker_killing_time_threshold_ms": 60_000}
 
@@ -203,7 +203,7 @@ def actor_pool(size: int, gpus: bool) -> dict[str, Any]:
     at ACTOR_RESTARTS restarts, the job fails naming the actor's death
     (tests/jobs/test_ray_session.py). The bound is on restarts, not on task retries: Ray counts
     each submit to an actor not yet known dead ("temporarily unavailable") as a retry, and a
-    lost node's in-flight batches spent three of them in 0.3 s, before its actor was
+    lost node's in-flight batches spend several of them at once, before its actor is even
     restarting; every retry that finds the actor dead spends a restart, so the restarts bound
     the retries too (Ray's actor fault-tolerance guide). Ray 2.60 takes both only as
     `ray_remote_args`, which it deprecates for 2.64."""

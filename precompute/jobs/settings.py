@@ -38,8 +38,8 @@ class JobSettings(BaseSettings):
     driver_rows: int = Field(2048, ge=0)
     """Embeddings and labels: a night that computes at most this many rows (an incremental one)
     runs the model on them in the driver, which opens the gated engine from the cache, not in
-    an actor pool, whose start (a process, its imports, the engine opened) took 6.2 s
-    (embeddings) and 9.1 s (labels) of the demo's 1% night, for 50 rows each. 0: always the
+    an actor pool, whose start (a process, its imports, the engine opened) outlasts the
+    model's work on so few rows (`precompute bench scale`, its 1% rerun). 0: always the
     actors (a cluster whose driver machine should stay idle). Not where there are GPUs, which
     the actors hold."""
 
@@ -52,10 +52,9 @@ class JobSettings(BaseSettings):
     night's users itself, not a top-k actor pool, when they are at most this many (an
     incremental night's) or when Ray runs on one node, where the pool's actors would share the
     driver's CPUs: the pool's start (a process, the towers and the item graph through Ray's
-    object store) took most of bench scale's 1M rerun's 7.46 s for 5,060 users, and its full
-    night ranked 100,000 users from the IVF index in 32.77 s in one actor against 14.46 s in the
-    driver (by hand, AMD EPYC). 0: always the actors (a cluster whose driver machine should
-    stay idle). Not where there are GPUs, which the actors hold."""
+    object store) outlasts an incremental night's ranking, and on one node a full night ranks
+    faster in the driver than in one actor (`precompute bench scale`). 0: always the actors
+    (a cluster whose driver machine should stay idle). Not where there are GPUs, which the actors hold."""
 
     users_per_block: int = Field(512, ge=1)
     """Recommendations, exact top-k: users scored per matrix multiply, against tiles of items

@@ -84,7 +84,7 @@ class WorkPath:
 
     @property
     def local(self) -> Path | None:
-        """The path on this machine's disk; None on object storage."""
+        """The path on local disk; None on object storage."""
         return None if self.scheme else Path(self.path)
 
     def _type(self) -> pafs.FileType:
@@ -164,7 +164,7 @@ class WorkPath:
             self.fs.delete_dir(self.path)
 
     def machine_dir(self) -> Path:
-        """A folder on this machine for what must stay local (logs, the run lock): the work
+        """A folder on the local machine for what must stay local (logs, the run lock): the work
         directory itself on local disk, else one named after its URI."""
         if self.local is not None:
             return self.local
@@ -172,8 +172,8 @@ class WorkPath:
 
 
 def copy_file(fs: pafs.FileSystem, source: str, target: str) -> None:
-    """`source` copied to `target` on `fs`: on local disk a hard link (1M items' 256 MB of ALS
-    factors in under a millisecond, not 0.08-0.2 s) renamed over `target`, server-side on
+    """`source` copied to `target` on `fs`: on local disk a hard link (its cost does not
+    grow with the file, where a copy writes every byte) renamed over `target`, server-side on
     object storage. For files never written in place once made, as the runs' state files,
     staged parts and kept indexes are (WorkPath.writer writes aside and renames, a part gets a
     fresh name, GC unlinks): a write in place would change every link's content."""
@@ -206,9 +206,9 @@ def read_ipc(file: WorkPath) -> pa.Table:
 def mapped_ipc(file: WorkPath) -> tuple[pa.Table, np.ndarray | None]:
     """An Arrow IPC file's table and, on local disk, its bytes as a writable array: mapped
     copy-on-write, so that a column patched through them (`patchable`) copies only the pages it
-    writes, private to this process (1% of 1M items' vectors patched: 0.05 s, against 0.10-0.52
-    s copying them whole first). Its pages are read in at once: 1M items' vectors faulted in
-    page by page took 0.56 s to copy out, read in 0.09 s (by hand). Elsewhere read whole."""
+    writes, private to this process (cheaper than copying the column whole first when few rows
+    move). Its pages are read in at once, several times faster than faulting them in page by
+    page as they are copied out. Elsewhere read whole."""
     if file.local is None:
         return pa.ipc.open_file(file.fs.open_input_file(file.path)).read_all(), None
     with open(file.local, "rb") as opened:

@@ -1,39 +1,39 @@
 """Corpus embeddings: a text encoder's vectors of every row, in a Qdrant collection, served by search.
 
-    run:   embed (jobs/text/embed.py) -> check the version (count, canaries, recall@10: jobs/vectors/index_check.py)
-           -> publish (pointer file or alias swap) -> collect old versions and their run folders
-    serve: POST /v1/search/<output> (and /v1/search for the first embeddings output)
+    compute:  embed the rows that moved into a new version (jobs/text/embed.py)
+    validate: count, canaries, recall@10 against exact search, the search parameters tuned to
+              min_recall (jobs/vectors/index_check.py; carried from the source on an unchanged night)
+    serve:    POST /v1/search/<output> (and /v1/search for the first embeddings output)
 """
 
 from __future__ import annotations
 
-import time
 import zlib
 from contextlib import AbstractContextManager
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
+from precompute.jobs import work_dir
 from precompute.jobs.inputs import CorpusInput
-from precompute.kinds import OutputKind, OutputSpec
+from precompute.kinds import Output, OutputKind, OutputSpec, RunContext, Target
+from precompute.kinds.report import Computed
 from precompute.kinds.text import engine_lines, engine_of, read_model
+from precompute.lookup.served import Served
+from precompute.lookup.serving import Serving
 from precompute.models.datasets import DatasetInput, arrow_dataset
-from precompute.models.settings import EnginePolicy
+from precompute.models.settings import Engine, EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
+from precompute.settings import Machine
 from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import Quantization
 from precompute.stores.vectors.store import VectorStore
 
-if TYPE_CHECKING:
-    from precompute.flows.steps import RunContext
+if TYPE_CHECKING:  # the jobs import Ray: the night's, not the service's
     from precompute.jobs.vectors.check_sample import Searches
-    from precompute.lookup.served import Served
-    from precompute.models.settings import Engine
-    from precompute.pipeline import Pipeline
-    from precompute.service.app import Service
-    from precompute.settings import Machine
+    from precompute.jobs.vectors.index_check import Validation
 
 ROW_STAGES = ("validate", "embed", "load")
 """Stages that pass over every row; rows/s of the others (engine build, publish) means nothing.
@@ -89,8 +89,7 @@ def check_texts(output: EmbeddingsSpec, engine: Engine) -> tuple[list[str], list
 
     A stored vector is the easiest query an index gets: it sits among the points the graph was
     built from. Searches are shorter than documents and land between them, where a graph walk
-    at the same hnsw_ef misses more (README, "Search fidelity": recall@10 0.9995 for stored rows,
-    0.9885 for 1,000 users' opening-words queries at hnsw_ef 64)."""
+    at the same hnsw_ef misses more (`precompute bench fidelity` measures both)."""
     from precompute.models.engines.load import gate_texts
 
     opening = opening_searches(gate_texts(engine).texts[:CHECK_QUERIES])
@@ -115,124 +114,103 @@ def check_searches(engine: Engine, opening: list[str], users: list[str] | None) 
     return Searches(len(opening), len(texts) - len(opening), texts, embed)
 
 
-class Embeddings(OutputKind):
+@dataclass(kw_only=True)
+class EmbeddingsComputed(Computed):
+    """What the embed job did (jobs/text/embed.py EmbedJobReport), as the run report shows it."""
+
+    loaded: int
+    """Points the version holds."""
+    load: dict[str, Any]
+    """How the version was loaded: a copy of the published one with the rows that moved, or whole."""
+    unchanged_from: str | None
+
+
+class Embeddings(OutputKind[VectorStore, EmbeddingsComputed]):
     name = "embeddings"
     spec = EmbeddingsSpec
     store_family = "qdrant"
     route = "search"
 
-    def source(self, pipeline: Pipeline, name: str) -> ModelSource:
-        return read_model(pipeline, name, "model", "embed")
+    def source(self, output: Output) -> ModelSource:
+        return read_model(output, "model", "embed")
 
-    def check(self, pipeline: Pipeline, name: str) -> None:
-        output = pipeline.outputs[name]
-        pipeline.check_input(name, output.input, {"id": output.input.id, "text": output.input.text})
-        if output.queries is not None:
-            pipeline.check_input(name, output.queries, {"text": output.queries.text}, table="queries")
+    def check(self, output: Output) -> None:
+        spec: EmbeddingsSpec = output.spec
+        output.check_input(spec.input, {"id": spec.input.id, "text": spec.input.text})
+        if spec.queries is not None:
+            output.check_input(spec.queries, {"text": spec.queries.text}, table="queries")
 
-    def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
-        output = pipeline.outputs[name]
-        where = f"qdrant {machine.qdrant.type} collection {pipeline.store(name)!r}"
+    def plan(self, output: Output, machine: Machine) -> list[str]:
+        spec: EmbeddingsSpec = output.spec
+        where = f"qdrant {machine.qdrant.type} collection {output.store!r}"
         return [
-            f"  input   {output.input.path} (id={output.input.id}, text={output.input.text})",
-            *engine_lines(pipeline, name, machine.engine),
-            f"  store   {where}: a new version each run, {output.keep_versions} kept for rollback",
+            f"  input   {spec.input.path} (id={spec.input.id}, text={spec.input.text})",
+            *engine_lines(output, machine.engine),
+            f"  store   {where}: a new version each night, {spec.keep_versions} kept for rollback",
         ]
 
-    def versions(self, pipeline: Pipeline, name: str, machine: Machine) -> AbstractContextManager[VectorStore]:
-        return open_vector_store(machine.qdrant, pipeline.store(name))
+    def versions(self, output: Output, machine: Machine) -> AbstractContextManager[VectorStore]:
+        """One store through the night: the check searches the handle the load left open, and a
+        copy's source stays open from the load to the check."""
+        return open_vector_store(machine.qdrant, output.store)
 
-    def run(self, run: RunContext, name: str) -> dict[str, Any]:
-        from precompute.jobs import progress, work_dir
-        from precompute.jobs.text.embed import STAGED, run_embed_job
+    def compute(self, run: RunContext, output: Output, target: Target[VectorStore]) -> EmbeddingsComputed:
+        from precompute.jobs.text.embed import run_embed_job
+
+        spec: EmbeddingsSpec = output.spec
+        engine = engine_of(output, run.machine.engine)
+        job = run.machine.job
+        embedded = run_embed_job(target.version, target.store, spec.input, job, engine, output.name, spec.quantization)
+        rates = {stage: round(embedded.rows / embedded.seconds[stage], 1) for stage in ROW_STAGES if embedded.seconds.get(stage)}
+        return EmbeddingsComputed(
+            rows=embedded.rows,
+            rejects=embedded.rejects,
+            rejects_path=embedded.rejects_path,
+            reused=embedded.reused,
+            computed=embedded.computed,
+            seconds=embedded.seconds,
+            rates=rates,
+            loaded=embedded.loaded,
+            load=embedded.load,
+            unchanged_from=embedded.unchanged_from,
+            engine={k: embedded.engine[k] for k in ("backend", "device", "precision")},
+            gate=embedded.engine["gates"],
+        )
+
+    def validate(
+        self, run: RunContext, output: Output, target: Target[VectorStore], computed: EmbeddingsComputed
+    ) -> Validation:
+        """The version's index check, or on an unchanged night its source's carried over."""
+        from precompute.jobs import progress
+        from precompute.jobs.text.embed import STAGED
         from precompute.jobs.vectors.carried_check import carried_check, checked_under, keep_check
         from precompute.jobs.vectors.index_check import check_index
-        from precompute.stores.versions import new_version
 
-        output, machine = run.pipeline.outputs[name], run.machine
-        store_name, engine = run.pipeline.store(name), engine_of(run.pipeline, name, machine.engine)
-
-        # One store through the steps: the check searches the handle the load left open, and the
-        # copy's source stays open from the load to the check.
-        with open_vector_store(machine.qdrant, store_name) as store:
-
-            def embed() -> Any:
-                """Each attempt writes a version of its own: a retry never appends to a failed one's parts."""
-                return run_embed_job(
-                    new_version(), store, output.input, machine.job, engine, name, output.quantization
+        spec: EmbeddingsSpec = output.spec
+        store, version, qdrant = target.store, target.version, run.machine.qdrant
+        engine = engine_of(output, run.machine.engine)
+        staged = target.folder / STAGED
+        source = store.current() if computed.load["mode"] == "copy" else None  # what it copies
+        copy_of = None if source is None else run.run_dir(output.name, source) / STAGED
+        with progress.stage(output.name, "check index"):
+            texts = check_texts(spec, engine)
+            limits = {"max_ef": qdrant.max_hnsw_ef, "exact": qdrant.exact_scan}
+            conditions = checked_under(store, spec.min_recall, limits, CHECK_QUERIES, texts)
+            validation = None
+            if copy_of is not None and computed.unchanged_from == source:
+                validation = carried_check(store, version, staged, (source, copy_of), computed.loaded, conditions)
+            if validation is None:
+                cache = work_dir.cache_dir(run.work_dir, output.name)
+                start = None if source is None else store.searched_with(source)
+                validation = check_index(
+                    store, version, staged, CHECK_QUERIES, spec.min_recall, check_searches(engine, *texts),
+                    **limits, cache=cache, start=start, copy_of=copy_of, count=computed.loaded,
                 )
+            keep_check(staged, validation, conditions)
+        return validation
 
-            embedded = run.step("embed", embed)
-            version, seconds = embedded.version, {}
-            staged = work_dir.run_dir(run.work_dir, name, version) / STAGED
+    def serve(self, serving: Serving, output: Output, machine: Machine) -> Served:
+        from precompute.lookup.search_route import SearchOutput
 
-            def validate() -> Any:
-                source = store.current() if embedded.load["mode"] == "copy" else None  # what it copies
-                copy_of = None if source is None else work_dir.run_dir(run.work_dir, name, source) / STAGED
-                texts = check_texts(output, engine)
-                limits = {"max_ef": machine.qdrant.max_hnsw_ef, "exact": machine.qdrant.exact_scan}
-                conditions = checked_under(store, output.min_recall, limits, CHECK_QUERIES, texts)
-                validation = None
-                if copy_of is not None and embedded.unchanged_from == source:
-                    validation = carried_check(store, version, staged, (source, copy_of), embedded.loaded, conditions)
-                if validation is None:
-                    cache = work_dir.cache_dir(run.work_dir, name)
-                    start = None if source is None else store.searched_with(source)
-                    validation = check_index(
-                        store, version, staged, CHECK_QUERIES, output.min_recall, check_searches(engine, *texts),
-                        **limits, cache=cache, start=start, copy_of=copy_of, count=embedded.loaded,
-                    )
-                keep_check(staged, validation, conditions)
-                return validation
-
-            def publish() -> None:
-                store.publish(version)
-
-            def collect_garbage() -> list[str]:
-                """Old versions go whole, with their run folders (the cache is the newest run's)."""
-                deleted = store.gc(run.keep(name))
-                kept = set(store.versions())
-                work_dir.collect_runs(work_dir.runs(run.work_dir, name), store.current(), kept)
-                return deleted
-
-            start = time.perf_counter()
-            with progress.stage(name, "check index"):
-                validation = run.step("validate", validate, retry=False)
-            seconds["validate_version"] = round(time.perf_counter() - start, 3)
-            start = time.perf_counter()
-            with progress.stage(name, "publish"):
-                run.step("publish", publish)
-            seconds["publish"] = round(time.perf_counter() - start, 3)
-            deleted = run.step("collect_garbage", collect_garbage)
-        rates = {
-            stage: round(embedded.rows / embedded.seconds[stage], 1)
-            for stage in ROW_STAGES
-            if embedded.seconds.get(stage)
-        }
-        return {
-            "kind": self.name,
-            "version": version,
-            "published": True,
-            "rows": embedded.rows,
-            "rejects": embedded.rejects,
-            "rejects_path": embedded.rejects_path,
-            "reused": embedded.reused,
-            "computed": embedded.computed,
-            "load": embedded.load,
-            "unchanged_from": embedded.unchanged_from,
-            "seconds": {**embedded.seconds, **seconds},
-            "docs_per_s": rates,
-            "rates": rates,
-            "rate_unit": "rows/s",
-            "engine": {k: embedded.engine[k] for k in ("backend", "device", "precision")},
-            "gate": embedded.engine["gates"],
-            "validation": asdict(validation),
-            "deleted_versions": deleted,
-        }
-
-    def serve(self, service: Service, name: str) -> Served:
-        from precompute.lookup.search import SearchOutput
-
-        pipeline, machine = service.pipeline, service.machine
-        engine = engine_of(pipeline, name, machine.engine)
-        return SearchOutput(service, name, open_vector_store(machine.qdrant, pipeline.store(name)), engine)
+        engine = engine_of(output, machine.engine)
+        return SearchOutput(serving, output.name, open_vector_store(machine.qdrant, output.store), engine)

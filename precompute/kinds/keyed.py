@@ -1,29 +1,31 @@
-"""What the kinds kept in the key-value store share: a new version each run, status, rollback, routes.
+"""What the kinds kept in the key-value store share: their versions, their check before a publish,
+their plan's store line and their routes.
 
 Each record is one id's ranked list, (index, score) pairs into the version's vocabulary
-(stores/key_value/records.py): label names for labels, item ids for recommendations.
+(stores/key_value/records.py): label names for labels, item ids for recommendations. A keyed kind
+says what its compute writes and how the API shows a record (`format`); the rest is here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from precompute.jobs import work_dir
+import pyarrow as pa
+
+from precompute.jobs.nights import Previous
+from precompute.kinds import Output, OutputKind, RunContext, Target
+from precompute.kinds.report import Computed
+from precompute.lookup.keys import KeyFormat
+from precompute.lookup.served import Served
+from precompute.lookup.serving import Serving
+from precompute.settings import Machine
 from precompute.stores.key_value.store import KeyValueStore
 from precompute.stores.key_value.versions import NewVersion, OutputVersions
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from precompute.flows.steps import RunContext
-    from precompute.jobs.nights import Previous
-    from precompute.pipeline import Pipeline
-    from precompute.settings import Machine
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,8 @@ class VersionVocabulary:
     entries: pa.StringArray
     """Label names for labels, item ids for recommendations, as strings."""
     digest: str
-    """recs_state.vocabulary_digest(entries): for recommendations, the one the item table keeps
-    (jobs/recs/item_table.py), so that 1M item ids are not hashed again for the meta."""
+    """vocabulary_digest(entries): for recommendations, the one the item table keeps
+    (jobs/recs/item_table.py), so that a large catalogue's ids are not hashed again for the meta."""
     integer_ids: bool = False
     """The records' ids (items for labels, users for recommendations) were integers in the input."""
     integer_entries: bool = False
@@ -43,7 +45,7 @@ class VersionVocabulary:
     @classmethod
     def of(cls, entries: pa.StringArray, integer_ids: bool = False, integer_entries: bool = False) -> VersionVocabulary:
         """A vocabulary whose digest is hashed from `entries` here."""
-        from precompute.jobs.recs.state import vocabulary_digest
+        from precompute.jobs.recs.state import vocabulary_digest  # imports Ray: the jobs', not the service's
 
         return cls(entries, vocabulary_digest(entries), integer_ids, integer_entries)
 
@@ -55,66 +57,52 @@ class VersionVocabulary:
         entries in order and its flags."""
         return hashlib.sha256(json.dumps([self.digest, self.flags()], sort_keys=True).encode()).hexdigest()[:32]
 
-
-class JobReport(Protocol):
-    samples: dict[str, bytes]
-    """A few id -> value as written, read back before the version is published."""
-
-
-Report = TypeVar("Report", bound=JobReport)
+    def meta(self) -> dict[str, Any]:
+        """Made only on a night whose base's meta differs: a large vocabulary as a list is costly."""
+        return {"vocabulary": self.entries.to_pylist(), **self.flags()}
 
 
-@contextmanager
-def key_value_versions(pipeline: Pipeline, name: str, machine: Machine) -> Iterator[OutputVersions]:
-    with KeyValueStore(machine.redis) as store:
-        yield OutputVersions(store, pipeline.store(name))
+C = TypeVar("C", bound=Computed)
 
 
-def store_line(pipeline: Pipeline, name: str, machine: Machine) -> str:
-    keep = pipeline.outputs[name].keep_versions
-    where = f"redis keys {machine.redis.prefix}:{pipeline.store(name)}:<version>"
-    return f"  store   {where}: a new version each run, {keep} kept for rollback"
+class KeyedKind(OutputKind[OutputVersions, C]):
+    """An output kind whose versions are key-value records, answered by key."""
+
+    store_family = "redis"
+    format: ClassVar[KeyFormat]
+    """How the API shows a record (lookup/keys.py)."""
+
+    @contextmanager
+    def versions(self, output: Output, machine: Machine) -> Iterator[OutputVersions]:
+        with KeyValueStore(machine.redis) as store:
+            yield OutputVersions(store, output.store)
+
+    def validate(self, run: RunContext, output: Output, target: Target[OutputVersions], computed: C) -> Any:
+        """Redis holds the records the version was created for, and the samples read back as written."""
+        target.store.check(target.version, computed.samples)
+        return None
+
+    def max_k(self, output: Output) -> int:
+        """The most entries a record holds (0: the service's max_k)."""
+        return 0
+
+    def serve(self, serving: Serving, output: Output, machine: Machine) -> Served:
+        return serving.keys.serve(output.name, output.store, self.format, max_k=self.max_k(output))
 
 
-def published_run(run: RunContext, name: str, new: NewVersion) -> Previous | None:
-    """The published version a new one may copy from, with its run folder; None before the first."""
-    from precompute.jobs.nights import Previous
+def store_line(output: Output, machine: Machine) -> str:
+    where = f"redis keys {machine.redis.prefix}:{output.store}:<version>"
+    return f"  store   {where}: a new version each night, {output.spec.keep_versions} kept for rollback"
 
-    current = new.store.current(new.output)
+
+def writer(target: Target[OutputVersions], vocabulary: VersionVocabulary) -> NewVersion:
+    """What the night's job writes its version through, its meta the vocabulary."""
+    return target.store.writer(target.version, vocabulary.meta, vocabulary.meta_digest())
+
+
+def published_run(run: RunContext, output: Output, target: Target[OutputVersions]) -> Previous | None:
+    """The published version the new one may copy from, with its run folder; None before the first."""
+    current = target.store.current()
     if current is None:
         return None
-    return Previous(current, work_dir.run_dir(run.work_dir, name, current), new.copyable(current))
-
-
-def publish_new_version(
-    run: RunContext, name: str, vocabulary: VersionVocabulary, job: Callable[[NewVersion, work_dir.WorkPath], Report]
-) -> tuple[Report, str]:
-    """Run `job(new_version, run_folder)` into a new version of the output and publish it with its
-    samples checked. A version that failed before its publish is dropped whole. Returns (job
-    report, version)."""
-    from precompute.jobs.ray_session import ray_stopped_last  # Ray: for the jobs, not the service
-
-    def meta() -> dict[str, Any]:
-        """1M item ids made a list and encoded (0.1-0.2 s): only on a night whose base's differ."""
-        return {"vocabulary": vocabulary.entries.to_pylist(), **vocabulary.flags()}
-
-    with (
-        ray_stopped_last(),  # after the version is dropped, if the job fails or is stopped
-        KeyValueStore(run.machine.redis) as store,
-        NewVersion(store, run.pipeline.store(name), meta, vocabulary.meta_digest()) as new,
-    ):
-        report = job(new, work_dir.run_dir(run.work_dir, name, new.version))
-        new.publish(report.samples)
-    return report, new.version
-
-
-def collect_garbage(run: RunContext, name: str) -> list[str]:
-    """Delete all but the output's published version and `keep` older ones, with their run
-    folders; the versions deleted, oldest first. A step of its own after the publish, so that an
-    outage here retries the collection, never the job of a version already published."""
-    output = run.pipeline.store(name)
-    with KeyValueStore(run.machine.redis) as store:
-        deleted = store.collect_garbage(output, run.keep(name))
-        kept = {v.name for v in store.versions(output)}
-        work_dir.collect_runs(work_dir.runs(run.work_dir, name), store.current(output), kept)
-    return deleted
+    return Previous(current, run.run_dir(output.name, current), target.store.store.copyable(output.store, current))

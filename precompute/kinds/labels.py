@@ -1,43 +1,35 @@
 """Content labels: each row's top labels, from a head trained on a label column or a classifier folder.
 
-    run:   train the head on a cache miss (models/labels/head.py), refused if it loses to its
-           TF-IDF baseline -> gate the labeler (models/labels/labeler.py) -> label (jobs/text/labels.py) into
-           a new Redis version -> publish (count, sample reads, pointer flip) -> collect old
-           versions; the run's values become the next run's cache
-    serve: GET /v1/labels/<output>/{id}, POST /v1/labels/<output>:batchGet (and /v1/labels/...)
+    compute:   train the head on a cache miss (models/labels/head.py), refused if it loses to its
+               TF-IDF baseline -> gate the labeler (models/labels/labeler.py) -> label the rows that
+               moved (jobs/text/labels.py) into a new Redis version
+    validate:  the version's record count and sample values read back
+    published: the night's values become the next night's cache
+    serve:     GET /v1/labels/<output>/{id}, POST /v1/labels/<output>:batchGet (and /v1/labels/...)
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Literal
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import pyarrow as pa
 from pydantic import Field, model_validator
 
+from precompute.jobs import progress, work_dir
 from precompute.jobs.inputs import CorpusInput
-from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import (
-    VersionVocabulary,
-    collect_garbage,
-    key_value_versions,
-    publish_new_version,
-    published_run,
-    store_line,
-)
+from precompute.kinds import Output, OutputSpec, QualityError, RunContext, Target
+from precompute.kinds.keyed import KeyedKind, VersionVocabulary, published_run, store_line, writer
+from precompute.kinds.report import Computed
 from precompute.kinds.text import engine_lines, engine_of, read_model
+from precompute.lookup.keys import LABELS
 from precompute.models.datasets import integer_column
 from precompute.models.labels.head import LabelPolicy, LabelTask
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
-
-if TYPE_CHECKING:
-    from precompute.flows.steps import RunContext
-    from precompute.lookup.served import Served
-    from precompute.pipeline import Pipeline
-    from precompute.service.app import Service
-    from precompute.settings import Machine
-    from precompute.stores.versions import Versioned
+from precompute.settings import Machine
+from precompute.stores.key_value.versions import OutputVersions
 
 
 class LabelsSpec(OutputSpec, LabelPolicy):
@@ -63,119 +55,118 @@ class LabelsSpec(OutputSpec, LabelPolicy):
         return LabelTask(corpus=self.input.sample(), column=column, policy=policy)
 
 
-class Labels(OutputKind):
+@dataclass(kw_only=True)
+class LabelsComputed(Computed):
+    """What the labels job did (jobs/text/labels.py LabelsJobReport), as the run report shows it."""
+
+    items: int
+    written: int
+    """Values written to the version; the others came with a copy of the published one."""
+    labels: int
+    """Label names in the version's vocabulary."""
+    unchanged_from: str | None
+    gate_texts_from: str
+    head_held_out_accuracy: float | None
+    head_training: dict[str, Any] | None
+
+
+class Labels(KeyedKind[LabelsComputed]):
     name = "labels"
     spec = LabelsSpec
-    store_family = "redis"
     route = "labels"
+    format = LABELS
 
-    def source(self, pipeline: Pipeline, name: str) -> ModelSource:
-        output: LabelsSpec = pipeline.outputs[name]
-        if output.classifier is not None:
-            return read_model(pipeline, name, "classifier", "classify")
-        if output.model is None:
+    def source(self, output: Output) -> ModelSource:
+        spec: LabelsSpec = output.spec
+        if spec.classifier is not None:
+            return read_model(output, "classifier", "classify")
+        if spec.model is None:
             return BUNDLED.encoder()
-        return read_model(pipeline, name, "model", "embed")
+        return read_model(output, "model", "embed")
 
-    def check(self, pipeline: Pipeline, name: str) -> None:
-        output: LabelsSpec = pipeline.outputs[name]
-        columns = {"id": output.input.id, "text": output.input.text}
-        if output.classifier is None and output.input.label is not None:
-            columns["label"] = output.input.label
-        pipeline.check_input(name, output.input, columns)
+    def check(self, output: Output) -> None:
+        source = output.spec.input
+        columns = {"id": source.id, "text": source.text}
+        if output.spec.classifier is None and source.label is not None:
+            columns["label"] = source.label
+        output.check_input(source, columns)
 
-    def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
-        spec = pipeline.outputs[name].input
+    def plan(self, output: Output, machine: Machine) -> list[str]:
+        source = output.spec.input
         return [
-            f"  input   {spec.path} (id={spec.id}, text={spec.text}, label={spec.label})",
-            *engine_lines(pipeline, name, machine.engine),
-            store_line(pipeline, name, machine),
+            f"  input   {source.path} (id={source.id}, text={source.text}, label={source.label})",
+            *engine_lines(output, machine.engine),
+            store_line(output, machine),
         ]
 
-    def versions(self, pipeline: Pipeline, name: str, machine: Machine) -> AbstractContextManager[Versioned]:
-        return key_value_versions(pipeline, name, machine)
-
-    def run(self, run: RunContext, name: str) -> dict[str, Any]:
-        from precompute.jobs import progress, work_dir
-        from precompute.jobs.text.content_cache import promote
-        from precompute.jobs.text.labels import STAGED, run_labels_job
+    def compute(self, run: RunContext, output: Output, target: Target[OutputVersions]) -> LabelsComputed:
+        """Label the corpus into the new version, unless its head loses to the TF-IDF baseline."""
+        from precompute.jobs.text.labels import run_labels_job  # Ray: the night's, not the service's
         from precompute.models.labels.head import load_head
         from precompute.models.labels.training import loses_to_baseline
 
-        output: LabelsSpec = run.pipeline.outputs[name]
-        machine, task = run.machine, output.task()
-        engine = engine_of(run.pipeline, name, machine.engine)
-
-        def label() -> tuple[Any, str]:
-            """Label the corpus into a new version and publish it, unless its head loses to the
-            TF-IDF baseline; its staged values then become the cache of the next run (never
-            before: a failed run must not replace it)."""
-            head_dir = None
-            if output.classifier is not None:
-                vocabulary = list(engine.model.labels)
-            else:
-                with progress.stage(name, "train head"):  # minutes on a cache miss (fine-tuning)
-                    head = load_head(task, engine)
-                if refusal := loses_to_baseline(head.training, output.max_baseline_loss):
-                    raise QualityError(refusal)
-                vocabulary, head_dir = head.labels, head.directory
-            cache = work_dir.cache_dir(run.work_dir, name)
-            source = output.input
-            trained = output.classifier is None and source.label is not None  # else a classifier's names
-            integer_labels = trained and integer_column(source, source.label)
-            labelled, version = publish_new_version(
-                run,
-                name,
-                VersionVocabulary.of(pa.array(vocabulary, pa.string()), integer_column(source, source.id), integer_labels),
-                lambda new, folder: run_labels_job(
-                    output.input,
-                    machine.job,
-                    task,
-                    engine,
-                    new.sink(),
-                    folder,
-                    before_write=new.create,
-                    cache_dir=cache,
-                    output=name,
-                    previous=published_run(run, name, new),
-                    head_dir=head_dir,
-                ),
-            )
-            promote(cache, work_dir.run_dir(run.work_dir, name, version) / STAGED)
-            return labelled, version
-
-        labelled, version = run.step("label", label)
-        deleted = run.step("collect_garbage", lambda: collect_garbage(run, name))
+        spec: LabelsSpec = output.spec
+        machine, task = run.machine, spec.task()
+        engine = engine_of(output, machine.engine)
+        seconds: dict[str, float] = {}
+        head_dir = None
+        if spec.classifier is not None:
+            vocabulary = list(engine.model.labels)
+        else:
+            start = time.perf_counter()
+            with progress.stage(output.name, "train head"):  # minutes on a cache miss (fine-tuning)
+                head = load_head(task, engine)
+            seconds["train head"] = round(time.perf_counter() - start, 3)
+            if refusal := loses_to_baseline(head.training, spec.max_baseline_loss):
+                raise QualityError(refusal)
+            vocabulary, head_dir = head.labels, head.directory
+        source = spec.input
+        trained = spec.classifier is None and source.label is not None  # else a classifier's names
+        integer_labels = trained and integer_column(source, source.label)
+        version = writer(
+            target,
+            VersionVocabulary.of(pa.array(vocabulary, pa.string()), integer_column(source, source.id), integer_labels),
+        )
+        labelled = run_labels_job(
+            source,
+            machine.job,
+            task,
+            engine,
+            version.sink(),
+            target.folder,
+            before_write=version.create,
+            cache_dir=work_dir.cache_dir(run.work_dir, output.name),
+            output=output.name,
+            previous=published_run(run, output, target),
+            head_dir=head_dir,
+        )
         labeler = labelled.labeler
         accuracy = labeler["held_out_accuracy"]
-        seconds = labelled.seconds.get("label")  # none on an unchanged night
-        rates = {"label": round(labelled.items / seconds, 1)} if seconds else {}
-        return {
-            "kind": self.name,
-            "version": version,
-            "published": True,
-            "rows": labelled.rows,
-            "rejects": labelled.rejects,
-            "rejects_path": labelled.rejects_path,
-            "items": labelled.items,
-            "reused": labelled.reused,
-            "computed": labelled.computed,
-            "written": labelled.written,
-            "labels": len(labelled.vocabulary),
-            "seconds": labelled.seconds,
-            "docs_per_s": rates.get("label"),
-            "rates": rates,
-            "unchanged_from": labelled.unchanged_from,
-            "rate_unit": "rows/s",
-            "engine": {k: labeler["engine"][k] for k in ("backend", "device", "precision")},
-            "gate": labeler["gates"],
-            "gate_texts_from": labeler["engine"]["gates"][-1]["texts_from"] if labeler["engine"]["gates"] else "",
-            "head_held_out_accuracy": None if accuracy is None else round(accuracy, 4),
-            "head_training": labeler["training"],
-            "deleted_versions": deleted,
-        }
+        label_seconds = labelled.seconds.get("label")  # none on an unchanged night
+        return LabelsComputed(
+            rows=labelled.rows,
+            rejects=labelled.rejects,
+            rejects_path=labelled.rejects_path,
+            reused=labelled.reused,
+            computed=labelled.computed,
+            seconds=seconds | labelled.seconds,
+            rates={"label": round(labelled.items / label_seconds, 1)} if label_seconds else {},
+            samples=labelled.samples,
+            items=labelled.items,
+            written=labelled.written,
+            labels=len(labelled.vocabulary),
+            unchanged_from=labelled.unchanged_from,
+            engine={k: labeler["engine"][k] for k in ("backend", "device", "precision")},
+            gate=labeler["gates"],
+            gate_texts_from=labeler["engine"]["gates"][-1]["texts_from"] if labeler["engine"]["gates"] else "",
+            head_held_out_accuracy=None if accuracy is None else round(accuracy, 4),
+            head_training=labeler["training"],
+        )
 
-    def serve(self, service: Service, name: str) -> Served:
-        from precompute.lookup.keys import LABELS
+    def published(self, run: RunContext, output: Output, target: Target[OutputVersions], computed: LabelsComputed) -> None:
+        """The night's staged values become the next night's cache: never before the publish, so
+        that a failed night leaves the cache as it was."""
+        from precompute.jobs.text.content_cache import promote
+        from precompute.jobs.text.labels import STAGED
 
-        return service.keys.serve(name, service.pipeline.store(name), LABELS)
+        promote(work_dir.cache_dir(run.work_dir, output.name), target.folder / STAGED)

@@ -1,43 +1,35 @@
 """Recommendations: each user's top k items, from a model trained on the night's interactions.
 
-    run:   (after its items' embeddings published) recommend (jobs/recs/recommend.py: only the users whose
-           inputs moved when the published version allows) into a new Redis version -> held-out
-           quality beside the baselines (jobs/recs/quality.py); published only above most-popular's
-           -> collect old versions
-    serve: GET /v1/recs/<output>/{id}?k=, POST /v1/recs/<output>:batchGet (and /v1/recs/...)
+    compute:  (after its items' embeddings published) recommend (jobs/recs/recommend.py: only the
+              users whose inputs moved when the published version allows) into a new Redis version
+    validate: held-out quality beside the baselines (jobs/recs/quality.py), published only above
+              most-popular's; the record count and sample values read back
+    serve:    GET /v1/recs/<output>/{id}?k=, POST /v1/recs/<output>:batchGet (and /v1/recs/...)
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from dataclasses import asdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
+from precompute.jobs import work_dir
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs.spec import RecsSpec
-from precompute.kinds import OutputKind, OutputSpec, QualityError
-from precompute.kinds.keyed import (
-    VersionVocabulary,
-    collect_garbage,
-    key_value_versions,
-    publish_new_version,
-    published_run,
-    store_line,
-)
+from precompute.kinds import Output, OutputSpec, QualityError, RunContext, Target
+from precompute.kinds.keyed import KeyedKind, VersionVocabulary, published_run, store_line, writer
+from precompute.kinds.report import UNREPORTED, Computed
+from precompute.lookup.keys import RECS
 from precompute.models.datasets import InputError, arrow_dataset, integer_column
 from precompute.models.errors import ModelError
 from precompute.models.towers import Signature, TowersSpec, column_problem, same_dim
+from precompute.settings import Machine
+from precompute.stores.key_value.versions import OutputVersions
 
-if TYPE_CHECKING:
-    from precompute.flows.steps import RunContext
-    from precompute.lookup.served import Served
-    from precompute.pipeline import Pipeline
-    from precompute.service.app import Service
-    from precompute.settings import Machine
-    from precompute.stores.versions import Versioned
+if TYPE_CHECKING:  # the job imports Ray: the night's, not the service's
+    from precompute.jobs.recs.quality import RecsQuality
 
 
 class RecsOutputSpec(OutputSpec, RecsSpec):
@@ -64,133 +56,141 @@ class RecsOutputSpec(OutputSpec, RecsSpec):
         return RecsSpec.model_validate(self.model_dump(include=set(RecsSpec.model_fields)))
 
 
-class Recs(OutputKind):
+@dataclass(kw_only=True)
+class RecsComputed(Computed):
+    """What the recs job did (jobs/recs/recommend.py RecsJobReport), as the run report shows it."""
+
+    users: int
+    rescored: int
+    copied: int
+    """Users whose record the store copies from the published version instead."""
+    mode: str
+    mode_reason: str
+    k: int
+    users_per_s: float
+    quality: RecsQuality = field(metadata=UNREPORTED)
+    """The published model's held-out quality beside the baselines': the check reads it, and the
+    report shows it as the check's result (`validation`)."""
+    towers: dict[str, object] | None = None
+    sequence: dict[str, object] | None = None
+    ranking: dict[str, object] | None = None
+    als: str | None = None
+    grouping: str | None = None
+
+
+class Recs(KeyedKind[RecsComputed]):
     name = "recs"
     spec = RecsOutputSpec
-    store_family = "redis"
     route = "recs"
+    format = RECS
 
-    def needs(self, spec: RecsOutputSpec) -> list[str]:
-        return [spec.items]
+    def needs(self, output: Output) -> list[str]:
+        return [output.spec.items]
 
-    def check(self, pipeline: Pipeline, name: str) -> None:
-        output: RecsOutputSpec = pipeline.outputs[name]
-        items = pipeline.outputs.get(output.items)
+    def check(self, output: Output) -> None:
+        spec: RecsOutputSpec = output.spec
+        items = output.other(spec.items)
         if items is None:
-            raise pipeline.error(name, "items", f"no output named {output.items!r}")
-        if items.kind != "embeddings":
-            raise pipeline.error(name, "items", f"output {output.items!r} is not of kind embeddings")
-        columns = {"user": output.input.user, "item": output.input.item}
-        optional = {"weight": output.input.weight, "time": output.input.time}
-        given = output.input.model_fields_set
-        columns |= {field: column for field, column in optional.items() if field in given}
-        pipeline.check_input(name, output.input, columns, optional)
-        if output.towers is not None:
-            check_towers(pipeline, name, output.towers)
+            raise output.error("items", f"no output named {spec.items!r}")
+        if items.spec.kind != "embeddings":
+            raise output.error("items", f"output {spec.items!r} is not of kind embeddings")
+        columns = {"user": spec.input.user, "item": spec.input.item}
+        optional = {"weight": spec.input.weight, "time": spec.input.time}
+        given = spec.input.model_fields_set
+        columns |= {name: column for name, column in optional.items() if name in given}
+        output.check_input(spec.input, columns, optional)
+        if spec.towers is not None:
+            check_towers(output, spec.towers)
 
-    def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
-        output: RecsOutputSpec = pipeline.outputs[name]
-        spec = output.input
+    def plan(self, output: Output, machine: Machine) -> list[str]:
+        spec: RecsOutputSpec = output.spec
+        source = spec.input
         return [
-            f"  input   {spec.path} (user={spec.user}, item={spec.item}, weight={spec.weight}, time={spec.time})",
-            f"  items   the vectors of output {output.items!r}; top {output.k} per user",
-            store_line(pipeline, name, machine),
+            f"  input   {source.path} (user={source.user}, item={source.item}, weight={source.weight}, time={source.time})",
+            f"  items   the vectors of output {spec.items!r}; top {spec.k} per user",
+            store_line(output, machine),
         ]
 
-    def versions(self, pipeline: Pipeline, name: str, machine: Machine) -> AbstractContextManager[Versioned]:
-        return key_value_versions(pipeline, name, machine)
-
-    def run(self, run: RunContext, name: str) -> dict[str, Any]:
-        from precompute.jobs import work_dir
+    def compute(self, run: RunContext, output: Output, target: Target[OutputVersions]) -> RecsComputed:
+        """Recommend from the published embeddings into the new version, rescoring only the users
+        whose inputs moved since the published one (jobs/recs/state.py)."""
         from precompute.jobs.ray_session import ray_session
         from precompute.jobs.recs.item_table import sorted_items
         from precompute.jobs.recs.own_towers import own_towers
-        from precompute.jobs.recs.quality import beats_most_popular
-        from precompute.jobs.recs.recommend import RecsJobReport, run_recs_job
+        from precompute.jobs.recs.recommend import run_recs_job
         from precompute.jobs.text.embed import STAGED
-        from precompute.stores.key_value.versions import NewVersion
 
-        output: RecsOutputSpec = run.pipeline.outputs[name]
-        items_version = run.published(output.items)["version"]
-        machine, spec = run.machine, output.recs()
-        embeddings = work_dir.run_dir(run.work_dir, output.items, items_version) / STAGED
-        items_model = run.pipeline.sources[output.items].hash
+        spec: RecsOutputSpec = output.spec
+        machine, items_output = run.machine, output.other(spec.items)
+        assert items_output is not None and items_output.source is not None  # check and needs saw to it
+        items_version = run.published(spec.items).version
+        embeddings = run.run_dir(spec.items, items_version) / STAGED
+        items = sorted_items(embeddings, items_version, work_dir.cache_dir(run.work_dir, spec.items))
+        corpus = items_output.spec.input
+        vocabulary = VersionVocabulary(
+            items.ids, items.vocabulary, integer_column(spec.input, spec.input.user), integer_column(corpus, corpus.id)
+        )
+        version = writer(target, vocabulary)
+        own = None
+        if spec.towers is not None:  # Ray stays up for the job (the night's ray_stopped_last)
+            with ray_session(machine.job.ray_address):
+                own = own_towers(spec.towers, items.ids, target.folder, machine.engine)
+        recs = run_recs_job(  # an unchanged night starts no Ray
+            spec.input,
+            spec.recs(),
+            machine.job,
+            items,
+            version.sink(),
+            target.folder,
+            version.create,
+            items_model=items_output.source.hash,
+            previous=published_run(run, output, target),
+            own=own,
+            output=output.name,
+            engine=machine.engine,
+        )
+        return RecsComputed(
+            rows=recs.rows,
+            rejects=recs.rejects,
+            rejects_path=recs.rejects_path,
+            reused=recs.copied,
+            computed=recs.rescored,
+            seconds=recs.seconds,
+            rates={"top-k": recs.users_per_s},
+            rate_unit="users/s",
+            samples=recs.samples,
+            users=recs.users,
+            rescored=recs.rescored,
+            copied=recs.copied,
+            mode=recs.mode,
+            mode_reason=recs.mode_reason,
+            k=recs.k,
+            users_per_s=recs.users_per_s,
+            quality=recs.quality,
+            towers=recs.towers,
+            sequence=recs.sequence,
+            ranking=recs.ranking,
+            als=recs.als,
+            grouping=recs.grouping,
+        )
 
-        def recommend() -> tuple[RecsJobReport, str]:
-            """Recommend from the published embeddings into a new version, rescoring only the users
-            whose inputs moved since the published one (jobs/recs/state.py); publish it only if the
-            model's held-out NDCG@10 beats most-popular's by `min_lift`."""
-            items = sorted_items(embeddings, items_version, work_dir.cache_dir(run.work_dir, output.items))
+    def validate(
+        self, run: RunContext, output: Output, target: Target[OutputVersions], computed: RecsComputed
+    ) -> RecsQuality:
+        """Published only if the model's held-out NDCG@10 beats most-popular's by `min_lift`, then
+        the version's records checked like every key-value version's."""
+        from precompute.jobs.recs.quality import beats_most_popular
 
-            def job(new: NewVersion, folder: work_dir.WorkPath) -> RecsJobReport:
-                """The job first: bad interactions fail on their reject ratio, with reasons, not as poor quality."""
-                previous = published_run(run, name, new)
-                own = None
-                if output.towers is not None:  # Ray stays up for the job (publish_new_version)
-                    with ray_session(machine.job.ray_address):
-                        own = own_towers(output.towers, items.ids, folder, machine.engine)
-                report = run_recs_job(  # an unchanged night starts no Ray
-                    output.input,
-                    spec,
-                    machine.job,
-                    items,
-                    new.sink(),
-                    folder,
-                    new.create,
-                    items_model=items_model,
-                    previous=previous,
-                    own=own,
-                    output=name,
-                    engine=machine.engine,
-                )
-                if refusal := beats_most_popular(report.quality, output.min_lift):
-                    raise QualityError(refusal)
-                return report
+        if refusal := beats_most_popular(computed.quality, output.spec.min_lift):
+            raise QualityError(refusal)
+        super().validate(run, output, target, computed)
+        return computed.quality
 
-            corpus = run.pipeline.outputs[output.items].input
-            vocabulary = VersionVocabulary(
-                items.ids, items.vocabulary, integer_column(output.input, output.input.user), integer_column(corpus, corpus.id)
-            )
-            return publish_new_version(run, name, vocabulary, job)
-
-        recs, version = run.step("recommend", recommend)
-        deleted = run.step("collect_garbage", lambda: collect_garbage(run, name))
-        return {
-            "kind": self.name,
-            "version": version,
-            "published": True,
-            "rows": recs.rows,
-            "rejects": recs.rejects,
-            "rejects_path": recs.rejects_path,
-            "users": recs.users,
-            "rescored": recs.rescored,
-            "copied": recs.copied,
-            "reused": recs.copied,
-            "computed": recs.rescored,
-            "mode": recs.mode,
-            "mode_reason": recs.mode_reason,
-            "k": recs.k,
-            "seconds": recs.seconds,
-            "users_per_s": recs.users_per_s,
-            "rates": {"top-k": recs.users_per_s},
-            "rate_unit": "users/s",
-            **({"towers": recs.towers} if recs.towers is not None else {}),
-            **({"sequence": recs.sequence} if recs.sequence is not None else {}),
-            **({"ranking": recs.ranking} if recs.ranking is not None else {}),
-            **({"als": recs.als} if recs.als is not None else {}),
-            **({"grouping": recs.grouping} if recs.grouping is not None else {}),
-            "validation": asdict(recs.quality),
-            "deleted_versions": deleted,
-        }
-
-    def serve(self, service: Service, name: str) -> Served:
-        from precompute.lookup.keys import RECS
-
-        output: RecsOutputSpec = service.pipeline.outputs[name]
-        return service.keys.serve(name, service.pipeline.store(name), RECS, max_k=output.k)
+    def max_k(self, output: Output) -> int:
+        return output.spec.k
 
 
-def check_towers(pipeline: Pipeline, name: str, towers: TowersSpec) -> None:
+def check_towers(output: Output, towers: TowersSpec) -> None:
     """Both graphs open and return one dim; each features file has the id column and a column of
     the right type for every input of its tower."""
     signatures = {}
@@ -199,27 +199,26 @@ def check_towers(pipeline: Pipeline, name: str, towers: TowersSpec) -> None:
         try:
             signatures[tower] = Signature(Path(path).read_bytes())
         except OSError as e:
-            raise pipeline.error(name, f"towers.{tower}", f"cannot read {path} ({e.strerror})") from None
+            raise output.error(f"towers.{tower}", f"cannot read {path} ({e.strerror})") from None
         except ModelError as e:
-            raise pipeline.error(name, f"towers.{tower}", f"{path}: {e}") from None
+            raise output.error(f"towers.{tower}", f"{path}: {e}") from None
     try:
         same_dim(signatures["user"], signatures["item"])
     except ModelError as e:
-        raise pipeline.error(name, "towers", str(e)) from None
+        raise output.error("towers", str(e)) from None
     for tower, features in (("user", towers.users), ("item", towers.items)):
         field = f"towers.{tower}s"
         try:
             schema = arrow_dataset(features).schema
         except InputError as e:
-            raise pipeline.error(name, f"{field}.path", str(e)) from None
+            raise output.error(f"{field}.path", str(e)) from None
         for column in [features.id, *(i.name for i in signatures[tower].inputs)]:
             if column not in schema.names:
-                raise pipeline.error(
-                    name,
+                raise output.error(
                     field,
                     f"column {column!r} (the {tower} tower's input or id) is not in {features.path} "
                     f"(it has {', '.join(schema.names)})",
                 )
         for input_ in signatures[tower].inputs:
             if problem := column_problem(schema.field(input_.name).type, input_):
-                raise pipeline.error(name, field, f"column {input_.name!r} of {features.path} {problem}")
+                raise output.error(field, f"column {input_.name!r} of {features.path} {problem}")

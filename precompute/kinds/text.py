@@ -2,38 +2,36 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from precompute.kinds import Output
 from precompute.models.engines.cache import EngineCache
 from precompute.models.engines.runtime import resolve_backend, resolve_device, rung_backend, text_ladder
 from precompute.models.errors import ModelError
 from precompute.models.settings import Engine, EngineSettings
 from precompute.models.source import ModelSource, ModelSpec
 
-if TYPE_CHECKING:
-    from precompute.pipeline import Pipeline
 
-
-def read_model(pipeline: Pipeline, name: str, field: str, task: Literal["embed", "classify"]) -> ModelSource:
+def read_model(output: Output, field: str, task: Literal["embed", "classify"]) -> ModelSource:
     """The output's `field` (a ModelSpec) read as an encoder or a classifier; one line if it cannot be."""
-    spec: ModelSpec = getattr(pipeline.outputs[name], field)
+    spec: ModelSpec = getattr(output.spec, field)
     try:
         return spec.encoder() if task == "embed" else spec.classifier()
     except ModelError as e:
-        raise pipeline.error(name, field, str(e)) from None
+        raise output.error(field, str(e)) from None
 
 
-def engine_of(pipeline: Pipeline, name: str, machine: EngineSettings) -> Engine:
+def engine_of(output: Output, machine: EngineSettings) -> Engine:
     """The output's engine: its model and policy, gated and calibrated on its own input's texts."""
-    output = pipeline.outputs[name]
-    return Engine(
-        model=pipeline.sources[name], reference=output.input.sample(), policy=output.engine, machine=machine
-    )
+    if output.source is None:
+        raise TypeError(f"output {output.name!r} runs no text model")
+    return Engine(model=output.source, reference=output.spec.input.sample(), policy=output.spec.engine, machine=machine)
 
 
-def engine_lines(pipeline: Pipeline, name: str, machine: EngineSettings) -> list[str]:
+def engine_lines(output: Output, machine: EngineSettings) -> list[str]:
     """The model, the engine's ladder (and which precisions the cache already holds), and the gate."""
-    source, engine = pipeline.sources[name], engine_of(pipeline, name, machine)
+    engine = engine_of(output, machine)
+    source = engine.model
     what = (
         f"{source.dim}-d, {source.pooling} pooling{', normalised' if source.normalize else ''}"
         if source.task == "embed"

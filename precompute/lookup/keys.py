@@ -3,7 +3,7 @@
 Each answer is one round trip (KeyValueReader pipelines the reads with the version
 pointer, so a batch comes from one version) and some string joins: a version's
 vocabulary is JSON-escaped once, the first time the version is read, and a value is
-decoded with numpy. GETs take no pydantic: their two inputs are checked by hand.
+decoded with numpy. GETs take no pydantic: their two inputs are checked in plain code.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class RecsBatchGet(LabelsBatchGet):
 
 
 @dataclass(frozen=True, slots=True)
-class Output:
+class KeyFormat:
     """A key-value output as the API shows it: a format, bound to an output by KeyLookups.serve."""
 
     name: str
@@ -80,8 +80,8 @@ class Output:
         return "k" in self.batch_model.model_fields
 
 
-LABELS = Output("labels", "labels", '{"label":%s,"score":%s}', LabelsBatchGet, "labels", "item")
-RECS = Output("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet, "recommended items", "user")
+LABELS = KeyFormat("labels", "labels", '{"label":%s,"score":%s}', LabelsBatchGet, "labels", "item")
+RECS = KeyFormat("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet, "recommended items", "user")
 
 
 class Vocabulary:
@@ -133,13 +133,13 @@ class KeyLookups:
         self.settings = settings
         self.redis = redis
         self.metrics = metrics
-        self.outputs: dict[str, Output] = {}
+        self.outputs: dict[str, KeyFormat] = {}
         """The outputs served, by name."""
         self.reader: KeyValueReader | None = None
         self.health = StoreHealth("redis")
         self._vocabularies: dict[tuple[str, str], Vocabulary] = {}
 
-    def serve(self, name: str, store: str, format: Output, max_k: int = 0) -> KeyOutput:
+    def serve(self, name: str, store: str, format: KeyFormat, max_k: int = 0) -> KeyOutput:
         """Serve output `name`, stored under `store`, in `format`; `max_k`: the most entries its records hold."""
         self.outputs[name] = dataclasses.replace(format, name=store, max_k=min(self.settings.max_k, max_k))
         return KeyOutput(self, name)
@@ -216,7 +216,7 @@ class KeyLookups:
         )
         return batch_get
 
-    async def read(self, output: Output, ids: list[str]) -> tuple[str, Vocabulary, list[bytes | None]]:
+    async def read(self, output: KeyFormat, ids: list[str]) -> tuple[str, Vocabulary, list[bytes | None]]:
         """(published version, its vocabulary, values); Refused with a 503 while nothing can be read."""
         reader = self.open_reader()
         try:
@@ -243,7 +243,7 @@ class KeyLookups:
             raise Refused(error(503, "warming up", headers={"Retry-After": "1"}))
         return self.reader
 
-    async def vocabulary(self, reader: KeyValueReader, output: Output, version: str) -> Vocabulary:
+    async def vocabulary(self, reader: KeyValueReader, output: KeyFormat, version: str) -> Vocabulary:
         """The version's Vocabulary, made once for the version whose meta it reads: an overlay
         that shares its base's (stores/key_value/meta.py) gets the base's, not a second copy."""
         vocabulary = self._vocabularies.get((output.name, version))

@@ -10,7 +10,7 @@ differ: `precompute bench query-engines`). The engine must also be static: dynam
 its activation scales from the whole batch (models.engine.peer_independent).
 
 On CPU, batching does not pay: a batched query costs more than one query on the dynamic INT8
-graph the service runs (`precompute bench query-engines`; README, "Serving capacity"); on a
+graph the service runs (`precompute bench query-engines`); on a
 GPU a call of 8 rows takes about as long as a call of 1. Hence ServiceSettings.query_batch =
 "auto": on for GPUs only.
 """

@@ -1,10 +1,7 @@
-"""`POST /v1/search[/{name}]`: embed the query with the model that made the served version, then search it.
+"""Search an embeddings output: embed the query with the model that made the served version, then search it.
 
-A search is answered from the query cache (lookup/query_cache.py) on the event loop, else embeds
-the query and searches the published version on a search thread, at most one per core, so key
-lookups never wait behind an embedding. A long query (over long_query_chars) costs several short
-ones, so long queries take at most all search threads but one: a short query never waits behind
-them. A query is cut to max_query_tokens (or the model's window), and the answer says so.
+The route is search_route.py's. A query is cut to max_query_tokens (or the model's window), and
+the answer says so.
 
 Each embeddings output has its own store and follows its own published version. A version
 records the model that made it (stores/vectors/store.py `meta`), so when a new model's version is
@@ -16,26 +13,18 @@ query and index always agree.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, Annotated, Protocol
+from typing import Annotated, Protocol
 
-import anyio
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
-from starlette.requests import Request
-from starlette.responses import Response
+from pydantic import StringConstraints
 
-from precompute.lookup.errors import error, unavailable, validated_body
-from precompute.lookup.openapi import search_operation
 from precompute.lookup.outages import StoreHealth
 from precompute.lookup.query_batcher import QueryBatcher
 from precompute.lookup.query_cache import QueryCache
-from precompute.lookup.served import Endpoint
 from precompute.lookup.settings import ServiceSettings
-from precompute.models import Engine, InvalidInputError, load_encoder
+from precompute.models import Engine, load_encoder
 from precompute.models.engines.load import peer_independent
 from precompute.models.engines.runtime import resolve_device
 from precompute.models.settings import EngineSettings
@@ -43,11 +32,8 @@ from precompute.models.source import ModelSource
 from precompute.models.text.encoder import EngineReport
 from precompute.models.text.reference import TextSample
 from precompute.models.text.tokenize import TextTokenizer
-from precompute.stores.errors import StoreUnavailableError, VersionNotFoundError
+from precompute.stores.errors import VersionNotFoundError
 from precompute.stores.vectors.store import Filter, Hit, VectorStore
-
-if TYPE_CHECKING:
-    from precompute.service.app import Service
 
 WARMUP_TEXT = "warm-up query for the engine and the index"
 
@@ -64,26 +50,9 @@ class FilterError(ValueError):
         self.key = key
 
 
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    query: str = Field(min_length=1)
-    k: int = Field(10, ge=1)
-    filter: Annotated[dict[FilterKey, str | int | bool], Field(max_length=16)] | None = None
-    """Exact matches, all of them, on fields of the version's payload."""
-
-    @field_validator("filter")
-    @classmethod
-    def _int64(cls, value: dict[str, str | int | bool] | None) -> dict[str, str | int | bool] | None:
-        for key, v in (value or {}).items():
-            if isinstance(v, int) and v not in INT64:
-                raise ValueError(f"the value of {key!r} is outside int64")
-        return value
-
-
 QUERY_ENGINE = {"streams": 1, "threads": 1, "graph": "query"}
 """One query per call, one thread: after idle gaps, waking a thread pool costs more at the p99
-than it saves at the p50 (README, "Figures behind the defaults"). The fused graph suits one short text."""
+than it saves at the p50 (`precompute bench search` measures both). The fused graph suits one short text."""
 
 
 class QueryEncoder(Protocol):
@@ -193,7 +162,7 @@ class Searcher:
         if known is None:
             meta = self.store.meta(version)
             engine = self.engine
-            if "model" in meta:  # else written without one (by hand): the file's model
+            if "model" in meta:  # else written without one (not by the flow): the file's model
                 model = ModelSource.model_validate(meta["model"])
                 engine = engine.replace(model=model, reference=TextSample.model_validate(meta["reference"]))
             known = ServedVersion(engine, meta.get("payload"), bool(meta.get("integer_ids")))
@@ -261,103 +230,3 @@ class Searcher:
         if self.served(version).integer_ids:
             hits = [dataclasses.replace(hit, id=int(hit.id)) for hit in hits]
         return Found(hits, embedded.cut_to)
-
-
-class SearchOutput:
-    """An embeddings output as the service answers it (lookup/served.py Served)."""
-
-    store = "vector store"
-
-    def __init__(self, service: Service, name: str, store: VectorStore, engine: Engine) -> None:
-        self.service = service
-        self.name = name
-        max_tokens = service.settings.max_query_tokens
-        self.searcher = Searcher(name, store, service.encoders, engine, service.vectors, max_tokens)
-
-    def endpoints(self, base: str) -> list[Endpoint]:
-        async def search(request: Request) -> Response:
-            return await self.search(request)
-
-        search.__doc__ = f"Embed `query`, return the `k` nearest documents of {self.name}'s published version."
-        return [Endpoint(base, "POST", search, base, search_operation(SearchRequest))]
-
-    async def open(self) -> None:
-        await anyio.to_thread.run_sync(self.searcher.warm, self.service.settings.warmup_queries)
-
-    async def version(self) -> str | None:
-        try:
-            version = self.searcher.store.current()
-        except StoreUnavailableError as e:
-            self.searcher.health.failed(e)
-            raise
-        self.searcher.health.ok()
-        return version
-
-    def engine(self, version: str) -> str | None:
-        report = self.searcher.encoder_for(version).report
-        return f"{report.backend}/{report.device}/{report.precision}"
-
-    async def close(self) -> None:
-        self.searcher.store.close()
-
-    async def search(self, request: Request) -> Response:
-        """Embed `query`, return the `k` nearest documents of the published version (with `filter`)."""
-        service, settings, searcher = self.service, self.service.settings, self.searcher
-        req = await validated_body(request, SearchRequest, settings)
-        if len(req.query) > settings.max_query_chars:
-            return error(422, f"query is longer than {settings.max_query_chars} characters", field="query")
-        if req.k > settings.max_k:
-            return error(422, f"k must be at most {settings.max_k}", field="k")
-        if not service.ready:
-            return error(503, "warming up", headers={"Retry-After": "1"})
-        key = (req.query, req.k, filter_key(req.filter))
-        try:
-            version = searcher.store.serving()
-            body = service.answers.get_answer(self.name, version, key)
-            if body is None and service.shared is not None:
-                body = await service.shared.get(self.name, version, key)
-                if body is not None:
-                    service.answers.put_answer(self.name, version, key, body)
-            if body is None:
-                search = partial(searcher.search_published, version, req.query, req.k, req.filter)
-                if len(req.query) > settings.long_query_chars:  # never on every search thread at once
-                    async with service.long_searches:
-                        version, found = await anyio.to_thread.run_sync(search, limiter=service.search_threads)
-                else:
-                    version, found = await anyio.to_thread.run_sync(search, limiter=service.search_threads)
-                body = answer_body(version, found)
-                service.answers.put_answer(self.name, version, key, body)
-                if service.shared is not None:
-                    await service.shared.put(self.name, version, key, body)
-        except InvalidInputError as e:
-            return error(422, e.reason, field="query")
-        except FilterError as e:
-            return error(422, str(e), field=f"filter.{e.key}")
-        except VersionNotFoundError:
-            return error(503, f"no version of {self.name} is published yet", headers={"Retry-After": "5"})
-        except StoreUnavailableError as e:
-            service.metrics.store_errors.labels(self.name).inc()
-            searcher.health.failed(e)
-            return unavailable("vector store", e)
-        searcher.health.ok()
-        return Response(body, media_type="application/json")
-
-
-def filter_key(filter: dict[str, str | int | bool] | None) -> tuple[tuple[str, str, object], ...]:
-    """A filter as part of a cache key: True and 1 are equal in Python, not in a payload."""
-    return tuple(sorted((key, type(value).__name__, value) for key, value in (filter or {}).items()))
-
-
-def answer_body(version: str, found: Found) -> bytes:
-    answer: dict[str, object] = {
-        "version": version,
-        "hits": [{"id": h.id, "score": h.score, "payload": h.payload} for h in found.hits],
-    }
-    if found.cut_to is not None:
-        answer["query_cut_to_tokens"] = found.cut_to
-    return json.dumps(
-        answer,
-        ensure_ascii=False,
-        allow_nan=False,
-        separators=(",", ":"),
-    ).encode()

@@ -25,7 +25,7 @@ class ServiceSettings(BaseSettings):
     max_query_tokens: int | None = Field(None, ge=2)
     """Queries are cut to this many tokens (None: the model's window, 256 for MiniLM), and the
     answer then says `query_cut_to_tokens`: a lower cap bounds the latency of the longest query
-    (README, "Search fidelity", measures each length)."""
+    (`precompute bench fidelity` measures each length)."""
 
     long_query_chars: int = Field(256, ge=1)
     """Queries longer than this (about 60 tokens) run on all search threads but one at most, so

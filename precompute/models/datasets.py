@@ -3,7 +3,7 @@ CSV or JSON Lines, on local disk or object storage.
 
 Every reader of an input (the pipeline's check, the jobs on Ray, the gate's texts) resolves it
 here to one list of files on one filesystem, so they all read the same rows. Hive partition
-folders (`dt=2026-11-25/`) select files through `where`; they are not columns of the rows.
+folders (`region=eu/`) select files through `where`; they are not columns of the rows.
 Credentials come from the environment and the usual config files, never from the pipeline file.
 AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL names an S3-compatible server, as for the AWS SDKs (pyarrow
 does not read them itself): where the pipeline file is read, it joins each s3:// path, so Ray's
@@ -80,7 +80,7 @@ class DatasetInput(BaseModel):
     format: Format | None = None
     """The files' format: parquet, csv or json (JSON Lines); by default read from their extension."""
     where: Where = ()
-    """Hive partitions to read, e.g. `{ dt = "2026-11-25" }` (a list for several values): only
+    """Hive partitions to read, e.g. `{ region = "eu" }` (a list for several values): only
     files under `key=value` folders that match every key are read."""
 
     def id_columns(self) -> tuple[str, ...]:
@@ -129,8 +129,8 @@ class InputFiles:
         """The files' bytes hashed one file at a time, in chunks (memory does not grow with the
         input), and the input's whole digest made of them: a job keeps what it made of the same
         input, and a validation what it found in the same file (jobs/text/corpus_validation.py).
-        SHA-256, which x86 (SHA-NI) and ARM cores run in hardware: 1.2 GB/s on a 2-vCPU Xeon, 2.2x
-        blake2b, for every byte of the input, read every night (a 1M-row corpus: 175 MB)."""
+        SHA-256, which x86 (SHA-NI) and ARM cores run in hardware, faster there than blake2b,
+        for every byte of the input, read every night (a 1M-row corpus: 175 MB)."""
         how = f"{self.format} {self.strings}"
         files = {}
         for file in sorted(self.files):
@@ -201,7 +201,7 @@ def _hidden(relative: str) -> bool:
 
 
 def partitions(relative: str) -> dict[str, str]:
-    """The hive partition keys of a file's path below its dataset's folder (`dt=2026-11-25/x`)."""
+    """The hive partition keys of a file's path below its dataset's folder (`region=eu/x`)."""
     folders = (part.partition("=") for part in relative.split("/")[:-1])
     return {key: unquote(value) for key, sep, value in folders if sep}
 

@@ -17,7 +17,7 @@ class InvalidInputError(ModelError, ValueError):
 
 
 class BackendUnavailableError(ModelError):
-    """The selected backend or device is not installed or not present on this machine."""
+    """The selected backend or device is not installed or not present on the machine."""
 
 
 class GateFailedError(ModelError):

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -24,15 +22,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from precompute.kinds import kinds
+from precompute.kinds import registry
 from precompute.lookup.errors import Refused, error, unavailable
-from precompute.lookup.keys import KeyLookups
-from precompute.lookup.metrics import Metrics, RequestMetrics
+from precompute.lookup.metrics import RequestMetrics
 from precompute.lookup.openapi import openapi_document
-from precompute.lookup.query_cache import QueryCache
-from precompute.lookup.search import Encoders, QueryVector
 from precompute.lookup.served import Endpoint, Handler, Served
-from precompute.lookup.shared_answers import SharedAnswers
+from precompute.lookup.serving import Serving
 from precompute.pipeline import Pipeline, load_pipeline
 from precompute.settings import Machine
 from precompute.stores.errors import StoreUnavailableError
@@ -41,50 +36,29 @@ from precompute.stores.versions import version_age
 log = logging.getLogger("lookup")
 
 
-class Service:
-    """What every served output shares: settings, caches, the query encoders, the key reader."""
+class Service(Serving):
+    """Every output of the pipeline file as its kind serves it, on what they share (Serving)."""
 
     def __init__(self, machine: Machine, pipeline: Pipeline) -> None:
+        super().__init__(machine.service, machine.redis, machine.engine)
         self.machine = machine
-        self.settings = machine.service
         self.pipeline = pipeline
-        self.metrics = Metrics()
-        cache_bytes = int(self.settings.query_cache_mb * 2**20)
-        self.answers = QueryCache[bytes]("answers", cache_bytes, len, self.metrics)
-        self.vectors = QueryCache[QueryVector]("vectors", cache_bytes, lambda v: v.nbytes, self.metrics)
-        self.encoders = Encoders(self.settings)
-        self.keys = KeyLookups(self.settings, machine.redis, self.metrics)
-        self.search_threads: anyio.CapacityLimiter | None = None
-        """Searches at once: one per core, or a batch's rows per core where queries are batched
-        (their threads wait on the batcher). Made in lifespan: it needs the event loop."""
-        self.long_searches: anyio.CapacityLimiter | None = None
-        """Long queries at once: one core's share fewer than search_threads (at least one)."""
-        self.shared: SharedAnswers | None = None
-        """Answers in Redis, shared by replicas (ServiceSettings.query_cache_redis); made in lifespan."""
-        self.ready = False
-        """True once every output is open and its engines warm."""
-        self.outputs: dict[str, Served] = {name: pipeline.kind(name).serve(self, name) for name in pipeline.outputs}
+        self.outputs: dict[str, Served] = {
+            name: output.kind.serve(self, output, machine) for name, output in pipeline.declared.items()
+        }
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        per_core = self.settings.query_batch_rows if self.encoders.batched(self.machine.engine) else 1
-        cores = len(os.sched_getaffinity(0))
-        self.search_threads = anyio.CapacityLimiter(cores * per_core)
-        self.long_searches = anyio.CapacityLimiter(max(cores - 1, 1) * per_core)
+        self.start()
         for served in self.outputs.values():
             await served.open()
-        if self.settings.query_cache_redis:
-            self.shared = SharedAnswers(self.machine.redis, self.settings.query_cache_redis_ttl_s, self.metrics)
         self.ready = True
         log.info("serving on http://%s:%d: %s", self.settings.host, self.settings.port, await self.served())
         yield
         self.ready = False
-        if self.shared is not None:
-            await self.shared.aclose()
-            self.shared = None
         for served in self.outputs.values():
             await served.close()
-        self.encoders.close()
+        await self.stop()
 
     async def served(self) -> str:
         """Each output and the version it serves, for the start-up line of the log."""
@@ -107,7 +81,7 @@ class Service:
         ]
         defaults = [
             endpoint
-            for kind in kinds()
+            for kind in registry().values()
             if (name := self.pipeline.default(kind.name)) is not None
             for endpoint in self.outputs[name].endpoints(f"/v1/{kind.route}")
         ]

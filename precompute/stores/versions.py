@@ -1,9 +1,10 @@
-"""What every store's versions share: their names, and how an operator lists and rolls them back.
+"""What every store's versions share: their names, and one output's versions through a night and after.
 
 A version is named by its UTC creation time and a random suffix, so names sort by age and
-two runs never collide. `Versioned` is what `precompute status` and `rollback` read, whichever
-store holds an output: the vector store (vectors.py) and one output of the key-value store
-(key_value.py `KeyValueStore.output`) both implement it.
+two runs never collide. `Versioned` is one output's versions in its store, whichever store that
+is: a night publishes, drops and collects through it (flows/lifecycle.py), and `precompute
+status` and `rollback` read it. The vector store (vectors/store.py) and one output of the
+key-value store (key_value/versions.py OutputVersions) implement it.
 """
 
 from __future__ import annotations
@@ -55,10 +56,27 @@ class Versioned(Protocol):
         """The published version, None before the first publish."""
         ...
 
+    def versions(self) -> list[str]:
+        """Every stored version's name, oldest first."""
+        ...
+
     def listing(self) -> list[Version]:
-        """Every version, oldest first, the published one marked."""
+        """Every version, oldest first, the published one marked, with its size and age."""
         ...
 
     def rollback(self, to: str | None = None) -> str:
         """Publish `to` (default: the newest version before the published one); return it."""
+        ...
+
+    def publish(self, version: str) -> None:
+        """Make a written and checked version the one readers see, in one atomic switch."""
+        ...
+
+    def drop(self, version: str) -> None:
+        """Delete an unpublished version whole (a failed night's); never the published one."""
+        ...
+
+    def collect(self, keep: int) -> list[str]:
+        """Delete all but the published version and the `keep` newest others (rollback targets),
+        with what a failed night left; return the deleted ones, oldest first."""
         ...

@@ -292,7 +292,7 @@ def test_flow_killed_mid_embedding_then_rerun(
     output = refused.communicate(timeout=900)[0].decode()
     assert refused.returncode == 1, output
     refusal = (
-        r"^error: docs failed at validate: IndexCheckError: version \S+: recall@10 0\.\d+ < min_recall=1\.0 "
+        r"^error: docs failed at check: IndexCheckError: version \S+: recall@10 0\.\d+ < min_recall=1\.0 "
         r"at hnsw_ef 1 \(exact scan off\); the next build makes a denser graph \(m=32, ef_construct=200\)$"
     )
     assert re.search(refusal, output, re.MULTILINE), output

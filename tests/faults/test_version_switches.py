@@ -49,13 +49,13 @@ def test_searches_ride_out_publish_rollback_and_collection(
                 write_version(stores, V2, rows, encoder)  # published
                 served(V2)
                 assert store.rollback() == V1
-                assert store.gc(1) == []  # V2 stays: the newest other version
+                assert store.collect(1) == []  # V2 stays: the newest other version
                 served(V1)
                 assert store.rollback(V2) == V2
-                assert store.gc(0) == [V1]  # deleted while readers may still name it
+                assert store.collect(0) == [V1]  # deleted while readers may still name it
                 served(V2)
                 write_version(stores, V3, rows[:50], encoder)
-                assert store.gc(0) == [V2]
+                assert store.collect(0) == [V2]
                 served(V3)
         finally:
             stop.set()

@@ -145,11 +145,11 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     broken = environment / "broken.parquet"
     pq.write_table(pa.Table.from_pylist(corpus + blank), broken)
     monkeypatch.setenv("PRECOMPUTE_OUTPUTS__LABELS__INPUT__PATH", str(broken))  # one field, overridden
-    with pytest.raises(RunFailedError, match=r"^labels failed at label: RejectRatioExceededError: 24 of 224"):
+    with pytest.raises(RunFailedError, match=r"^labels failed at compute: RejectRatioExceededError: 24 of 224"):
         nightly(keep_versions=1)
     third = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
     assert list(third["failed"]) == ["labels"]
-    assert third["failed"]["labels"].startswith("label: RejectRatioExceededError: 24 of 224 rows")
+    assert third["failed"]["labels"].startswith("compute: RejectRatioExceededError: 24 of 224 rows")
     metrics = run_metrics(environment)
     assert metrics[("precompute_run_success", "")] == 0
     assert (
@@ -199,7 +199,7 @@ def test_nightly_publishes_reuses_collects_garbage_and_isolates_a_failed_output(
     monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__INPUT__PATH", str(environment / "everyone.parquet"))
     monkeypatch.setenv("PRECOMPUTE_OUTPUTS__RECS__POPULARITY_WEIGHT", "0")
     monkeypatch.delenv("PRECOMPUTE_OUTPUTS__LABELS__INPUT__PATH")
-    with pytest.raises(RunFailedError, match=r"^recs failed at recommend: QualityError: content's held-out"):
+    with pytest.raises(RunFailedError, match=r"^recs failed at check: QualityError: content's held-out"):
         nightly(keep_versions=1)
     fourth = json.loads(max((environment / "work" / "reports").iterdir()).read_text())
     assert list(fourth["failed"]) == ["recs"] and fourth["outputs"]["labels"]["published"]

@@ -210,5 +210,5 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         assert len(picks.json()["items"]) == 10
 
     for name, dim in (("minilm", 384), ("tiny", HIDDEN)):
-        with open_vector_store(VectorStoreSettings(), pipeline.store(name)) as store:
+        with open_vector_store(VectorStoreSettings(), pipeline.declared[name].store) as store:
             assert store.meta(outputs[name]["version"])["dim"] == dim

@@ -1,50 +1,48 @@
 """A test-only output kind, installed as a plug-in (a `precompute.kinds` entry point): each corpus
-row's text length in characters, kept in Redis, served by id. It is the smallest kind the
-contract admits: its table, checks, plan, a night's run, its versions and its routes."""
+row's text length, in a unit its own settings group names (PRECOMPUTE_LENGTHS_UNIT), kept in Redis,
+served by id. It is the smallest kind the contract admits: a spec, a settings group and its hooks;
+the framework runs its nights (versions, checks, publish, collection) and serves its routes."""
 
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import ray
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import ray_session
-from precompute.kinds import OutputKind, OutputSpec
-from precompute.kinds.keyed import (
-    VersionVocabulary,
-    collect_garbage,
-    key_value_versions,
-    publish_new_version,
-    store_line,
-)
-from precompute.lookup.keys import LabelsBatchGet, Output
+from precompute.kinds import Output, OutputSpec, RunContext, Target
+from precompute.kinds.keyed import KeyedKind, VersionVocabulary, store_line, writer
+from precompute.kinds.report import Computed
+from precompute.lookup.keys import KeyFormat, LabelsBatchGet
 from precompute.models.datasets import arrow_dataset, integer_column
+from precompute.settings import Machine
 from precompute.stores.key_value.records import encode_ranked
+from precompute.stores.key_value.versions import OutputVersions
 
-if TYPE_CHECKING:
-    from precompute.flows.steps import RunContext
-    from precompute.lookup.served import Served
-    from precompute.pipeline import Pipeline
-    from precompute.service.app import Service
-    from precompute.settings import Machine
-    from precompute.stores.key_value.versions import NewVersion
-    from precompute.stores.versions import Versioned
-
-FORMAT = Output("lengths", "lengths", '{"unit":%s,"value":%s}', LabelsBatchGet, "text lengths", "row")
 SAMPLES = 3
+
+
+class LengthsSettings(BaseSettings):
+    """How this machine counts lengths; env PRECOMPUTE_LENGTHS_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECOMPUTE_LENGTHS_", frozen=True, use_attribute_docstrings=True)
+
+    unit: Literal["characters", "bytes"] = "characters"
+    """What a length counts: characters, or the text's UTF-8 bytes."""
 
 
 class LengthsSpec(OutputSpec):
     kind: Literal["lengths"]
     input: CorpusInput
+    after: tuple[str, ...] = ()
+    """Outputs a night publishes before this one (its `needs`)."""
     hold_s: float = 0
-    """Seconds a run holds its written version before publishing it, in a Ray session as the
+    """Seconds a night holds its written version before it is checked, in a Ray session as the
     built-in kinds' jobs run: a test stops it midway."""
 
 
@@ -59,65 +57,43 @@ class Held:
         return batch
 
 
-class Counted:
-    def __init__(self, rows: int, samples: dict[str, bytes]) -> None:
-        self.rows, self.samples = rows, samples
-
-
-class Lengths(OutputKind):
+class Lengths(KeyedKind[Computed]):
     name = "lengths"
     spec = LengthsSpec
-    store_family = "redis"
+    settings = LengthsSettings
     route = "lengths"
+    format = KeyFormat("lengths", "lengths", '{"unit":%s,"value":%s}', LabelsBatchGet, "text lengths", "row")
 
-    def check(self, pipeline: Pipeline, name: str) -> None:
-        spec = pipeline.outputs[name].input
-        pipeline.check_input(name, spec, {"id": spec.id, "text": spec.text})
+    def needs(self, output: Output) -> list[str]:
+        return list(output.spec.after)
 
-    def plan(self, pipeline: Pipeline, name: str, machine: Machine) -> list[str]:
-        return [f"  input   {pipeline.outputs[name].input.path}", store_line(pipeline, name, machine)]
+    def check(self, output: Output) -> None:
+        source = output.spec.input
+        output.check_input(source, {"id": source.id, "text": source.text})
 
-    def versions(self, pipeline: Pipeline, name: str, machine: Machine) -> AbstractContextManager[Versioned]:
-        return key_value_versions(pipeline, name, machine)
+    def plan(self, output: Output, machine: Machine) -> list[str]:
+        unit = machine.group(LengthsSettings).unit
+        return [f"  input   {output.spec.input.path}, lengths in {unit}", store_line(output, machine)]
 
-    def run(self, run: RunContext, name: str) -> dict[str, Any]:
-        output = run.pipeline.outputs[name]
-        spec = output.input
-        start = time.perf_counter()
+    def compute(self, run: RunContext, output: Output, target: Target[OutputVersions]) -> Computed:
+        spec: LengthsSpec = output.spec
+        unit = run.machine.group(LengthsSettings).unit
+        table = arrow_dataset(spec.input).to_table(columns=[spec.input.id, spec.input.text])
+        ids = [str(i) for i in table[spec.input.id].to_pylist()]
+        texts = table[spec.input.text].to_pylist()
+        lengths = np.array([[len(t if unit == "characters" else t.encode())] for t in texts], np.float32)
+        values = encode_ranked(np.zeros(lengths.shape, np.int64), lengths)
+        vocabulary = VersionVocabulary.of(pa.array([unit]), integer_column(spec.input, spec.input.id))
+        version = writer(target, vocabulary)
+        version.create(len(ids))
+        version.store.write(version.output, version.version, ids, values)
+        if spec.hold_s:
+            with ray_session(None):
+                print(f"holding {target.version} for {spec.hold_s:g} s", flush=True)
+                ray.data.range(1).map_batches(
+                    Held, fn_constructor_kwargs={"seconds": spec.hold_s}, concurrency=1, num_cpus=0.5
+                ).materialize()
+        return Computed(rows=len(ids), computed=len(ids), samples=dict(list(zip(ids, values, strict=True))[:SAMPLES]))
 
-        def count(new: NewVersion, folder: Path) -> Counted:
-            table = arrow_dataset(spec).to_table(columns=[spec.id, spec.text])
-            ids = [str(i) for i in table[spec.id].to_pylist()]
-            lengths = np.array([[len(t)] for t in table[spec.text].to_pylist()], np.float32)
-            values = encode_ranked(np.zeros(lengths.shape, np.int64), lengths)
-            new.create(len(ids))
-            new.store.write(new.output, new.version, ids, values)
-            if output.hold_s:
-                with ray_session(None):
-                    print(f"holding {new.version} for {output.hold_s:g} s", flush=True)
-                    ray.data.range(1).map_batches(
-                        Held, fn_constructor_kwargs={"seconds": output.hold_s}, concurrency=1, num_cpus=0.5
-                    ).materialize()
-            return Counted(len(ids), dict(list(zip(ids, values, strict=True))[:SAMPLES]))
-
-        counted, version = run.step(
-            "count", lambda: publish_new_version(run, name, VersionVocabulary.of(pa.array(["characters"]), integer_column(spec, spec.id)), count)
-        )
-        deleted = run.step("collect_garbage", lambda: collect_garbage(run, name))
-        seconds = round(time.perf_counter() - start, 2)
-        return {
-            "kind": self.name,
-            "version": version,
-            "published": True,
-            "rows": counted.rows,
-            "rejects": 0,
-            "reused": 0,
-            "computed": counted.rows,
-            "seconds": {"count": seconds},
-            "rates": {"count": round(counted.rows / max(seconds, 1e-3), 1)},
-            "rate_unit": "rows/s",
-            "deleted_versions": deleted,
-        }
-
-    def serve(self, service: Service, name: str) -> Served:
-        return service.keys.serve(name, service.pipeline.store(name), FORMAT, max_k=1)
+    def max_k(self, output: Output) -> int:
+        return 1

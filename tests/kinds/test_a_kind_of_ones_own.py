@@ -1,6 +1,7 @@
-"""An output kind installed as a plug-in: one module (tests/kinds/lengths.py) and one registry entry
-(a `precompute.kinds` entry point of an installed distribution) take it through `precompute
-check`, the nightly flow, `status`, `rollback` and the lookup service, none of which knows it."""
+"""An output kind installed as a plug-in: one module (tests/kinds/lengths.py: a spec, a settings
+group and hooks) and one registry entry (a `precompute.kinds` entry point of an installed
+distribution) take it through `precompute check`, `precompute settings`, the nightly flow,
+`status`, `rollback` and the lookup service, none of which knows it."""
 
 from __future__ import annotations
 
@@ -41,28 +42,51 @@ def environment(lengths_kind: None, redis_url: str, tmp_path: Path, monkeypatch:
     return corpus
 
 
-def precompute(*args: str) -> str:
+def precompute(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, "-m", "precompute", *args], capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    assert done.returncode == code, done.stderr
+    return done
+
+
+def test_its_settings_group_is_read_and_listed_like_the_built_in_ones(
+    environment: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRECOMPUTE_LENGTHS_UNIT", "bytes")
+    assert "lengths in bytes" in precompute("check").stdout
+    listed = precompute("settings").stdout
+    assert "| `lengths.unit` | `PRECOMPUTE_LENGTHS_UNIT` | lengths | `characters` |" in listed
+
+
+def test_check_runs_outputs_after_those_they_need_and_refuses_a_cycle_in_one_line(environment: Path) -> None:
+    pipeline = environment.parent / "precompute.toml"
+    one = 'kind = "lengths"\ninput = { path = "corpus.parquet" }'
+    pipeline.write_text(f'[outputs.a]\n{one}\nafter = ["b"]\n[outputs.b]\n{one}\nstore = "bb"\n')
+    plan = precompute("check").stdout
+    assert plan.index("\nb (lengths") < plan.index("\na (lengths, default route, after b)")
+    pipeline.write_text(f'[outputs.a]\n{one}\nafter = ["b"]\n[outputs.b]\n{one}\nstore = "bb"\nafter = ["a"]\n')
+    refused = precompute("check", code=2).stderr
+    assert refused.strip() == f"error: {pipeline}: outputs: the outputs need each other in a cycle (a -> b -> a)"
+    pipeline.write_text(f'[outputs.a]\n{one}\nafter = ["c"]\n')
+    refused = precompute("check", code=2).stderr
+    assert refused.strip() == f"error: {pipeline}: outputs.a: needs output 'c', which the file does not declare"
 
 
 def test_a_kind_of_ones_own_runs_through_check_the_flow_status_rollback_and_the_service(
     prefect_api: str, environment: Path
 ) -> None:
-    plan = precompute("check")
-    assert "sizes (lengths, default route)" in plan and "redis keys" in plan
+    plan = precompute("check").stdout
+    assert "sizes (lengths, default route)" in plan and "redis keys" in plan and "lengths in characters" in plan
 
     first, second = nightly(), nightly()
     versions = [run["outputs"]["sizes"]["version"] for run in (first, second)]
     assert all(run["outputs"]["sizes"]["computed"] == ROWS for run in (first, second))
 
-    (status,) = json.loads(precompute("status", "--json"))
+    (status,) = json.loads(precompute("status", "--json").stdout)
     assert (status["kind"], status["current"]) == ("lengths", versions[1])
     assert [(v["name"], v["count"]) for v in status["versions"]] == [(versions[0], ROWS), (versions[1], ROWS)]
-    assert precompute("rollback", "sizes").strip() == f"sizes: serving {versions[0]}"
+    assert precompute("rollback", "sizes").stdout.strip() == f"sizes: serving {versions[0]}"
 
     rows = pq.read_table(environment).to_pylist()
     service = ServiceSettings(port=free_port(), warmup_queries=1)

@@ -157,7 +157,7 @@ def test_a_search_of_a_version_collected_meanwhile_answers_from_the_published_on
     try:
         write_version(stores, V2, rows[:50], encoder)
         with open_vector_store(stores, "corpus") as other:
-            assert other.gc(0) == [V1]
+            assert other.collect(0) == [V1]
         version, found = searcher.search_published(V1, rows[10]["title"], 3, None)
         assert version == V2 and {h.id for h in found.hits} <= {r["id"] for r in rows[:50]}
     finally:

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from precompute.bench.records import RESULTS_ENV
 from precompute.bench.scale import data as scale_data
 from precompute.bench.scale.data import ROW_GROUP_ROWS, change_inputs, corpus, interactions, write_inputs
 from precompute.bench.scale.main import RESOLUTION_S, exponent, main, summary
@@ -70,6 +71,7 @@ def test_every_stage_is_timed_with_memory_and_exponents(
     monkeypatch.setenv("PRECOMPUTE_ENGINE_CACHE_DIR", str(tmp_path / "engines"))
     monkeypatch.setenv("PRECOMPUTE_JOB_DRIVER_ROWS", "0")  # the actors it measures, not the driver
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the size's process: no Prefect of its own to start
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path / "results"))
     result = main([ROWS], work_dir=str(tmp_path / "bench"), rerun=False)
 
     assert result["sizes"] == [ROWS]
@@ -84,12 +86,16 @@ def test_every_stage_is_timed_with_memory_and_exponents(
     assert memory["qdrant_disk_mb"] > 0
     chosen = result["search"][ROWS]  # at the flow's default min_recall
     assert chosen["params"] and chosen["recall_at_10"] >= 0.99 and chosen["p99_ms"] >= chosen["median_ms"] > 0
+    (path,) = (tmp_path / "results").iterdir()  # the run's record: one size is its own linear baseline
+    record = json.loads(path.read_text())
+    assert record["bench"] == "scale" and record["result"]["sizes"] == [ROWS]
+    assert record["ours"]["value"] == record["baseline"]["value"] > 0 and record["ratio"] == 1.0
 
     (run,) = json.loads((tmp_path / "bench" / f"rows-{ROWS}" / "result.json").read_text())
     doubled = {**run, "report": json.loads(json.dumps(run["report"]))}
     for output in doubled["report"]["outputs"].values():  # the same run, every stage twice as long
         output["seconds"] = {key: 2 * value for key, value in output["seconds"].items()}
-    doubled["tasks"] = {key: 2 * value for key, value in run["tasks"].items()}
+        output["steps"] = {key: 2 * value for key, value in output["steps"].items()}
     doubled["wall_s"] = 2 * run["wall_s"]
     figures = summary({ROWS: [run], 2 * ROWS: [doubled, run, run]}, Path("model"))
     for stage in STAGES:  # linear; a stage under the report's resolution counts as constant

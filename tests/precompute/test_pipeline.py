@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from precompute.cli.main import app
 from precompute.demo_data import DEMO_CORPUS, DEMO_INTERACTIONS
-from precompute.pipeline import PipelineError, load_pipeline, schema
+from precompute.kinds import PipelineError
+from precompute.pipeline import load_pipeline, schema
 from tests.models.tiny import tiny_encoder, tiny_towers
 
 CORPUS = f'input = {{ path = "{DEMO_CORPUS}" }}'
@@ -29,8 +30,8 @@ def test_the_shipped_file_is_the_demo() -> None:
     pipeline.check()
     assert list(pipeline.outputs) == ["embeddings", "labels", "recs"]
     assert [pipeline.default(kind) for kind in ("embeddings", "labels", "recs")] == list(pipeline.outputs)
-    assert pipeline.store("embeddings") == "corpus"
-    assert pipeline.sources["embeddings"].dim == 384
+    assert pipeline.declared["embeddings"].store == "corpus"
+    assert pipeline.declared["embeddings"].source.dim == 384
     assert pipeline.outputs["labels"].input.sample().path == str(DEMO_CORPUS)
     assert "outputs" in json.loads(schema())["properties"]
 

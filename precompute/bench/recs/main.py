@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from precompute.bench.records import Figure, write_record
 from precompute.bench.recs.data import DATASETS, load
 from precompute.bench.recs.served import served_quality
 from precompute.demo_data import DEMO_CORPUS, demo_engine
@@ -55,6 +56,13 @@ from precompute.models.hardware import device_fingerprint
 from precompute.pipeline import load_pipeline
 
 DEFAULT = "ml-1m"
+BASELINES = ("markov", "itemknn", "most_popular")
+TITLES = {
+    "demo": "demo corpus's package relations, a seeded random split",
+    "ml-100k": "MovieLens 100K, each user's last interaction held out",
+    "ml-1m": "MovieLens 1M, each user's last interaction held out",
+}
+"""How a bench record names each data set."""
 
 
 def item_embeddings(texts: list[str]) -> tuple[np.ndarray, str]:
@@ -138,6 +146,14 @@ def speed(ids: list[str], good: pa.Table, settings: RecsSpec, repeats: int, bloc
     }
 
 
+def ndcg10(figures: dict[str, Any]) -> dict[str, float]:
+    """NDCG@10 of the published model and of each baseline measured, from a data set's figures:
+    the demo's (jobs/recs/quality.py) or a served one's (bench/recs/served.py)."""
+    if "models" in figures:
+        return {model: q["ndcg"] for model, q in figures["models"].items() if model in ("published", *BASELINES)}
+    return {model: figures[f"{model}_ndcg10"] for model in ("published", *BASELINES)}
+
+
 def print_served(figures: dict[str, Any]) -> None:
     print(
         f"{figures['dataset']}: {figures['users']:,} users' true last interaction held out, "
@@ -201,6 +217,16 @@ def main(
     if public:  # the last line: the default data set's served figures, as the issue tracker reads them
         last = result["datasets"][DEFAULT if DEFAULT in public else public[-1]]
         print(json.dumps({k: v for k, v in last.items() if k not in ("job_candidates", "sequence")}))
+    scores = ndcg10(result["datasets"][name])
+    rival = max((model for model in BASELINES if model in scores), key=scores.__getitem__)
+    write_record(
+        "recs",
+        result,
+        dataset=TITLES[name],
+        ours=Figure("published model's NDCG@10", scores["published"], "NDCG@10"),
+        baseline=Figure(f"best baseline's NDCG@10 ({rival})", scores[rival], "NDCG@10"),
+        device="cpu" if timing["device"] == "cpu" else "cuda",
+    )
     return result
 
 

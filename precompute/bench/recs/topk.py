@@ -28,6 +28,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from precompute.bench.records import Figure, write_record
 from precompute.bench.scale.data import zipf_items
 from precompute.jobs.recs.spec import RecsSpec
 from precompute.jobs.recs.topk.exact import popularity_prior
@@ -132,4 +133,13 @@ def main(items: int = 1_000_000, repeats: int = 3, prior_weight: float | None = 
             f"shares {result['share_of_faiss_results'][name]:.4f} of faiss's results"
         )
     print(json.dumps(result))
+    write_record(
+        "topk",
+        result,
+        dataset=f"synthetic: {items:,} clustered items ({DIMS} dims), {users:,} users",
+        ours=Figure(f"{ours}: each user's best {depth} in {NPROBE} probed lists", result["median_s"][ours], "s"),
+        baseline=Figure(f"{reference}, same lists", result["median_s"][reference], "s"),
+        ratio=result["speedup_of_ours"][reference],
+        higher_is_better=False,
+    )
     return result

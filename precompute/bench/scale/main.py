@@ -12,7 +12,9 @@ added to the interactions' log, to show what a nightly rerun recomputes, and a t
 same inputs: an unchanged night's wall time beside the full run's.
 
 There is no baseline to run beside: the reference is linear growth (exponent 1), printed
-next to every stage.
+next to every stage. The run's record (bench/records.py) sets the full night's wall seconds at
+the largest size against the next size's scaled linearly, what exponent 1 predicts: a ratio
+above 1, the night grew slower than linear (with one size, the night is its own baseline).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from precompute.bench.records import Figure, write_record
 from precompute.bench.scale.data import write_inputs
 from precompute.bench.scale.model import small_encoder
 from precompute.bench.scale.stages import (
@@ -219,7 +222,18 @@ def main(
     folder = Path(model).resolve() if model else small_encoder(bench_dir / "model")
     print(f"model {folder}; sizes {', '.join(f'{n:,}' for n in sizes)}; bench dir {bench_dir}")
     results = {n: run_size(bench_dir / f"rows-{n}", n, folder, rerun and n == sizes[-1]) for n in sizes}
-    return summary(results, folder)
+    result = summary(results, folder)
+    n1, n2 = sizes[-2:] if len(sizes) > 1 else (sizes[-1], sizes[-1])
+    wall1, wall2 = results[n1][0]["wall_s"], results[n2][0]["wall_s"]
+    write_record(
+        "scale",
+        result,
+        dataset=f"generated corpus of {', '.join(f'{n:,}' for n in sizes)} rows, a tenth as many users",
+        ours=Figure(f"nightly flow's wall time at {n2:,} rows", wall2, "s"),
+        baseline=Figure(f"{n1:,} rows' wall time x {n2 / n1:g} (linear growth)", round(wall1 * n2 / n1, 2), "s"),
+        higher_is_better=False,
+    )
+    return result
 
 
 def summary(results: dict[int, list[Run]], folder: Path) -> dict[str, Any]:

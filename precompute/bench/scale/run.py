@@ -3,7 +3,7 @@
 Runs the real nightly flow on SIZE_DIR/precompute.toml with a throwaway redis-server, the
 work directory and the Qdrant edge store under SIZE_DIR (set by the parent through
 PRECOMPUTE_JOB_WORK_DIR and PRECOMPUTE_QDRANT_PATH), and writes SIZE_DIR/result.json: per run,
-the run report, the seconds of the flow's tasks (from Prefect), peak RSS, Redis memory and
+the run report (each output's steps and stages timed), peak RSS, Redis memory and
 Qdrant disk. With --rerun-share, a second run follows on the same stores after that share
 of the corpus texts changed and of the users got new interactions (what a nightly rerun recomputes),
 then a third on the same inputs again: an unchanged night.
@@ -18,7 +18,6 @@ import os
 import time
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 from precompute.bench.scale.data import change_inputs
 from precompute.bench.scale.memory import PeakRss, disk_bytes, redis_used_memory
@@ -27,25 +26,6 @@ from precompute.stores.key_value.server import redis_server
 # As `precompute run` does (precompute/cli.py): Prefect's temporary server, offline, on a loaded machine.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-
-
-def task_seconds(flow_run_id: UUID) -> dict[str, float]:
-    """Run time of each task of the flow run, summed over its runs (retries included), by task name."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.sorting import TaskRunSort
-
-    seconds: dict[str, float] = {}
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
-            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
-            limit=200,  # this client sends null without one, which the API refuses
-        )
-    for run in runs:
-        name = run.name.rsplit("-", 1)[0]
-        seconds[name] = round(seconds.get(name, 0.0) + run.total_run_time.total_seconds(), 3)
-    return seconds
 
 
 def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
@@ -60,8 +40,6 @@ def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
     with PeakRss() as rss, output_to_file(JobSettings().work_dir.machine_dir() / "logs") as (log, _, _):
         state = nightly(pipeline=str(pipeline), return_state=True)
         report = state.result(raise_on_failure=False)
-        flow_run_id = state.state_details.flow_run_id
-        tasks = task_seconds(flow_run_id) if flow_run_id else {}
     if not isinstance(report, dict):  # some outputs failed: the report file still has every output's fields
         if not isinstance(report, RunFailedError):
             raise SystemExit(f"the nightly flow failed: {report!r} (log: {log})")
@@ -69,7 +47,6 @@ def run_once(pipeline: Path, redis_url: str) -> dict[str, Any]:
     return {
         "report": report,
         "wall_s": round(time.perf_counter() - start, 2),
-        "tasks": tasks,
         "driver_rss": rss.driver,
         "rss_by_title": rss.by_title,
         "uss_by_title": rss.uss_by_title,

@@ -1,5 +1,6 @@
-"""The stages `precompute bench scale` times, each read from a run's report and Prefect task
-times (bench/scale/run.py writes both), and the report fields its summary prints."""
+"""The stages `precompute bench scale` times, each read from a run's report (bench/scale/run.py
+writes it): the kinds' own stages (`seconds`) and the framework's steps (`steps`), and the report
+fields its summary prints."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 Run = dict[str, Any]
 
 
-def report_seconds(run: Run, output: str, *keys: str) -> float | None:
-    """Sum of the output's report seconds under `keys`; None if the output or a key is missing."""
-    seconds = run["report"]["outputs"].get(output, {}).get("seconds", {})
+def report_seconds(run: Run, output: str, *keys: str, field: str = "seconds") -> float | None:
+    """Sum of the output's report seconds under `keys` (of its compute's stages, or with
+    field="steps" of its night's steps); None if the output or a key is missing."""
+    seconds = run["report"]["outputs"].get(output, {}).get(field) or {}
     if not all(key in seconds for key in keys):
         return None
     return round(sum(seconds[key] for key in keys), 3)
@@ -25,9 +27,18 @@ def engines_seconds(run: Run) -> float | None:
 
 
 def recs_check_seconds(run: Run) -> float | None:
-    """The recommend task's time less its job's: leave-one-out hit-rate and the Redis publish."""
-    task, job = run["tasks"].get("recommend"), run["report"]["outputs"].get("recs", {}).get("seconds")
-    return None if task is None or job is None else round(max(task - sum(job.values()), 0.0), 3)
+    """The recs compute step's time less its job's stages (the held-out check's scoring), and its
+    check and publish steps."""
+    steps, job = (run["report"]["outputs"].get("recs", {}).get(key) for key in ("steps", "seconds"))
+    if not steps or job is None or not {"compute", "check", "publish"} <= set(steps):
+        return None
+    return round(max(steps["compute"] - sum(job.values()), 0.0) + steps["check"] + steps["publish"], 3)
+
+
+def collect_seconds(run: Run) -> float | None:
+    """Every output's collect step (old versions, run folders); None where one did not collect."""
+    steps = [report_seconds(run, output, "collect", field="steps") for output in run["report"]["outputs"]]
+    return None if None in steps else round(sum(s for s in steps if s is not None), 3)
 
 
 def corpus_validation_seconds(run: Run) -> float | None:
@@ -79,9 +90,9 @@ class Stage:
     rows: Callable[[Run], int]
 
 
-def reported(what: str, rows: Callable[[Run], int], output: str, *keys: str) -> Stage:
-    """A stage the run report times: `output`'s seconds under `keys`, summed."""
-    return Stage(what, lambda run: report_seconds(run, output, *keys), rows)
+def reported(what: str, rows: Callable[[Run], int], output: str, *keys: str, field: str = "seconds") -> Stage:
+    """A stage the run report times: `output`'s seconds (or steps) under `keys`, summed."""
+    return Stage(what, lambda run: report_seconds(run, output, *keys, field=field), rows)
 
 
 STAGES = {
@@ -91,7 +102,7 @@ STAGES = {
     "embed": reported("Ray Data embedding, staged Parquet", corpus_rows, "embeddings", "embed"),
     "qdrant_load": reported("Qdrant bulk load and HNSW build", corpus_rows, "embeddings", "load"),
     "qdrant_validate": reported(
-        "count, canaries, recall@10 of the new version", corpus_rows, "embeddings", "validate_version"
+        "count, canaries, recall@10 of the new version", corpus_rows, "embeddings", "check", field="steps"
     ),
     "engines": Stage(
         "the embeddings and labels engines built and gated, past the validation they overlap",
@@ -117,9 +128,5 @@ STAGES = {
     ),
     "recs_check": Stage("recs leave-one-out check and publish", recs_check_seconds, recs_users),
     "redis_publish": Stage("Redis writes of labels and recs", redis_write_seconds, records_written),
-    "gc": Stage(
-        "the outputs' GC tasks (old versions, run folders)",
-        lambda r: r["tasks"].get("collect_garbage"),
-        corpus_rows,
-    ),
+    "gc": Stage("the outputs' collect steps (old versions, run folders)", collect_seconds, corpus_rows),
 }

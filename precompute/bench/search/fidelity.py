@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from sentence_transformers import SentenceTransformer
 
 from precompute.bench.load import percentiles
+from precompute.bench.records import Figure, write_record
 from precompute.bench.search.fidelity_data import retrieval_set
 from precompute.bench.served import served_run
 from precompute.jobs.settings import JobSettings
@@ -169,4 +170,12 @@ def main(documents: int = 10_000, queries: int = 1_000) -> dict[str, Any]:
         print(f"{length:>7} p50 {figures['p50_ms']:7.2f} ms  p99 {figures['p99_ms']:7.2f} ms")
     print(f"16tok beside 256tok p50 {beside['p50_ms']:7.2f} ms  p99 {beside['p99_ms']:7.2f} ms")
     print(json.dumps(result))
+    write_record(
+        "fidelity",
+        result,
+        dataset=f"20 Newsgroups known-item set, {len(ids):,} documents, {len(data.queries):,} queries",
+        ours=Figure("recall@10 of the known answer, served search", result["recall_at_10_ours"], "recall"),
+        baseline=Figure("recall@10, FP32 model + exact search", result["recall_at_10_fp32_exact"], "recall"),
+        ratio=result["recall_ratio"],
+    )
     return result

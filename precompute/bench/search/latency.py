@@ -23,6 +23,7 @@ from qdrant_client import QdrantClient, models
 from sentence_transformers import SentenceTransformer
 
 from precompute.bench.load import CLIENT_THREADS, http, open_loop, percentiles, post_json
+from precompute.bench.records import Figure, write_record
 from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.lookup.search import QUERY_ENGINE
 from precompute.lookup.settings import ServiceSettings
@@ -148,4 +149,13 @@ def main(rate: float, requests: int) -> dict[str, object]:
     )
     print(f"machine {result['machine']}")
     print(json.dumps(result))
+    write_record(
+        "search",
+        result,
+        dataset=f"demo corpus, {len(corpus):,} documents, {requests} title queries at {rate:g}/s",
+        ours=Figure("POST /v1/search p50 through the service", result["ours"]["p50_ms"], "ms"),
+        baseline=Figure("sentence-transformers FP32 + qdrant-client local p50", result["baseline"]["p50_ms"], "ms"),
+        ratio=result["p50_ratio"],
+        higher_is_better=False,
+    )
     return result

@@ -113,17 +113,17 @@ def item_positions(column: pa.ChunkedArray, items: pa.Array, undecodable: list[s
 
 def searched(items: pa.Array, ids: pa.Array) -> np.ndarray:
     """Each of `ids`' position in the sorted `items` (-1 where it is not there), by a binary search
-    per id (about 0.3-0.5 µs each among 1M items)."""
+    per id (log2 of the items' count comparisons each)."""
     at = np.minimum(pc.search_sorted(items, ids).to_numpy(), len(items) - 1).astype(np.int64)
     return np.where(pc.equal(items.take(at), ids).to_numpy(zero_copy_only=False), at, -1)
 
 
 def probed(items: pa.Array, ids: pa.Array) -> np.ndarray:
     """The same, by probing every item against a hash of `ids`: it wins where the ids are many
-    against the items. By hand on bench scale's inputs (AMD EPYC, pyarrow 26), searched against
-    probed: one new file's 7,878 ids among 1M items 4.3 ms against 21.2 ms; a full night's 278,529
-    ids 157 ms against 97 ms; 26,960 among 100,000 items 9.0 ms against 4.5 ms. Hashing the items
-    instead took 100-170 ms at 1M."""
+    against the items: searching costs ids x log2(items), probing a pass over the items (and a
+    hash of the ids), so one new file's ids among many items are searched and a full night's
+    are probed (the caller's rule). Hashing the items instead costs more than probing
+    (`precompute bench scale`)."""
     among = pc.index_in(items, value_set=ids)  # each item's place among the ids
     found = pc.is_valid(among)
     place = np.full(len(ids), -1, np.int64)

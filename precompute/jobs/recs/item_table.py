@@ -1,8 +1,8 @@
 """An embeddings version's items sorted by id, as the recommendations read them: carried from the
 version it copies, not read and sorted again every night.
 
-Reading an embeddings version's staged parts whole and sorting them by id took 1.1-3.9 s of a
-night at 1M items (bench scale, every night, the unchanged one too). A version's table is kept
+Reading an embeddings version's staged parts whole and sorting them by id cost every night,
+the unchanged one too, a pass over every item (`precompute bench scale`). A version's table is kept
 in `<work_dir>/cache/<embeddings output>/items/` as a base (`<base>.arrow`: ids sorted, content
 keys, vectors, in Arrow IPC, memory-mapped) and the rows that differ from it
 (`<version>.delta.arrow`: their positions, keys and vectors), named by `<version>.json`. A
@@ -108,7 +108,7 @@ def carried(folder: WorkPath, staged: WorkPath, version: str) -> Kept | None:
 def positions_of(ids: pa.Array | pa.ChunkedArray, among: pa.ChunkedArray) -> np.ndarray | None:
     """Each of `ids`' row in `among`; None where one is not there (or repeats). Looked up the
     other way round, each of `among` in `ids`, so that the hash table is built over the few
-    moved ids, not over every item: 10,000 of 1M in 0.02-0.03 s, against 0.16-0.25 s."""
+    moved ids, not over every item: its cost grows with the moved ids, not the catalogue."""
     found = pc.index_in(among, value_set=ids).to_numpy(zero_copy_only=False)  # NaN: not moved
     rows = np.flatnonzero(~np.isnan(found))
     if len(rows) != len(ids):

@@ -17,7 +17,7 @@ change with its version: the night after an upgrade retrains. A kept model learn
 the rows that changed until a night past the share retrains it.
 
 Where ALS is the only model the night would train (jobs/recs/models.py candidates), a kept one
-is not measured again either: its held-out figures are those of the night it was trained
+is not evaluated again either: its held-out figures are those of the night it was trained
 (jobs/recs/quality.py evaluate), whose verdict on it stands while it is kept. Measuring
 scores a sample of 5,000 users against every item for each model and baseline: at 1M items the
 larger part of a night's training stage.
@@ -95,7 +95,7 @@ def save_als(
 ) -> None:
     """Tonight's ALS and its held-out `quality`, for the next night's kept_als. A kept one judged
     under tonight's settings is its published file copied (linked on local disk: work_dir.copy_file;
-    copied, 0.10-0.21 s for 1M items' factors against 0.47-0.82 s to write them again): its
+    copied, still cheaper than writing the factors again): its
     factors, sketch and settings are the file's, and so are the figures it is judged by, those
     of the night it was trained."""
     if kept.source is not None and kept.quality is not None:
@@ -132,7 +132,7 @@ def kept_als(path: WorkPath | None, settings: RecsSpec, vocabulary: str, sketch:
         model = als_model(settings)
         model.item_factors = saved["item_factors"]
         reason = f"kept: {share:.1%} of the interactions changed since it was trained"
-        # Its figures hold for the blend it was measured in: every recs setting as it was then.
+        # Its figures hold for the blend it was evaluated in: every recs setting as it was then.
         judged = "judged_with" in saved.files and str(saved["judged_with"]) == settings.model_dump_json()
         quality = json.loads(str(saved["quality"])) if judged else None
         digest = saved["digest"].tobytes() if "digest" in saved.files else None  # older files: hashed tonight

@@ -2,9 +2,9 @@
 regroups only the users those files touch.
 
 Grouping every valid interaction by user (jobs/recs/user_histories.py group_all: one sort of every
-row) and fingerprinting every user took 0.22-0.28 s at bench scale's 1M rows (490,000
-interactions) every night, the 1% one too; regrouping that night's 5,000 new rows took
-0.03-0.04 s (by hand). A run stages in its recs_state/ (jobs/recs/state.py) every valid
+row) and fingerprinting every user grow with all the interactions, every night, the 1% one
+too; regrouping only a night's new rows grows with those rows (`precompute bench scale`, its
+1% rerun). A run stages in its recs_state/ (jobs/recs/state.py) every valid
 interaction in the grouped order (HISTORIES: item position, weight, time) and what they came
 from (HISTORIES_FILES: the vocabulary, and the input's files as their kept validations' entry
 names, jobs/recs/interaction_files.py), beside each user's id, fingerprint and number of rows

@@ -161,7 +161,7 @@ def evaluate(
     warm: WarmStart | None = None,
     kept: KeptALS | None = None,
 ) -> tuple[RecsQuality, Towers]:
-    """Every model trained on the split's training part and measured on its held-out items
+    """Every model trained on the split's training part and evaluated on its held-out items
     (the towers model, `own`, is the user's, trained elsewhere: it is measured as it is); and
     the published model's towers as measured, which the job scores with: what users see is
     what was measured, and a model is trained once a night."""

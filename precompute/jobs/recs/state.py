@@ -8,8 +8,8 @@ A run stages, in its run folder, `recs_state/`:
                    base, linked from the published state's where the ids are the same
     items.delta.arrow
                    beside a linked base: the positions whose keys differ from it, and their keys
-                   (writing 1M items' ids and keys whole took 0.06 s of a 1% night's grouping at
-                   bench scale's 1M rows, by hand)
+                   (writing every item's id and key whole would cost each night a pass over
+                   the catalogue: `precompute bench scale`, its 1% rerun)
     users.arrow    user_id -> fingerprint of the user's valid interactions (item, weight), and
                    how many they are
     histories.arrow, histories.json
@@ -92,8 +92,8 @@ class Items(NamedTuple):
     """The item tower, sorted by id: a value's indices point into `ids`."""
 
     ids: pa.StringArray
-    """Kept in Arrow as the item table holds them: 1M ids took 0.05 s into a Python list and
-    0.04-0.08 s back, every night."""
+    """Kept in Arrow as the item table holds them: a Python list of every id, and back again,
+    would cost every night a pass over the catalogue."""
     vectors: np.ndarray
     """[items, dim] float32, L2-normalised; row i is the embedding of ids[i]."""
     keys: np.ndarray
@@ -101,8 +101,8 @@ class Items(NamedTuple):
     which changes exactly when its embedding may change."""
     vocabulary: str
     """vocabulary_digest(ids): the item table keeps it with its base (jobs/recs/item_table.py), whose
-    ids every version carried from it shares, so a night hashes no id (1M ids: 0.018-0.030 s,
-    twice a night before: the job's digest and the version's meta digest)."""
+    ids every version carried from it shares, so a night hashes no id (it hashed every id twice
+    a night before: the job's digest and the version's meta digest)."""
 
     @classmethod
     def of(cls, ids: pa.StringArray, vectors: np.ndarray, keys: np.ndarray) -> Items:
@@ -114,8 +114,7 @@ class Items(NamedTuple):
 
 def check_unique(ids: pa.StringArray) -> None:
     """ValueError if an item id repeats. Items come sorted by id, so a strictly rising array is
-    told unique by comparing neighbours (1M ids in about 10 ms, where counting them by a hash
-    took 0.26 s)."""
+    told unique by comparing neighbours, far cheaper than counting them by a hash."""
     if len(ids) < 2 or pc.all(pc.less(ids[:-1], ids[1:])).as_py():
         return
     if (repeated := len(ids) - len(pc.unique(ids))) > 0:
@@ -139,9 +138,9 @@ class Plan(NamedTuple):
     """None in a full run."""
     changed_items: np.ndarray
     """Whether each item's content key changed (all False in a full run): a mask, so that a
-    user's check is one lookup per item they hold (np.isin against 10,034 changed positions
-    built a table per user: the group stage of bench scale's 1M rerun took 169 s, the full
-    run's 74 s)."""
+    user's check is one lookup per item they hold (np.isin against the changed positions
+    built a table per user, which made an incremental night's group stage slower than a full
+    run's: `precompute bench scale`, its 1% rerun)."""
     users: pa.Table | None
     """The previous version's user_id -> fingerprint (incremental runs)."""
     items_base: ItemsBase | None = None
@@ -190,7 +189,7 @@ def trained_digest(towers: BlendTowers, own: OwnTowers | None) -> str:
 def part_digest(part: Towers) -> bytes:
     """A trained part's item matrix hashed. An ALS keeps its digest (ALSTowers.digest) and saves
     it with its factors, so that a night that keeps the ALS does not hash 1M items' factors
-    again (0.21-0.60 s of a 1% night's grouping, bench scale)."""
+    again (a pass over every factor, in a night that changed few of them)."""
     if not isinstance(part, ALSTowers):
         return rows_digest(part.items)
     if part.digest is None:
@@ -204,8 +203,8 @@ HASHED_ROWS = 65_536
 def rows_digest(matrix: np.ndarray) -> bytes:
     """`matrix`'s bytes hashed row by row, HASHED_ROWS rows at a time: a part of a blend is a
     view of its columns, which a contiguous copy whole would first write out (1M items' ALS
-    factors: 256 MB). SHA-256, which most x86 cores run in hardware (SHA-NI): 1M items' ALS
-    factors in 0.21 s, blake2b 0.47."""
+    factors: 256 MB). SHA-256, which most x86 cores run in hardware (SHA-NI), where it is
+    faster than blake2b."""
     digest = hashlib.sha256()
     for start in range(0, len(matrix), HASHED_ROWS):
         digest.update(np.ascontiguousarray(matrix[start : start + HASHED_ROWS]).data)
@@ -281,7 +280,7 @@ def rescore(users: pa.Table, previous: pa.Table) -> tuple[np.ndarray, list[str]]
 
     users: this run's id, fingerprint and holds_changed (the user holds a changed item). Where
     the users are the previous ones, in the same order (most nights: no user new or gone), their
-    fingerprints are compared row by row, without a hash table over 100,000 ids (0.03-0.05 s).
+    fingerprints are compared row by row, without a hash table over the users' ids.
     """
     ids, ids_before = users["id"], previous["id"]
     if len(ids) == len(ids_before) and ids.equals(ids_before):
@@ -302,7 +301,7 @@ def stage(
     items_base: ItemsBase | None = None,
 ) -> None:
     """What the next run compares with (the items' ids and content `keys`, the users'
-    fingerprints), in Arrow IPC files (1M items' written in 0.03 s, as Parquet in 0.14-0.18 s);
+    fingerprints), in Arrow IPC files (several times faster to write than Parquet);
     written before the version exists, read only once it is published. items_base: the
     published state's items, where its ids are these (Plan.items_base)."""
     state = run_dir / STATE

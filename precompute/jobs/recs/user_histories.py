@@ -3,8 +3,8 @@ the top-k actors read.
 
 The driver holds the night's valid interactions already (it trains on them), so grouping them
 by user is one sort there (`group_all`), not a Ray Data shuffle. The shuffle (group by user,
-then a Python call per user) cost a fixed half minute at 46,500 interactions on 2 CPUs and most
-of the recs job's time past its top-k at 1M rows (README, "Scale"), and its reduce workers'
+then a Python call per user) had a large fixed cost on small inputs and took most of the recs
+job's time past its top-k on large ones (`precompute bench scale`), and its reduce workers'
 memory grew with the input. A night that only adds files regroups from the published night's
 grouping instead (jobs/recs/kept_histories.py).
 """
@@ -46,7 +46,7 @@ def fingerprints(seen: Seen) -> np.ndarray:
     place in the history, the hashes summed per user, in two 64-bit lanes. Positions are enough
     because a run compares fingerprints only under the identical vocabulary. Not a cryptographic
     hash: two histories a night tells apart collide with a chance of about 2**-128. A blake2b
-    digest per user took 0.17 s for bench scale's 100,000 users (a Python call each)."""
+    digest per user would cost a Python call per user, every night."""
     lengths = np.diff(seen.offsets)
     place = np.arange(len(seen.items), dtype=np.uint64) - np.repeat(seen.offsets[:-1], lengths).astype(np.uint64)
     row = (seen.items.astype(np.uint64) << np.uint64(32)) ^ seen.weights.astype("<f4").view(np.uint32)

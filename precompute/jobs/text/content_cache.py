@@ -57,9 +57,9 @@ GATHERED_ROWS = 100_000
 """A night's fresh rows, when at most this many, are gathered in Ray's object store (out of
 the rows reuse_previous read) before the model's actor pool starts. Streamed, they were read
 out of the whole corpus again beside the pool, whose actors hold their CPUs from the start,
-and the read ran one task at a time: bench scale's 1M rows with 1% moved took 29.6 s to embed
-them, gathered 7.7 s and then 3.6 s. More rows stream, as a full run's do (gathered, they
-would fill the store)."""
+and the read ran one task at a time: gathered first, an incremental night's few rows embed
+several times faster (`precompute bench scale`, its 1% rerun). More rows stream, as a full
+run's do (gathered, they would fill the store)."""
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,9 @@ def content_keys(identity: str, texts: list[str]) -> list[bytes]:
 
 def key_array(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Content keys (a binary column of 16-byte keys) as a numpy array of 16-byte strings, taken
-    from the column's buffer: bench scale's 1M items' keys in 3 ms, against 0.8-1.7 s through a
-    Python bytes object per key (by hand, AVX2 AMD EPYC), in every night's items and again in an
-    incremental night's comparison with the published ones."""
+    from the column's buffer, orders of magnitude cheaper than a Python bytes object per key,
+    in every night's items and again in an incremental night's comparison with the published
+    ones."""
     keys = pc.cast(column, pa.binary(16))
     if isinstance(keys, pa.ChunkedArray):  # one chunk viewed: Arrow's concatenation copies it
         keys = keys.chunk(0) if keys.num_chunks == 1 else keys.combine_chunks()
@@ -82,8 +82,8 @@ def key_array(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def differ(before: np.ndarray, after: np.ndarray) -> np.ndarray:
     """Where two arrays of content keys (key_array's, as long) differ, as a mask: compared as
-    two 64-bit halves, where numpy compares 16-byte strings byte by byte (1M keys: 2.5 ms
-    against 15 ms, by hand), twice in every incremental night's plan and once in its index's."""
+    two 64-bit halves, faster than numpy's byte-by-byte comparison of 16-byte strings, twice in
+    every incremental night's plan and once in its index's."""
     a, b = (np.ascontiguousarray(keys).view(np.uint64).reshape(-1, 2) for keys in (before, after))
     return (a[:, 0] != b[:, 0]) | (a[:, 1] != b[:, 1])
 
@@ -118,8 +118,8 @@ def stage_kept(run_dir: WorkPath, stale: ObjectRef, target: WorkPath) -> list[Ob
     """Start writing the previous run's staged rows that are this run's exactly (`run_dir`'s
     committed parts less the `stale` ids: ids_ref) into `target` as parts of its own, one Ray
     task per part; each task returns its part's manifest entry (StagingSink's `kept`). A task
-    reads and writes its Parquet directly: through Ray Data the same rows took 2.4 times as
-    long (990,000 rows of 384-d vectors, 2 CPUs), carried through its object store twice."""
+    reads and writes its Parquet directly: through Ray Data the same rows took more than twice
+    as long (`precompute bench scale`, its 1% rerun), carried through its object store twice."""
     target.mkdir()
     return [keep_part.remote(run_dir.fs, part, target, [stale]) for part in committed_parts(run_dir)]
 
@@ -172,8 +172,8 @@ def reuse_previous(
     moved (this run's fresh ones, the cache's stale ones), few on a nightly run: each block
     looks its rows up in a small set. The kept rows' parts start being written into `staged`
     (this run's staging folder) before the fresh rows are gathered: at most GATHERED_ROWS, out
-    of the rows read (reading the corpus again for them cost about 3 s of the labels' 16 s on
-    bench scale's 1M rows with 1% moved); more stream from the input again. The rows read leave the
+    of the rows read (reading the corpus again for them was a sizeable share of an incremental
+    night's labels: `precompute bench scale`, its 1% rerun); more stream from the input again. The rows read leave the
     store once the fresh ones are taken: a corpus's id, text and payload (about 200 MB a
     million rows of bench scale), spilled to disk by Ray past its store."""
     previous = None if cache_dir is None else previous_run(cache_dir)
@@ -227,14 +227,14 @@ def to_driver(blocks: list[ObjectRef], columns: list[str]) -> pa.Table | None:
 
 @ray.remote
 def block_columns(block: pa.Table, columns: list[str]) -> pa.Table:
-    """A task a block, where the block is, not a Ray Data operator: over bench scale's 1M rows in
-    210 blocks, 0.5 s against 1.8 s (an operator's start, on 2 CPUs), as for rows_with_ids."""
+    """A task a block, where the block is, not a Ray Data operator, whose start costs more than
+    this work does (`precompute bench scale`), as for rows_with_ids."""
     return block.select(columns)
 
 
 @ray.remote
 def rows_with_ids(block: pa.Table, ids: list[ObjectRef]) -> pa.Table:
-    """with_ids as a task a block (block_columns): 0.3 s against 1.7 s. `ids` is wrapped in a
+    """with_ids as a task a block, for block_columns' reason. `ids` is wrapped in a
     list so that Ray passes the reference, as keep_part's `stale`."""
     return with_ids(block, ids[0])
 

@@ -9,8 +9,8 @@ repeat is a property of the whole corpus (jobs/text/corpus_repeats.py: only the 
 read where each holds the ids it held). A night takes each file whose bytes, rules and repeated
 ids are as recorded, and checks the others a run of row groups at a time: by Ray tasks across a cluster, in this
 process's threads on one machine or where they are few (DRIVER_ROWS). Never a Ray Data operator
-(on bench scale's 1M rows by hand, a whole validation took 0.7-1.2 s as tasks against 8.7-10.2 s
-through Ray Data; one moved file of 100, 0.10-0.13 s). The whole corpus's validation is kept as
+(a whole validation runs an order of magnitude faster as tasks than through Ray Data:
+`precompute bench scale`). The whole corpus's validation is kept as
 well (`<work_dir>/validated/<key>/`): the night's second text job, or a night whose corpus did
 not move, reads no file's ids at all.
 """
@@ -64,8 +64,8 @@ FILES = "files"
 DRIVER_ROWS = 100_000
 """The moved files' rows are checked in this process, a thread per CPU, when they are at most
 this many or Ray is this one machine, not by Ray tasks: a night's first task starts a worker and
-its imports. On 2 CPUs, bench scale's 1M rows took 0.53 s in two threads, 0.87 s in one, and
-2.54 s as the fresh Ray's first tasks (0.58 s once its workers had started). Never where the
+its imports, which cost more than checking that many rows in threads; once Ray's workers have
+started, tasks cost about what threads do (`precompute bench scale`). Never where the
 driver is kept idle (JobSettings.driver_rows 0)."""
 KEPT_VALIDATIONS = 8
 """Whole validations kept, with the files' they were made of: a night's corpus or two, for
@@ -94,7 +94,7 @@ class KnownValidation(NamedTuple):
     rejects: int
     duplicates: set[str]
     """The ids the corpus repeats, whose rows every pass rejects: kept with the figures so that
-    a pass over a known corpus reads no column of it first (the ids of 1M rows: 0.5 s)."""
+    a pass over a known corpus reads no column of it first (its ids alone are a read of every row)."""
 
 
 def known_validation(entry: WorkPath, rejects_path: WorkPath, max_ratio: float) -> KnownValidation | None:
@@ -173,8 +173,8 @@ class GoodRows:
     """A validated corpus's good rows, `id` and `text` as strings, each of `steps` applied, read
     either way a job reads them: streamed through Ray Data (`dataset`: a full night's, into the
     model's actors), or once into Ray's object store by plain tasks, one per run of a file's row
-    groups (`blocks`: a nightly run's, compared with its cache). The same pass over bench
-    scale's 1M rows on 2 CPUs took 5.2-6.6 s through Ray Data's operators, 1.4-1.5 s as tasks."""
+    groups (`blocks`: a nightly run's, compared with its cache). The same pass runs several
+    times faster as tasks than through Ray Data's operators (`precompute bench scale`)."""
 
     corpus: CorpusInput
     duplicates: set[str]

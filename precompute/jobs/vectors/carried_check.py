@@ -6,9 +6,9 @@ vector version is a copy of the published one's files in which no point is writt
 answers as the source's did, and the source's check (jobs/vectors/index_check.py) stands. Its figures,
 search parameters and exact neighbours are carried once the copy is seen to hold every staged
 row, where tonight's check would be measured under the same conditions (its bar, ladder and
-searches: checked_under). Measured again, the same 400 searches took 2.3 s of an unchanged night
-at 1M rows, 1.4 s of it opening the version the load had just closed (bench scale, 2026-12-01;
-the load now leaves it open: stores/vectors/edge.py finalize).
+searches: checked_under). Run again, the same searches were a large share of an unchanged
+night at scale, much of it then reopening the version the load had just closed (the load now
+leaves it open: stores/vectors/edge.py finalize; `precompute bench scale`).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class Searches:
     """The check's searches beyond its stored rows, held-out texts' opening words first, then the
     user's queries: how many of each, their texts (None: each is named by its vector), and their
     vectors, embedded on first use: a copy's check searches its source's vectors of the same
-    texts and embeds none (0.1 s of bench scale's 1M copy's check)."""
+    texts and embeds none."""
 
     opening: int
     users: int

@@ -2,7 +2,7 @@
 version with only what moved written into it.
 
 Whole: every staged point is upserted into an empty version, whose graph `finalize` builds over
-all of them (most of a large night's load: README, "Corpus embeddings").
+all of them (most of a large night's load: `precompute bench scale`).
 
 Copy: the published version as it is stored (the store's `copy_version`: on edge its segments
 and their graphs), then the staged rows it does not hold are upserted (a new id, a changed text,

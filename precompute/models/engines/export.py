@@ -63,8 +63,7 @@ def load_reference(source: ModelSource, attention: str = "eager") -> torch.nn.Mo
     folder holds FP16 weights (transformers would load them as saved), so the export is FP32 too.
 
     Eager attention (the default) exports as MatMul/Softmax with an additive mask; the SDPA export
-    adds Where/IsNaN guards over every score, which cost CPU time (README, "Figures behind the
-    defaults"). On a GPU, PyTorch itself runs SDPA's fused kernels."""
+    adds Where/IsNaN guards over every score, which cost CPU time (docs/engines.md). On a GPU, PyTorch itself runs SDPA's fused kernels."""
     transformers_logging.disable_progress_bar()  # a per-load bar is noise in job logs
     module = SentenceEncoder(source, attention) if source.task == "embed" else TextClassifier(source, attention)
     return module.eval()

@@ -3,7 +3,7 @@
 Dynamic INT8 quantizes every weight MatMul (activations per tensor at run time, weights per
 output channel). A few of them carry activations with outliers that one INT8 scale cannot hold
 (MPNet's FFN down-projections), and those few move a text's vector enough to reorder its
-nearest neighbours. Each MatMul's sensitivity is measured on the calibration texts: the
+nearest neighbours. Each MatMul's sensitivity is computed on the calibration texts: the
 relative error of its own output when its input and weight are quantized as ONNX Runtime
 would, everything upstream exact, per token and then averaged: one scale per tensor serves a
 few outlier tokens and crushes the rest, which a norm over the whole tensor would hide. The

@@ -64,7 +64,7 @@ def int8_dynamic(
 
 
 SENSITIVITY_TEXTS = 32
-"""Calibration texts the sensitivities are measured on: the ranking is stable well before."""
+"""Calibration texts the sensitivities are computed on: the ranking is stable well before."""
 
 
 @lru_cache(maxsize=2)
@@ -89,7 +89,7 @@ def int8_mixed(fp32: Path, out: Path, calibration: Sequence[str], source: ModelS
 
 def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
     """For a single short text, per-node overhead outweighs arithmetic: fusing makes a query
-    faster, and batches slower (hence not for jobs; README, "Figures behind the defaults").
+    faster, and batches slower (hence not for jobs; `precompute bench query-engines`).
     Attention becomes QAttention; accuracy to FP32 is the same as int8-dynamic's."""
     config = json.loads((source.folder / "config.json").read_text())
     fused = out.with_suffix(".fused.onnx")
@@ -128,7 +128,7 @@ class _TextBatches(CalibrationDataReader):
 def outlier_matmuls(model: onnx.ModelProto) -> list[str]:
     """MatMuls kept in float: attention scores and values (both operands are activations)
     and the FFN down-projection, whose GELU input has outliers that one INT8 scale cannot
-    hold: quantizing them too fails any cosine gate (README, "Figures behind the defaults")."""
+    hold: quantizing them too fails any cosine gate (docs/engines.md)."""
     return [
         node.name
         for node in model.graph.node

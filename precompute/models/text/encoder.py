@@ -57,7 +57,7 @@ class Encoder:
     """A model's outputs in input order: sentence embeddings, or label probabilities of a classifier.
 
     On CPU, `streams` single-threaded batches run at once on one ONNX Runtime session, which
-    measured faster than one session with every thread (README, "Figures behind the defaults").
+    runs faster than one session with every thread (`precompute bench embed`; docs/engines.md).
     """
 
     def __init__(

@@ -1,7 +1,8 @@
 """Vectors of texts kept in a file by each text's digest, so that a gate whose held-out texts
-moved by a few since the last night encodes those few, not all of them again: a 1% change of the
-demo corpus moved 3 of its 256 gate texts, and gating MiniLM's ladder of six graphs and its FP32
-reference again took 72 s of a 160 s night.
+moved by a few since the last night encodes those few, not all of them again: a small change
+of the corpus moves few of its gate texts, and gating the whole ladder of graphs and the FP32
+reference again on every text was a large share of an incremental night (`precompute bench
+scale`, its engines stage).
 
 A text's vector is the one it had when first encoded, in whatever batch it came: dynamic INT8
 sets its ranges per batch, so it may differ from a fresh encoding in the last digits, as it

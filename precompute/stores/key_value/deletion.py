@@ -24,7 +24,7 @@ UNLINK_CHUNK = 100
 GC_PAUSE = 1.0
 """After each UNLINK round trip the collector sleeps this many times as long as it took: flat
 out, it takes the CPU that Redis and its readers need on shared cores, and a concurrent
-reader's p99 grows several times (`bench publish` measures it; README, "Known limits")."""
+reader's p99 grows several times (`precompute bench publish` measures it)."""
 
 
 def doomed(client: Client, settings: RedisSettings, keys: OutputKeys, keep: int) -> list[str]:

@@ -272,6 +272,10 @@ class KeyValueStore:
         self._flip(keys, to)
         return to
 
+    def check(self, output: str, version: str, samples: Mapping[str, bytes]) -> None:
+        """The checks of a publish (check_holds), switching nothing."""
+        self._validate(output_keys(self.settings, output), check_version(version), samples)
+
     def _validate(self, keys: OutputKeys, version: str, samples: Mapping[str, bytes]) -> None:
         entry = self._entry(keys, version)
         with unavailable_as_store_error(self.settings):

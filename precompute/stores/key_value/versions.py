@@ -1,10 +1,11 @@
-"""One output's versions in the key-value store: the one a run writes, and those an operator lists.
+"""One output's versions in the key-value store: the one a night writes, and those an operator lists.
 
-`NewVersion` is the whole life of a run's version, so that no job or flow handles buckets,
-copies or cleanup: it is created once the job knows how many records it will hold (fresh, or
-for an incremental run the published version's records less those that left, as an overlay),
-written through a Ray Datasink, then published whole after its checks, or dropped whole
-if anything failed first. `OutputVersions` is the `Versioned` view `status` and `rollback` read.
+`OutputVersions` is the `Versioned` (stores/versions.py) of one output: the night's lifecycle
+(flows/lifecycle.py) checks, publishes, drops and collects its versions through it, and `status`
+and `rollback` read it. `NewVersion` writes one version, so that no job handles buckets or copies:
+it is created once the job knows how many records it will hold (fresh, or for an incremental night
+the published version's records less those that left, as an overlay), then written through a Ray
+Datasink.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
+from precompute.stores.errors import VersionNotFoundError
 from precompute.stores.key_value.overlay import REBASE_SHARE
 from precompute.stores.key_value.store import KeyValueStore
-from precompute.stores.versions import Version, new_version
+from precompute.stores.versions import Version
 
 if TYPE_CHECKING:
     from precompute.stores.key_value.sink import KeyValueSink
@@ -37,16 +38,20 @@ class NewVersion:
     """A new version of `output`, written aside while readers keep the published one."""
 
     def __init__(
-        self, store: KeyValueStore, output: str, meta: Callable[[], Mapping[str, Any]], meta_digest: str | None = None
+        self,
+        store: KeyValueStore,
+        output: str,
+        version: str,
+        meta: Callable[[], Mapping[str, Any]],
+        meta_digest: str | None = None,
     ) -> None:
         self.store = store
         self.output = output
+        self.version = version
         self.meta = meta
         """What is stored with the version (JSON): e.g. the vocabulary its values index into. Made
         only if stored: an overlay whose base has the same `meta_digest` reads the base's."""
         self.meta_digest = meta_digest
-        self.version = new_version()
-        self.published = False
 
     def copyable(self, version: str) -> range:
         """Record counts a copy of `version` holds well (KeyValueStore.copyable)."""
@@ -89,23 +94,6 @@ class NewVersion:
 
         return KeyValueSink(self.store.settings, self.output, self.version)
 
-    def publish(self, samples: Mapping[str, bytes]) -> None:
-        """Check the version (record count, these sample values read back) and switch readers to it."""
-        self.store.publish(self.output, self.version, samples)
-        self.published = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        """A version that failed before its publish is deleted whole, if it got as far as existing."""
-        if exc is not None and not self.published:
-            with contextlib.suppress(Exception):
-                if self.store.current(self.output) != self.version:
-                    self.store.drop_version(self.output, self.version)
-
 
 class OutputVersions:
     """`Versioned` (versions.py) for one output of the key-value store."""
@@ -118,6 +106,9 @@ class OutputVersions:
     def current(self) -> str | None:
         return self.store.current(self.output)
 
+    def versions(self) -> list[str]:
+        return [v.name for v in self.store.versions(self.output)]
+
     def listing(self) -> list[Version]:
         now = datetime.now(UTC)
         return [
@@ -127,3 +118,26 @@ class OutputVersions:
 
     def rollback(self, to: str | None = None) -> str:
         return self.store.rollback(self.output, to)
+
+    def writer(
+        self, version: str, meta: Callable[[], Mapping[str, Any]], meta_digest: str | None = None
+    ) -> NewVersion:
+        """What a night's job writes `version` through (created once it knows its record count)."""
+        return NewVersion(self.store, self.output, version, meta, meta_digest)
+
+    def check(self, version: str, samples: Mapping[str, bytes]) -> None:
+        """Redis holds exactly the records the version was created for, and each sample reads back
+        as written (stores/key_value/check.py); PublishValidationError otherwise."""
+        self.store.check(self.output, version, samples)
+
+    def publish(self, version: str) -> None:
+        self.store.publish(self.output, version)
+
+    def drop(self, version: str) -> None:
+        """A failed night's version deleted whole, if it got as far as existing; never the published one."""
+        if self.store.current(self.output) != version:
+            with contextlib.suppress(VersionNotFoundError):  # it never got as far as existing
+                self.store.drop_version(self.output, version)
+
+    def collect(self, keep: int) -> list[str]:
+        return self.store.collect_garbage(self.output, keep)

@@ -4,7 +4,7 @@ Layout: `<path>/<name>/<version>/` is one edge shard per version, `<version>/.fi
 marks a finished one, and `<path>/<name>/CURRENT` holds the published version's name.
 
 What qdrant-edge-py 0.9.0 does (its only documentation is `qdrant_edge/__init__.pyi`; each
-point was tried here, and the figures are in README, "Figures behind the defaults"):
+point below was tried against it, and `precompute bench vectors` measures the store):
 - `EdgeShard.create(path, EdgeConfig)` makes a shard, `EdgeShard.load(path)` opens one (no
   config: keep what is on disk), `update(UpdateOperation.upsert_points([...]))` writes,
   `query(QueryRequest(..., filter=Filter(must=[FieldCondition(key, MatchValue(v))])))` reads,
@@ -33,7 +33,7 @@ point was tried here, and the figures are in README, "Figures behind the default
   with oversampling gives exact cosines. Search always asks for it, which a shard without
   quantization ignores, so a reader needs no setting to read either kind.
 
-Readers find the published version by re-reading CURRENT (8 us) at most every
+Readers find the published version by re-reading CURRENT (one small file) at most every
 `pointer_check_s`, comparing its content rather than its stat, so a reused inode cannot hide
 a switch; a changed pointer opens the new shard, then closes the old one.
 """
@@ -222,7 +222,7 @@ class QdrantEdgeStore(VectorStore):
         """Index the payload fields seen so far, then build a graph over the points written since
         the last build (`optimize`). A version past `graph_points` is so built as several graphs
         over bounded parts, and its build grows linearly with its points (one graph over all of
-        them grew as N log N and past the CPU caches: README, "Scale"). The payload indexes come
+        them grew as N log N and past the CPU caches: `precompute bench vectors`). The payload indexes come
         first: Qdrant adds the links a filtered search needs per value of the fields indexed when
         a graph is built."""
         try:

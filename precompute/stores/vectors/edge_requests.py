@@ -10,7 +10,7 @@ from precompute.stores.vectors.store import ID_KEY, Filter, Hit, SearchParams
 FIELD_SCHEMAS = {
     bool: qe.PayloadSchemaType.Bool,
     # Lookup only: filters match values exactly. A range index makes the HNSW build add links per
-    # block of values, which grew superlinearly (README, "Corpus embeddings").
+    # block of values, which grew superlinearly (docs/search.md).
     int: qe.IntegerIndexParams(lookup=True, range=False),
     str: qe.PayloadSchemaType.Keyword,
 }

@@ -18,8 +18,8 @@ no setting."""
 
 QUANTIZED_OVERSAMPLING = 2.0
 """INT8 versions: candidates rescored with the FP32 vectors per result asked for: at Qdrant's
-default of 1.0 the demo corpus's recall@10 fell under the flow's gate (README, "Corpus
-embeddings")."""
+default of 1.0 the demo corpus's recall@10 fell under the flow's gate (`precompute bench
+vectors` reports INT8's recall@10)."""
 
 
 class VectorStoreSettings(BaseSettings):
@@ -52,14 +52,14 @@ class VectorStoreSettings(BaseSettings):
     a larger one through its HNSW graph; fixed when a version is created. Qdrant's default
     is 10,000 (about 6,500 x 384); ours is lower because a scan reads every vector, and at
     low request rates other work evicts them from the CPU caches between queries, where the
-    graph reads a few (`precompute bench vectors`; README, "Figures behind the defaults")."""
+    graph reads a few (`precompute bench vectors`)."""
 
     graph_points: int = Field(100_000, ge=1_000)
     """edge only: the most points one HNSW graph holds; a larger version is built as several
     graphs over parts of at most this many points, so its build grows linearly with the corpus.
     One graph over every point grew as N log N, and slower still once it outgrew the CPU caches. A
     search walks each graph, and small graphs keep more of the exact neighbours at a given
-    `hnsw_ef`, which the nightly index check then lowers (README, "Scale"). A Qdrant server
+    `hnsw_ef`, which the nightly index check then lowers (`precompute bench vectors`). A Qdrant server
     bounds its own segments (its `max_segment_size`)."""
 
     max_hnsw_ef: int = Field(1024, ge=1)
@@ -73,5 +73,5 @@ class VectorStoreSettings(BaseSettings):
 
     hnsw_ef: int = Field(64, ge=1)
     """Candidates the graph search keeps (Qdrant's `hnsw_ef`): more is slower and nearer to
-    exact (README, "Figures behind the defaults"); the nightly flow refuses to publish a version
+    exact (`precompute bench vectors`); the nightly flow refuses to publish a version
     whose recall@10 against exact search is under its output's min_recall."""

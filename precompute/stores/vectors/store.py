@@ -107,7 +107,7 @@ def note_field_types(payloads: Sequence[Mapping[str, Any]], seen: dict[str, type
     """Record each payload key's scalar type (bool, int or str) in `seen`; None once it varies.
 
     Finalize gives every key with one scalar type a payload index: without one, a filter
-    reads every point's payload (README, "Figures behind the defaults").
+    reads every point's payload (`precompute bench vectors` runs a filtered search).
     """
     for payload in payloads:
         for key, value in payload.items():
@@ -273,7 +273,11 @@ class VectorStore(ABC):
         self.publish(to)
         return to
 
-    def gc(self, keep: int) -> list[str]:
+    def drop(self, version: str) -> None:
+        if version in self.versions() and version != self.current():
+            self._drop(version)
+
+    def collect(self, keep: int) -> list[str]:
         """Delete all versions but the published one and the `keep` newest finalized others
         (rollback targets); return them, oldest first.
 

@@ -24,7 +24,8 @@ from precompute.jobs.settings import JobSettings
 from precompute.jobs.text.content_cache import content_keys
 from precompute.jobs.validate import REASON
 from precompute.jobs.work_dir import WorkPath
-from precompute.pipeline import PipelineError, load_pipeline
+from precompute.kinds import PipelineError
+from precompute.pipeline import load_pipeline
 from precompute.stores.key_value.records import decode_ranked
 from tests.jobs.recs.inputs import ParquetSink
 

@@ -24,7 +24,8 @@ from precompute.jobs.work_dir import WorkPath
 from precompute.stores.key_value.records import decode_ranked
 from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.store import KeyValueStore
-from precompute.stores.key_value.versions import CopyPlan, NewVersion
+from precompute.stores.key_value.versions import CopyPlan, OutputVersions
+from precompute.stores.versions import new_version
 from tests.held_records import held_records
 from tests.jobs.recs.inputs import BAD_ROWS, ParquetSink
 
@@ -282,7 +283,8 @@ def redis_run(
     """A run as the flow makes one (precompute/kinds/recs.py): a new version in real Redis, created
     fresh or as a server-side copy of `previous` less the users gone, written, published. Returns
     (version, report, every record the published version holds)."""
-    with KeyValueStore(redis) as store, NewVersion(store, OUTPUT, lambda: {"vocabulary": items.ids.to_pylist()}) as new:
+    with KeyValueStore(redis) as store:
+        new = OutputVersions(store, OUTPUT).writer(new_version(), lambda: {"vocabulary": items.ids.to_pylist()})
         if previous is not None:
             previous = Previous(previous.version, previous.run_dir, new.copyable(previous.version))
         report = run_recs_job(
@@ -296,7 +298,7 @@ def redis_run(
             items_model=MODEL,
             previous=previous,
         )
-        new.publish(report.samples)
+        store.publish(OUTPUT, new.version, report.samples)
     held = {user.decode(): value for user, value in held_records(redis, OUTPUT, new.version).items()}
     return new.version, report, held
 

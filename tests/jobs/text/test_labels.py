@@ -27,7 +27,8 @@ from precompute.stores.key_value.records import decode_ranked
 from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.sink import KeyValueSink
 from precompute.stores.key_value.store import KeyValueStore
-from precompute.stores.key_value.versions import CopyPlan, NewVersion
+from precompute.stores.key_value.versions import CopyPlan, OutputVersions
+from precompute.stores.versions import new_version
 
 VERSION = "20261123T010000Z-label0"
 LABELS = LabelTask(
@@ -116,20 +117,20 @@ def label_and_publish(
     unchanged night), publish it, promote its staged values. (report, version)"""
     cache_dir = WorkPath.of(tmp_path / "cache")
     current = store.current("labels")
-    with NewVersion(store, "labels", dict) as new:
-        previous = None if current is None else Previous(current, WorkPath.of(tmp_path / current), new.copyable(current))
-        report = run_labels_job(
-            corpus,
-            JobSettings(work_dir=tmp_path),
-            labels,
-            settings,
-            new.sink(),
-            WorkPath.of(tmp_path / new.version),
-            before_write=new.create,
-            cache_dir=cache_dir,
-            previous=previous,
-        )
-        new.publish(report.samples)
+    new = OutputVersions(store, "labels").writer(new_version(), dict)
+    previous = None if current is None else Previous(current, WorkPath.of(tmp_path / current), new.copyable(current))
+    report = run_labels_job(
+        corpus,
+        JobSettings(work_dir=tmp_path),
+        labels,
+        settings,
+        new.sink(),
+        WorkPath.of(tmp_path / new.version),
+        before_write=new.create,
+        cache_dir=cache_dir,
+        previous=previous,
+    )
+    store.publish("labels", new.version, report.samples)
     promote(cache_dir, WorkPath.of(tmp_path / new.version) / STAGED)
     return report, new.version
 

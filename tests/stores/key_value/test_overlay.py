@@ -5,6 +5,7 @@ jobs make them, read by the service's reader, collected by GC."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from precompute.stores.key_value.reader import KeyValueReader
 from precompute.stores.key_value.server import redis_server
 from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.store import KeyValueStore
-from precompute.stores.key_value.versions import CopyPlan, NewVersion
+from precompute.stores.key_value.versions import CopyPlan, NewVersion, OutputVersions
+from precompute.stores.versions import new_version
 from tests.stores.key_value.test_store import (
     IDS,
     OUTPUT,
@@ -37,11 +39,15 @@ __all__ = ["settings", "store"]  # fixtures
 
 def night(store: KeyValueStore, source: str, gone: list[str], written: dict[str, bytes], rows: int) -> str:
     """One incremental night as a job runs it: a copy of `source` less `gone`, `written` over it."""
-    with NewVersion(store, OUTPUT, lambda: {"night": True}) as new:
-        new.create(rows, CopyPlan(source, gone))
-        store.write(OUTPUT, new.version, list(written), list(written.values()))
-        new.publish(dict(list(written.items())[:3]))
+    new = writer(store, lambda: {"night": True})
+    new.create(rows, CopyPlan(source, gone))
+    store.write(OUTPUT, new.version, list(written), list(written.values()))
+    store.publish(OUTPUT, new.version, dict(list(written.items())[:3]))
     return new.version
+
+
+def writer(store: KeyValueStore, meta: Callable[[], dict], digest: str | None = None) -> NewVersion:
+    return OutputVersions(store, OUTPUT).writer(new_version(), meta, digest)
 
 
 def value(tag: int, i: int) -> bytes:
@@ -130,10 +136,10 @@ def test_an_overlay_is_checked_like_any_version_and_only_over_a_whole_one(
         store.create_version(OUTPUT, V3, len(IDS), base="20261109T031500Z-aa09")
 
     before = keys_of(settings)
-    with pytest.raises(RuntimeError, match="the night failed"), NewVersion(store, OUTPUT, dict) as new:
-        new.create(len(IDS), CopyPlan(V1, [IDS[3]]))
-        store.write(OUTPUT, new.version, [IDS[4]], [b"y"])
-        raise RuntimeError("the night failed")
+    new = writer(store, dict)
+    new.create(len(IDS), CopyPlan(V1, [IDS[3]]))
+    store.write(OUTPUT, new.version, [IDS[4]], [b"y"])
+    OutputVersions(store, OUTPUT).drop(new.version)  # the night failed
     assert keys_of(settings) == before
 
 
@@ -168,9 +174,9 @@ def test_an_overlay_with_its_bases_meta_digest_reads_the_bases_meta_and_stores_n
     def unused() -> dict:
         raise AssertionError("the meta was made though the base's is the same")
 
-    with NewVersion(store, OUTPUT, unused, "d1") as same:
-        same.create(len(IDS), CopyPlan(V1, []))
-        same.publish({})
+    same = writer(store, unused, "d1")
+    same.create(len(IDS), CopyPlan(V1, []))
+    store.publish(OUTPUT, same.version, {})
     assert meta_key(settings, same.version) not in keys_of(settings)
     (base_made, same_made), owners, metas = asyncio.run(served(settings, [V1, same.version]))
     assert same_made is base_made and owners == [V1, V1] and metas == [vocabulary, vocabulary]
@@ -179,17 +185,17 @@ def test_an_overlay_with_its_bases_meta_digest_reads_the_bases_meta_and_stores_n
     assert asyncio.run(served(settings, [same.version]))[2] == [vocabulary]
 
     other = {"vocabulary": ["x", "y", "z"]}
-    with NewVersion(store, OUTPUT, lambda: other, "d2") as changed:
-        changed.create(len(IDS), CopyPlan(same.version, []))  # over V1 still, with a meta of its own
-        changed.publish({})
+    changed = writer(store, lambda: other, "d2")
+    changed.create(len(IDS), CopyPlan(same.version, []))  # over V1 still, with a meta of its own
+    store.publish(OUTPUT, changed.version, {})
     assert store.layout(OUTPUT, changed.version).base == V1
     assert asyncio.run(served(settings, [changed.version]))[1:] == ([changed.version], [other])
     assert store.collect_garbage(OUTPUT, keep=0) == [same.version]
 
-    with NewVersion(store, OUTPUT, lambda: other, "d2") as full:
-        full.create(len(IDS))
-        store.write(OUTPUT, full.version, IDS, values_of(2))
-        full.publish({})
+    full = writer(store, lambda: other, "d2")
+    full.create(len(IDS))
+    store.write(OUTPUT, full.version, IDS, values_of(2))
+    store.publish(OUTPUT, full.version, {})
     assert store.collect_garbage(OUTPUT, keep=0) == sorted([V1, changed.version])
     assert not {meta_key(settings, v) for v in (V1, same.version, changed.version)} & set(keys_of(settings))
     assert store.meta(OUTPUT, full.version) == other

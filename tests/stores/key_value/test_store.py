@@ -32,7 +32,8 @@ from precompute.stores.key_value.server import redis_server
 from precompute.stores.key_value.settings import RedisSettings, output_keys
 from precompute.stores.key_value.sink import BUCKET, KeyValueSink
 from precompute.stores.key_value.store import KeyValueStore
-from precompute.stores.key_value.versions import CopyPlan, NewVersion, OutputVersions
+from precompute.stores.key_value.versions import CopyPlan, OutputVersions
+from precompute.stores.versions import new_version
 from tests.waiting import wait_for
 
 N = 250
@@ -478,27 +479,29 @@ def test_versions_newer_than_the_published_one_are_collected_once_rolled_back_fr
     assert [v.name for v in store.versions(OUTPUT)] == [V1, V4]
 
 
-def test_a_version_whose_run_fails_before_publish_is_deleted_whole(
+def test_a_failed_nights_version_is_dropped_whole_and_the_published_one_never(
     store: KeyValueStore, settings: RedisSettings
 ) -> None:
-    def fails() -> None:
-        with pytest.raises(RuntimeError, match="the job failed"), NewVersion(store, OUTPUT, dict) as new:
-            new.create(N)
-            store.write(OUTPUT, new.version, IDS, values_of(2))
-            raise RuntimeError("the job failed")
+    """What the night's lifecycle asks of OutputVersions when a version fails before its publish."""
+    versions = OutputVersions(store, OUTPUT)
 
-    fails()  # the first run of an output: nothing published yet
+    def fails() -> None:
+        new = versions.writer(new_version(), dict)
+        new.create(N)
+        store.write(OUTPUT, new.version, IDS, values_of(2))
+        versions.drop(new.version)
+
+    fails()  # the first night of an output: nothing published yet
     assert keys_of(settings) == set()
-    with NewVersion(store, OUTPUT, dict) as kept:  # no error: the caller may publish it later
-        kept.create(0)
-    assert [v.name for v in store.versions(OUTPUT)] == [kept.version]
-    store.drop_version(OUTPUT, kept.version)
+    versions.drop("20261108T031500Z-never")  # one that never got as far as existing
     publish(store, V1)
     before = keys_of(settings)
     fails()
+    versions.drop(V1)  # the published one is never dropped
     assert keys_of(settings) == before
-    [published] = OutputVersions(store, OUTPUT).listing()
+    [published] = versions.listing()
     assert (published.name, published.count, published.current) == (V1, N, True)
+    assert versions.versions() == [V1]
     assert 0 <= published.age_s < 24 * 3600
 
 
@@ -509,10 +512,10 @@ def test_a_new_version_from_a_copy_plan_holds_the_copy_less_the_users_gone(
     with its own meta; the kept users read V1's values."""
     published = load(store, V1)
     store.publish(OUTPUT, V1)
-    with NewVersion(store, OUTPUT, lambda: {"ordinal": 2}) as new:
-        new.create(N - 2, CopyPlan(V1, IDS[:2]))
-        assert store.layout(OUTPUT, new.version).base == V1
-        new.publish({IDS[5]: published[5]})
+    new = OutputVersions(store, OUTPUT).writer(new_version(), lambda: {"ordinal": 2})
+    new.create(N - 2, CopyPlan(V1, IDS[:2]))
+    assert store.layout(OUTPUT, new.version).base == V1
+    store.publish(OUTPUT, new.version, {IDS[5]: published[5]})
     version, values, meta = asyncio.run(read(settings, [IDS[0], IDS[1], IDS[5], IDS[-1]]))
     assert (version, values, meta) == (new.version, [None, None, published[5], published[-1]], {"ordinal": 2})
 

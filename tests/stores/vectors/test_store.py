@@ -187,9 +187,9 @@ def test_rollback_and_gc_keep_the_current_and_the_newest_others(store: VectorSto
     assert store.rollback(to=V3) == V3
     assert store.rollback() == V2
 
-    assert store.gc(keep=1) == [V1]  # V3 is newer than the current V2, so it is the one kept
+    assert store.collect(keep=1) == [V1]  # V3 is newer than the current V2, so it is the one kept
     assert store.versions() == [V2, V3]
-    assert store.gc(keep=0) == [V3]
+    assert store.collect(keep=0) == [V3]
     assert store.versions() == [V2] and store.current() == V2
     assert store.search(VECTORS[0], k=1)[0].payload["v"] == V2
     with pytest.raises(VersionNotFoundError):
@@ -204,7 +204,7 @@ def test_gc_deletes_a_killed_runs_version_and_keeps_one_in_progress(store: Vecto
     store.create_version("20261231T031500-zz99", DIM)  # a run in progress, newer than the next publish
     load(store, V3)
     store.publish(V3)
-    assert store.gc(keep=5) == [V2]
+    assert store.collect(keep=5) == [V2]
     assert store.versions() == [V1, V3, "20261231T031500-zz99"]
 
 
@@ -496,7 +496,7 @@ def test_a_copy_shares_its_sources_vectors_and_graphs_and_its_writes_change_no_s
         assert file_bytes(store.root / V1) == before
         assert store.search(vectors[20], k=1, version=V1)[0].id == ids[20]
         store.publish(V2)
-        assert store.gc(keep=0) == [V1]
+        assert store.collect(keep=0) == [V1]
         assert store.count(V2) == len(ids) - len(ids[1::10]) + 150
         assert store.search(moved[0], k=1, version=V2, filter={"section": "news"})[0].id == ids[0]
         assert store.search(vectors[22], k=1, version=V2, filter={"tier": 2})[0].id == ids[22]

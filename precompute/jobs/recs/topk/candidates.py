@@ -12,12 +12,12 @@ u . v + prior is an inner product with one coordinate more (item: its prior, use
 index serves every model whose score is two towers' dot product, blends included.
 
 It replaced an inner-product HNSW graph (faiss IndexHNSWFlat, 32 links an item), whose build
-dominated the stage: on 1M synthetic items of 129 dims (clustered towers, a content part, a
-prior; 2 vCPUs, by hand) the graph took 86 s to build and kept 0.92 of the exact top 10 at
-efSearch 512, where 1,000 lists took 5.0 s and kept 0.996 probing 8 (100,000 users searched in
-11.2 s). Where the collaborative part is nearly isotropic (300,000 items) both fell short of
-0.99 at any depth the ladder tries, the lists at a thirtieth of the graph's build (1.2 s
-against 40.6 s). What the job measured at scale: README, "Scale".
+dominated the stage: on synthetic items (clustered towers, a content part, a prior) the graph
+took an order of magnitude longer to build than the lists, and kept less of the exact top 10 at
+efSearch 512 than the lists kept probing 8. Where the collaborative part is nearly isotropic
+both fell short of 0.99 at any depth the ladder tries, the lists still at a small fraction of
+the graph's build. The search: `precompute bench topk`; the stage at growing sizes, with the
+method chosen and the recall curve: `precompute bench scale`.
 """
 
 from __future__ import annotations
@@ -42,26 +42,28 @@ from precompute.jobs.recs.towers import Towers
 
 IVF_MIN_ITEMS = 50_000
 """auto ranks by the index past this many items on CPUs. Below it exact scoring costs little
-(30,000 items: 0.08 ms a user, 2 vCPUs) and the index saves less than its recall check costs."""
+per user and the index saves less than its recall check costs (`precompute bench scale`)."""
 INDEX_BUILD_USERS = 2_000
 """auto scores exactly when at most this many users are ranked and no earlier night's index is
-kept: the build costs about 3 µs an item (1M items of 129 dims: 2.8-3.1 s, 2 vCPUs), and the
-recall check it brings the exact scores of at least MIN_CHECK_USERS users; exact scoring costs
-2.6 ns a user-item (10,000 users x 100,000 items: 2.62 s), so a build repays itself past about
-1,400-2,000 users, whatever the catalogue. With a kept index (jobs/recs/topk/kept_index.py) only the
-recall check's exact scores must be repaid (check_users)."""
+kept: the build costs a fixed time per item, and the recall check it brings the exact scores
+of at least MIN_CHECK_USERS users; exact scoring costs a fixed time per user-item, so a build
+repays itself past a number of users that does not depend on the catalogue, near this one
+(`precompute bench topk` reports the build, `precompute bench recs` exact scoring's speed).
+With a kept index (jobs/recs/topk/kept_index.py) only the recall check's exact scores must be
+repaid (check_users)."""
 NPROBE_LADDER = (8, 16, 32, 64, 128, 256)
 """Lists probed, tried in turn on the sample; the first that keeps min_recall serves."""
 CHECK_USERS = 500
 """Most users (a seeded sample) whose top k from the index is compared with their exact top k.
 A fixed ceiling keeps the check's exact scores linear in the items once the users pass 10,000:
-1,000 users cost 4.4 s of exact scores at 1M items (2 vCPUs), a sixth of the stage, and grew it
-as users x items (bench scale's 100,000 rows check 500)."""
+a larger sample's exact scores were a sizeable share of the stage at a million items, and grew
+it as users x items (`precompute bench scale`; its 100,000 rows check 500)."""
 CHECK_SHARE, MIN_CHECK_USERS = 0.05, 250
 """The check's sample is CHECK_SHARE of the users ranked, within MIN_CHECK_USERS-CHECK_USERS, so
-that its exact scores cost a twentieth of ranking every user exactly: 1,000 users made half of
-bench scale's 1M rerun's top-k (5,060 users, the graph kept). 250 users' top 10 measure a recall
-near 0.99 to about ±0.004, 500 users' to ±0.003 (two standard errors, misses independent)."""
+that its exact scores cost a twentieth of ranking every user exactly: a fixed 1,000 users made
+much of an incremental night's top-k (`precompute bench scale`, its 1% rerun). 250 users' top
+10 measure a recall near 0.99 to about ±0.004, 500 users' to ±0.003 (two standard errors,
+misses independent)."""
 SEARCH_BYTES = 256 << 20
 """Query vectors the index ranks per call (149,500 users of 449 dims): a list's matrix multiply
 grows with the users who probe it (search_by_list)."""
@@ -94,7 +96,7 @@ class Ranking:
     """The lists the users are ranked from (no vectors: a top-k actor's come with its towers)."""
     ceiling: np.ndarray | None = field(default=None, repr=False)
     """The lists' ceilings over tonight's vectors (item_lists.ceilings): computed once for the
-    recall check's ladder and every ranker, not by each (44 ms a time at 1M items of 128 dims)."""
+    recall check's ladder and every ranker, not by each (a pass over every item's vector a time)."""
     check: CheckLists | None = field(default=None, repr=False)
     """The sample the lists were checked on, kept for the next night with them."""
 
@@ -171,8 +173,8 @@ class CandidateTopK:
         )
         # (user, item) keys looked up in a hash set of the users' seen ones (Arrow's is_in), then
         # each user's unseen items ranked in the order found, best first (`place`, by one running
-        # count over every row): at 1M items and 100,000 users numpy's isin sorted for 0.8 s and
-        # an argsort of the scores took 0.2 s; the same items and scores.
+        # count over every row), cheaper than numpy's isin, which sorts every key, and an argsort
+        # of the scores; the same items and scores.
         rows = np.repeat(np.arange(len(users)), np.diff(seen.offsets))
         seen_keys = pa.array(rows * self.items + seen.items)
         keys = pa.array((np.arange(len(users))[:, None] * self.items + found).ravel())

@@ -20,7 +20,7 @@ SCORE_BUFFER_BYTES = 512 * 2**20
 """The score buffer's bound: a block of users is scored against tiles of at most this many bytes
 of scores (262,144 items at 512 users a block), so the buffer stops growing with the items
 (a [512, items] buffer would be 2 GB at 1M items). Smaller tiles cost time, so the bound is
-generous (README, "Figures behind the defaults")."""
+generous (`precompute bench recs` times the exact top-k)."""
 
 
 ACTIVE_SHARE = 0.5

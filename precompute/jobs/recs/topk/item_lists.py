@@ -4,10 +4,10 @@ skipping a list for a user whose best so far its ceiling cannot beat.
 
 faiss's IVF index holds each list's vectors itself, a second copy of the item matrix (516 MB at
 1M items of 129 dims), and a night that keeps the lists refilled that copy with tonight's
-vectors: 1.30 s of bench scale's 1M rerun's top-k (0.88 s to add, 0.40 s to append the prior
-column), 9% of the full night's stage. Here the lists are only item positions, list by list (a
+vectors (adding them, after appending the prior column): much of an incremental night's top-k
+(`precompute bench scale`, its 1% rerun). Here the lists are only item positions, list by list (a
 CSR: `order` and `bounds`); a search copies a probed list's rows into a buffer as it scores them
-(about 0.04 ms for a list of 1,000 items of 128 dims). faiss still trains the centroids (k-means),
+(little against the scoring itself). faiss still trains the centroids (k-means),
 places the items (the quantizer's inner products) and keeps each user's best items (its heaps);
 torch scores a list's users (one matrix product).
 """
@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 POINTS_PER_LIST, TRAIN_ITERATIONS = 64, 10
-"""k-means of the lists' centroids: on a sample of this many items a list, this many rounds (1.7
-s of training at 1M items, 2 vCPUs; faiss's defaults, 256 items a list and 25 rounds, are ten
-times the work)."""
+"""k-means of the lists' centroids: on a sample of this many items a list, this many rounds
+(faiss's defaults, 256 items a list and 25 rounds, are ten times the work; `precompute bench
+topk` reports the build)."""
 PLACE_ROWS = 65_536
 """Items placed in their lists per quantizer call: their rows with the prior are copied into one
-buffer first (34 MB at 129 dims), where a copy of every item's was 516 MB at 1M items and took
-1.0-1.9 s to write on bench scale's machine, whose fresh pages cost about 2.5 ms a MB."""
+buffer first (34 MB at 129 dims), where a copy of every item's was 516 MB at 1M items, each of
+its fresh pages faulted in as it was written."""
 PRODUCT_SCORES = 1 << 22
 """Most scores one matrix product makes (16 MB): a list probed by many users (a deep nprobe) is
 scored a block of its users at a time."""
@@ -69,7 +69,7 @@ class ItemLists:
     def of(cls, centroids: np.ndarray, assignment: np.ndarray) -> ItemLists:
         """The lists from each item's list number (`assignment`, in item order)."""
         small = assignment.astype(np.uint16) if len(centroids) < 1 << 16 else assignment
-        order = np.argsort(small, kind="stable")  # 16-bit: a radix sort, 9 ms for 1M items (55 ms as int32)
+        order = np.argsort(small, kind="stable")  # 16-bit: numpy's stable sort is a radix sort, faster than int32's
         bounds = np.searchsorted(small[order], np.arange(len(centroids) + 1))
         return cls(np.ascontiguousarray(centroids, np.float32), order.astype(np.int64), bounds)
 
@@ -142,7 +142,7 @@ def ceilings(lists: ItemLists, item_vectors: np.ndarray, prior: np.ndarray | Non
     """[lists, 2]: each list's largest item norm and largest prior (0 without one). No item of
     list l scores above |u| · norm_l + prior_l for a user u (Cauchy-Schwarz): what lets the
     search skip a list for a user whose heap already holds `depth` better scores. Tonight's
-    vectors (a kept index's lists hold last night's positions only): 25 ms at 1M items of 128 dims."""
+    vectors (a kept index's lists hold last night's positions only): one pass over the items."""
     out = np.zeros((lists.nlist, 2), np.float32)
     filled = np.flatnonzero(np.diff(lists.bounds))
     if not len(filled):
@@ -179,22 +179,20 @@ def search_by_list(
     score goes straight into the user's heap of its best so far (faiss.ResultHeap), which keeps
     only those that beat its worst. faiss's IVF search scans each probed list once per user, and
     faiss.knn, which takes a list's users at once, keeps a heap of its own per user and list: most
-    of its time (on one list, 800 users x 1,000 items of 129 dims: 5.2 ms, 1.9 ms keeping one best).
-    The best 42 of 8 lists (2 vCPUs, AMD EPYC, AVX2): on 1M synthetic items and 100,000 users,
-    4.71 s here against 6.24 s list by list by faiss.knn (`precompute bench topk`); on bench
-    scale's 1M item tower (ALS + content + prior) and 50,000 of its users, 3.87-4.06 s against
-    5.11-5.32 s, the same items. It pays in large calls (Ranking.users_per_call). `users`: with
+    of its time (keeping one best instead takes a fraction of it). Faster than list by list by
+    faiss.knn, with the same items, on synthetic items (`precompute bench topk`) as on bench
+    scale's item tower (ALS + content + prior). It pays in large calls (Ranking.users_per_call).
+    `users`: with
     a prior, their vectors with a last coordinate of 1 (index_data's columns).
 
     A list is skipped for a user whose `depth`-th best so far beats the list's `ceiling`
     (ceilings(): nothing in it can enter the heap), and the lists go highest ceiling first for
     the call's mean user, so that heaps fill early with the scores that skip the rest. Exact: the
     same items. Where a popularity prior dominates, every user probes the lists of the popular
-    items, most of which are barely popular: on bench scale's 1M items (ALS trained on its
-    generated interactions, content from its encoder) and 50,000 users, the best 42 of 8 lists
-    took 0.99 s against 3.34-3.42 s with no list skipped at the prior weight bench scale ranks by
-    (10), 1.54-1.61 s against 2.09-2.30 s at the default (0.4). With no prior it skips little
-    and costs little (`precompute bench topk`)."""
+    items, most of which are barely popular: skipping lists makes the search several times
+    faster at the prior weight bench scale ranks by (10), and still faster at the default
+    (0.4). With no prior it skips little and costs little (`precompute bench topk`, and its
+    --prior-weight)."""
     probing_users, bounds = probers(quantizer, users, lists.nlist, nprobe)
     heap = faiss.ResultHeap(len(users), depth, keep_max=True)
     sizes = np.diff(lists.bounds)
@@ -218,11 +216,10 @@ def search_by_list(
             for start in range(0, len(probing), block):
                 subset = probing[start : start + block]
                 # torch's product on every thread, the heaps' updates on one. faiss's threads on the
-                # heaps, spinning between products, made the search twice as slow (`bench topk`, 2
-                # vCPUs: 8.8-9.4 s on an AVX2 EPYC, 8.89 s on an AVX-512 one). Held to one for the
-                # whole search, they held torch's products to one thread too, where faiss's setting
-                # reaches torch's OpenMP runtime (AVX-512 EPYC: 4.83 s against 4.45 s in `bench
-                # topk`, 5.5-5.9 s against 3.8-4.8 s by hand, torch or faiss imported first).
+                # heaps, spinning between products, made the search much slower. Held to one for
+                # the whole search, they held torch's products to one thread too, where faiss's
+                # setting reaches torch's OpenMP runtime, which slowed it again: hence the setting
+                # around each product (`precompute bench topk`).
                 faiss.omp_set_num_threads(threads)
                 scores = (torch.from_numpy(users[subset]) @ data.T).numpy()
                 faiss.omp_set_num_threads(1)

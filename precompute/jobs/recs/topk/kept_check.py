@@ -3,8 +3,8 @@ exact best items, updated with the items that moved instead of scored against ev
 
 A night that ranks from the items' lists measures them first: a sample of users' top k from the
 lists against their exact top k (jobs/recs/topk/candidates.py choose_ranking). Exact means every item
-scored: 251 users against bench scale's 1M items took 1.26 s of its 1% rerun's top-k, a third of
-the stage. Under the model fingerprint that kept the lists (jobs/recs/topk/kept_index.py), an item's score
+scored: a few hundred users against a large catalogue are a large share of an incremental
+night's top-k (`precompute bench scale`, its 1% rerun). Under the model fingerprint that kept the lists (jobs/recs/topk/kept_index.py), an item's score
 for a user moves only with the item's vector (its content key) or its prior, and with the user's
 vector and history. So the check keeps (CHECK_FILE, beside the lists) each sample user's vector,
 their history's fingerprint, and their DEPTH best unseen items with the scores they had, under the

@@ -1,8 +1,8 @@
 """The items' index kept from the night that built it: what lets an incremental night rank its
 few users from the index instead of scoring each of them against every item.
 
-Building the index costs about 3 µs an item (jobs/recs/topk/candidates.py INDEX_BUILD_USERS), half of
-it placing each item in the list of its best centroid. Under the same model fingerprint
+Building the index costs a fixed time per item (jobs/recs/topk/candidates.py INDEX_BUILD_USERS), much
+of it placing each item in the list of its best centroid. Under the same model fingerprint
 (jobs/recs/state.py: vocabulary, trained item tower, weights) only the items whose content key
 changed have moved, so the run folder keeps the lists' centroids, each item's list and the
 content keys it was built over (20 bytes an item; the vectors are tonight's). A later night under
