@@ -2,7 +2,8 @@
 
 Each column type is offered to the same checks `precompute check` runs (jobs/inputs.py
 COLUMN_TYPES, after models/datasets.py reads dictionary columns as their values), so the table
-cannot promise what a check refuses. The README holds it between two markers; a test checks it.
+cannot promise what a check refuses. The table is docs/inputs.md, which `precompute docs` writes;
+a test checks it is this one.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import pyarrow as pa
 
 from precompute.jobs.inputs import COLUMN_TYPES
 from precompute.models.datasets import COMPRESSION, EXTENSIONS, plain_type
-
-BEGIN, END = "<!-- inputs table: begin -->", "<!-- inputs table: end -->"
 
 CANDIDATES: dict[str, pa.DataType] = {
     "int32": pa.int32(),

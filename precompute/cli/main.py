@@ -107,6 +107,16 @@ def settings() -> None:
 
 
 @app.command()
+def docs() -> None:
+    """Write the generated pages of docs/ (settings, inputs, the pipeline file's schema, the
+    architecture) and the README's benchmarks table, from the code and bench/results/."""
+    from precompute.cli.docs import write
+
+    for path in write():
+        print(f"wrote {path}")
+
+
+@app.command()
 def schedule(
     pipeline: PipelineOption = None,
     cron: Annotated[

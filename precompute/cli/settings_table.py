@@ -5,7 +5,7 @@ Two kinds of setting, each declared once with one default:
 - each output's, in the pipeline file (its kind's spec, precompute/kinds/): a field of
   `outputs.<name>`, which PRECOMPUTE_OUTPUTS__<NAME>__<FIELD> overrides; an output's `engine`
   table also takes its defaults from PRECOMPUTE_ENGINE_<FIELD>.
-The README holds the table between two markers, and a test checks it is this one.
+The table is docs/settings.md, which `precompute docs` writes; a test checks it is this one.
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ from precompute.kinds import registry
 from precompute.models.settings import EnginePolicy
 from precompute.pipeline import FlowSpec
 from precompute.settings import Machine
-
-BEGIN, END = "<!-- settings table: begin -->", "<!-- settings table: end -->"
-"""The README's markers around the table."""
 
 
 @dataclass(frozen=True)

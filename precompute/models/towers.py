@@ -16,23 +16,25 @@ network, where converting activations costs as much as the matmul saves.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from precompute.models.backends.base import BuildSpec, ConcreteDevice, Feeds, Runner
 from precompute.models.datasets import DatasetInput
 from precompute.models.engines.cache import EngineCache
+from precompute.models.engines.climb import Rung, climb
 from precompute.models.engines.gate import GateResult, overlap_gate, top_overlap
 from precompute.models.engines.runtime import (
+    BF16,
     graph_digest,
     open_graph,
     precision_ladder,
@@ -40,7 +42,7 @@ from precompute.models.engines.runtime import (
 )
 from precompute.models.errors import ModelError
 from precompute.models.location import Location
-from precompute.models.settings import EngineSettings
+from precompute.models.settings import EngineSettings, Precision
 
 ELEMENT_TYPES = {
     "tensor(float)": np.float32,
@@ -69,8 +71,9 @@ class GatedTowers(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    precision: Literal["auto", "int8", "fp16", "fp32"] = "auto"
-    """Where the ladder starts (int8, then fp16 on GPUs, then fp32); auto: the fastest that passes."""
+    precision: Precision = "auto"
+    """Where the ladder starts (int8, then fp16 on GPUs, then fp32); auto: the fastest that passes.
+    Not bf16: the towers are ONNX graphs, and only PyTorch runs BF16 on a CPU."""
     gate_overlap: float = Field(0.9, gt=0, le=1)
     """A quantized pair is used only if gate users' top-10 items share this share with FP32's."""
     calibration_rows: int = Field(512, ge=16)
@@ -79,6 +82,14 @@ class GatedTowers(BaseModel):
     gate_users: int = Field(1000, ge=16)
     """Users (after the calibration rows) whose top items the gate compares, against at most
     GATE_ITEMS items."""
+
+
+    @field_validator("precision")
+    @classmethod
+    def _a_graphs_precision(cls, precision: Precision) -> Precision:
+        if precision == BF16:
+            raise ValueError("bf16 runs only in PyTorch; a tower graph takes auto, int8, fp16 or fp32")
+        return precision
 
 
 class TowersSpec(GatedTowers):
@@ -281,28 +292,34 @@ def choose_engines(
     device: ConcreteDevice,
     machine: EngineSettings,
 ) -> TowerEngines:
-    """Gate each precision of the ladder (from spec.precision) against FP32, both towers
-    together, on (calibration rows, gate rows) of each; auto takes the fastest that passes,
-    a set precision the first that passes from it up."""
+    """The precision climb (models/engines/climb.py) over the ladder from spec.precision, both
+    towers gated together against FP32 on (calibration rows, gate rows) of each: auto takes the
+    fastest that passes on the gate's rows, a set precision the first that passes from it up."""
     ladder = precision_ladder(spec.precision, device, resolve_graph_backend(machine, device).name)
     rows = {"user": user_rows, "item": item_rows}
     inputs = {tower: Signature(graph).inputs for tower, graph in graphs.items()}
-    reference: dict[str, np.ndarray] = {}
-    gates, chosen_graphs = [], {}
-    for precision in ("fp32", *(p for p in ladder if p != "fp32")):  # the reference first
-        built = {
-            tower: quantized(graphs[tower], precision, rows[tower][0], machine.cache_dir) for tower in graphs
-        }
+
+    @functools.cache
+    def scored(precision: str) -> tuple[dict[str, bytes], dict[str, np.ndarray], float]:
+        """The precision's graphs, their vectors of the gate rows, and the best seconds of both towers."""
+        built = {tower: quantized(graphs[tower], precision, rows[tower][0], machine.cache_dir) for tower in graphs}
         vectors, seconds = {}, 0.0
         for tower, graph in built.items():
             with open_tower(graph, machine, device) as runner:
                 vectors[tower], took = timed(runner, rows[tower][1], inputs[tower])
             seconds += took
-        reference = reference or vectors
-        overlap = top_overlap(vectors["user"], vectors["item"], reference["user"], reference["item"])
-        gates.append(overlap_gate(precision, overlap, spec.gate_overlap, seconds))
-        chosen_graphs[precision] = built
-    passing = [g for precision in ladder for g in gates if g.precision == precision and g.passed]
-    chosen = min(passing, key=lambda g: g.seconds or 0.0) if spec.precision == "auto" else passing[0]
-    graphs_of = chosen_graphs[chosen.precision]
-    return TowerEngines(chosen.precision, graphs_of["user"], graphs_of["item"], device, gates)
+        return built, vectors, seconds
+
+    def rung(precision: str) -> Rung[tuple[str, dict[str, bytes]]]:
+        def tried() -> tuple[GateResult, tuple[str, dict[str, bytes]] | None]:
+            reference = scored("fp32")[1]
+            built, vectors, seconds = scored(precision)
+            overlap = top_overlap(vectors["user"], vectors["item"], reference["user"], reference["item"])
+            gate = overlap_gate(precision, overlap, spec.gate_overlap, seconds)
+            return gate, (precision, built) if gate.passed else None
+
+        return Rung(precision, tried)
+
+    climbed = climb((rung(precision) for precision in ladder), "fastest" if spec.precision == "auto" else "first")
+    precision, chosen = climbed.engine
+    return TowerEngines(precision, chosen["user"], chosen["item"], device, climbed.gates)

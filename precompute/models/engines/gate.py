@@ -25,7 +25,12 @@ class GateResult:
     mean_cosine: float | None = None
     min_cosine: float | None = None
     agreement: float | None = None
-    """Classifiers: share of texts whose top label is FP32's."""
+    """Classifiers and labelers: share of texts whose top label is FP32's."""
+    recheck_margin: float | None = None
+    """Labelers: texts whose top-2 probability margin is under this were labelled again at FP32
+    (None: none were)."""
+    rechecked: float | None = None
+    """Labelers: the share of the gate's texts that were."""
     overlap: float | None = None
     """Towers: mean share of a user's top TOP_K items that are FP32's. Encoders: of each held-out
     text's TOP_K nearest other held-out texts."""

@@ -19,10 +19,11 @@ import onnxruntime as ort
 
 from precompute.models.backends import BuildSpec, ConcreteDevice, Runner
 from precompute.models.engines.cache import EngineCache
+from precompute.models.engines.climb import Rung, climb
 from precompute.models.engines.gate import GateResult, agreement_gate, cosine_gate, few_texts
 from precompute.models.engines.graphs import FUSABLE, FUSED, MIXED_SHARES, ONNX_VARIANTS
 from precompute.models.engines.runtime import BF16, resolve_backend, resolve_device, rung_backend, text_ladder
-from precompute.models.errors import GateFailedError, ModelError
+from precompute.models.errors import ModelError
 from precompute.models.hardware import device_fingerprint
 from precompute.models.settings import Engine
 from precompute.models.text.encoder import Encoder, EngineReport, encode_texts
@@ -69,7 +70,8 @@ def rungs(engine: Engine, device: ConcreteDevice, backend: str) -> tuple[str, ..
 
 
 def load_encoder(engine: Engine) -> Encoder:
-    """The fastest engine of `engine.model` for this machine that passes the accuracy gate."""
+    """The fastest engine of `engine.model` for this machine that passes the accuracy gate: the
+    precision climb (climb.py) over each precision's graphs, the first that passes serving."""
     device = resolve_device(engine.machine)
     backend = resolve_backend(engine.machine, device)
     backend.check_available(device)
@@ -79,33 +81,40 @@ def load_encoder(engine: Engine) -> Encoder:
     source = engine.model
     build = _Builder(engine, device, backend, BuildSpec(batch_size, source.max_seq_length))
     tokenizer = TextTokenizer(source)
-
-    gates: list[GateResult] = []
     ladder = rungs(engine, device, backend.name)
-    for precision in ladder:
+    model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
+
+    def rung(precision: str, variant: str) -> Rung[Encoder]:
         runner_cls = build.backend(precision)
         # ONNX Runtime on a CPU: a single-threaded stream per core; PyTorch: one over every core.
         streams = machine.streams or (cpus if device == "cpu" and runner_cls.name != "torch" else 1)
         threads = machine.threads or max(1, cpus // streams)
-        for variant in build.variants(precision, mixed=BF16 not in ladder):
+        mixed = variant in MIXED_SHARES  # its gate names the share, its report "int8-mixed"
+
+        def tried() -> tuple[GateResult | None, Encoder | None]:
             engine_dir, hit = build.engine(precision, variant)
             open_runner = partial(runner_cls.open, engine_dir, device, threads, source, precision)
-            mixed = variant in MIXED_SHARES  # its gate names the share, its report "int8-mixed"
-            runner = None
+            result, runner = None, None
             if (runner_cls.name, precision) != ("torch", "fp32"):  # the reference needs no gate
                 result, runner = build.gate(engine_dir, variant if mixed else precision, open_runner, tokenizer)
-                gates.append(result)
                 if not result.passed:
                     if runner is not None:
                         runner.close()
-                    continue
-            runner = runner or open_runner()
-            model = f"{source.folder} ({source.architecture}, {source.task}, {source.hash})"
+                    return result, None
             served = "int8-mixed" if mixed else precision
-            report = EngineReport(runner_cls.name, device, served, str(engine_dir), hit, model, gates)
-            return Encoder(runner, tokenizer, batch_size, streams, report)
-    failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
-    raise GateFailedError(f"no precision passed the accuracy gate ({failures})")
+            report = EngineReport(runner_cls.name, device, served, str(engine_dir), hit, model)
+            return result, Encoder(runner or open_runner(), tokenizer, batch_size, streams, report)
+
+        return Rung(variant if mixed else precision, tried)
+
+    climbed = climb(
+        rung(precision, variant)
+        for precision in ladder
+        for variant in build.variants(precision, mixed=BF16 not in ladder)
+    )
+    encoder = climbed.engine
+    encoder.report = replace(encoder.report, gates=climbed.gates)
+    return encoder
 
 
 class _Builder:

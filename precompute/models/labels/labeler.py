@@ -16,16 +16,19 @@ ties, where flips happen) are labelled again at FP32. Each try is in the report.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from precompute.models.engines.cache import EngineCache
+from precompute.models.engines.climb import Rung, climb
+from precompute.models.engines.gate import GateResult
 from precompute.models.engines.load import GATE_VECTORS, gate_texts, load_encoder, reference_embeddings
 from precompute.models.engines.runtime import resolve_backend, resolve_device, text_ladder
-from precompute.models.errors import GateFailedError
 from precompute.models.labels.head import LabelHead, LabelPolicy, LabelTask, labeling_engine, load_head
 from precompute.models.settings import Engine
 from precompute.models.text.encoder import Encoder, EngineReport
@@ -33,18 +36,6 @@ from precompute.models.text.kept_vectors import vectors_of
 from precompute.models.text.reference import reference_texts, texts_digest
 
 GATES_FILE = "gates.json"
-
-
-@dataclass(frozen=True)
-class LabelGate:
-    precision: str
-    agreement: float
-    passed: bool
-    reason: str
-    recheck_margin: float | None = None
-    """Texts whose top-2 probability margin is under this were labelled again at FP32 (None: none)."""
-    rechecked: float = 0.0
-    """Share of the gate's texts that were."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +48,7 @@ class LabelerReport:
     labelled texts; None for a classifier."""
     training: dict[str, Any] | None = None
     """The trained head's candidates and baseline on those texts (label_training.TrainingReport)."""
-    gates: list[LabelGate] = field(default_factory=list)
+    gates: list[GateResult] = field(default_factory=list)
 
 
 def top_of(probabilities: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -155,10 +146,10 @@ def recheck_margin(head: LabelHead, quantized: KeptOutputs, fp32: KeptOutputs, t
 
 
 def load_labeler(task: LabelTask, engine: Engine, head_dir: Path | None = None) -> Labeler:
-    """The fastest labeler whose labels agree with FP32's: each precision alone, then with its
-    near ties rechecked at FP32, before the ladder falls back to the next precision. `head_dir`:
-    the head the caller chose already (load_head), whose rows are then not read again (every
-    labelled row of the corpus, a row at a time: seconds at 1M rows)."""
+    """The fastest labeler whose labels agree with FP32's: the precision climb (climb.py) over each
+    precision alone, then with its near ties rechecked at FP32, the first that passes serving.
+    `head_dir`: the head the caller chose already (load_head), whose rows are then not read again
+    (every labelled row of the corpus, a row at a time)."""
     if engine.model.task == "classify":
         return load_classifier(task, engine)
     head = load_head(task, engine) if head_dir is None else chosen_head(head_dir, engine)
@@ -168,16 +159,18 @@ def load_labeler(task: LabelTask, engine: Engine, head_dir: Path | None = None) 
     device = resolve_device(engine.machine)
     policy, threshold = task.policy, engine.policy.gate_agreement
 
-    def agreement_gate(labeler: Labeler, name: str) -> LabelGate:
+    def agreement_gate(labeler: Labeler, name: str) -> GateResult:
         probabilities, rechecked = labeler.probabilities(texts)
         agreement = float(np.mean(np.argmax(probabilities, axis=1) == reference))
         passed = agreement >= threshold
         reason = "" if passed else f"label agreement {agreement:.4f} < {threshold}"
         margin = labeler.margin if labeler.recheck is not None else None
-        return LabelGate(name, agreement, passed, reason, margin, float(rechecked.mean()))
+        return GateResult(
+            name, passed, reason, agreement=agreement, recheck_margin=margin, rechecked=float(rechecked.mean())
+        )
 
     def evaluate(encoder: Encoder, directory: Path) -> None:
-        """A rung's gates: its precision alone, then with the near ties rechecked at FP32."""
+        """A precision's gates: alone, then with the near ties rechecked at FP32."""
         precision, quick = encoder.report.precision, KeptOutputs(encoder)
         tried = [agreement_gate(Labeler(quick, head, policy), precision)]
         if not tried[0].passed and precision != "fp32":
@@ -190,43 +183,53 @@ def load_labeler(task: LabelTask, engine: Engine, head_dir: Path | None = None) 
                 tried.append(agreement_gate(recheck, f"{precision}+fp32-recheck"))
         (directory / GATES_FILE).write_text(json.dumps([asdict(g) for g in tried]))
 
-    # A rung's gates are cached like the engine's own, by head, engine and gate texts: a nightly
+    # A precision's gates are cached like the engine's own, by head, engine and gate texts: a nightly
     # run on an unchanged corpus opens its labeler without gating again, and one whose texts moved
     # scores the head over the kept outputs of the texts that did not (KeptOutputs).
     cache = EngineCache(engine.machine.cache_dir)
-    gates: list[LabelGate] = []
-    backend = resolve_backend(engine.machine, device).name
-    for rung in text_ladder(engine.policy.precision, device, backend):
-        if any(g.precision == rung for g in gates):
-            continue
-        # Its precision is lower than `rung` if the cosine gate failed it. Neighbours are not what
-        # a labeler is judged by: its label agreement is, below.
-        encoder = load_encoder(engine.replace(precision=rung, gate_min_overlap=0.0))
-        key = {
-            "head": head.directory.name,
-            "engine": Path(encoder.report.engine_dir).name,
-            "texts": texts_digest(texts),
-            "gate_agreement": str(threshold),
-            "recheck_texts": str(policy.recheck_texts),
-        }
-        entry = cache.get_or_build("label-gate", key, lambda directory, e=encoder: evaluate(e, directory))
-        gates += [LabelGate(**g) for g in json.loads((entry.path / GATES_FILE).read_text())]
-        if gates[-1].passed:
-            report = LabelerReport(
-                encoder.report, str(head.directory), head.held_out_accuracy, head.training, gates
-            )
-            return passed_labeler(encoder, head, task, engine, report)
-        encoder.close()
-    failures = "; ".join(f"{g.precision}: {g.reason}" for g in gates)
-    raise GateFailedError(f"no precision passed the label agreement gate ({failures})")
+    gated: set[str] = set()
+
+    def precision_rungs() -> Iterator[Rung[Labeler]]:
+        """Each precision of the text ladder alone, then rechecked; one the cosine gate already
+        raised to the next (load_encoder climbs from it) is not gated twice."""
+        backend = resolve_backend(engine.machine, device).name
+        for precision in text_ladder(engine.policy.precision, device, backend):
+            if precision in gated:
+                continue
+            # Neighbours are not what a labeler is judged by: its label agreement is, below.
+            encoder = load_encoder(engine.replace(precision=precision, gate_min_overlap=0.0))
+            key = {
+                "head": head.directory.name,
+                "engine": Path(encoder.report.engine_dir).name,
+                "texts": texts_digest(texts),
+                "gate_agreement": str(threshold),
+                "recheck_texts": str(policy.recheck_texts),
+            }
+            entry = cache.get_or_build("label-gate", key, lambda directory, e=encoder: evaluate(e, directory))
+            gates = [GateResult(**g) for g in json.loads((entry.path / GATES_FILE).read_text())]
+            gated.add(encoder.report.precision)
+            for gate in gates:
+                yield Rung(gate.precision, partial(passed_rung, gate, encoder))
+            if not gates[-1].passed:
+                encoder.close()
+
+    def passed_rung(gate: GateResult, encoder: Encoder) -> tuple[GateResult, Labeler | None]:
+        if not gate.passed:
+            return gate, None
+        report = LabelerReport(encoder.report, str(head.directory), head.held_out_accuracy, head.training)
+        return gate, passed_labeler(encoder, head, task, engine, report, gate.recheck_margin)
+
+    climbed = climb(precision_rungs())
+    labeler = climbed.engine
+    labeler.report = replace(labeler.report, gates=climbed.gates)
+    return labeler
 
 
 def load_classifier(task: LabelTask, engine: Engine) -> Labeler:
     """A classifier labels through its own engine, whose gate is top-label agreement with FP32."""
     encoder = load_encoder(engine)
     labeler = Labeler(encoder, None, task.policy)
-    gates = [LabelGate(g.precision, g.agreement or 0.0, g.passed, g.reason) for g in encoder.report.gates]
-    labeler.report = LabelerReport(encoder.report, "", None, None, gates)
+    labeler.report = LabelerReport(encoder.report, "", None, None, list(encoder.report.gates))
     return labeler
 
 
@@ -245,7 +248,7 @@ def open_labeler(task: LabelTask, engine: Engine, report: LabelerReport) -> Labe
         head = chosen_head(Path(report.head_dir), engine)
         engine = labeling_engine(head, engine)
     encoder = load_encoder(engine.replace(precision=report.engine.precision))
-    return passed_labeler(encoder, head, task, engine, report)
+    return passed_labeler(encoder, head, task, engine, report, report.gates[-1].recheck_margin)
 
 
 def passed_labeler(
@@ -254,10 +257,10 @@ def passed_labeler(
     task: LabelTask,
     engine: Engine,
     report: LabelerReport,
+    margin: float | None,
 ) -> Labeler:
-    """The labeler the last gate of `report` passed: `encoder`, with FP32 rechecking the near ties
-    when that gate passed with a recheck margin."""
-    margin = report.gates[-1].recheck_margin
+    """The labeler a gate passed: `encoder`, with FP32 rechecking the near ties where that gate
+    passed with a recheck `margin`."""
     recheck = None if margin is None else load_encoder(engine.replace(precision="fp32"))
     labeler = Labeler(encoder, head, task.policy, recheck, margin or 0.0)
     labeler.report = report

@@ -194,7 +194,7 @@ def test_a_sequence_night_stages_its_weights_and_the_next_night_starts_from_them
         return report.sequence
 
     first = night(tmp_path / "first", None)
-    assert first["training"]["start"] == "cold" and first["engines"]["gates"][0]["precision"] == "fp32"
+    assert first["training"]["start"] == "cold" and first["engines"]["gates"][-1]["precision"] == "fp32"
     assert (tmp_path / "first" / STATE / SEQUENCE_WEIGHTS).is_file()
     moved = tmp_path / "next.parquet"  # the next night's interactions: one row fewer, so it trains
     pq.write_table(pq.read_table(path).slice(1), moved)

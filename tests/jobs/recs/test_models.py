@@ -105,7 +105,7 @@ def test_the_sequence_model_learns_a_fixed_next_item_in_seconds(loss: str, epoch
     report = towers.parts[0][0].report
     assert report.best_ndcg10 > 0.9 and report.epochs <= epochs
     engines = towers.parts[0][0].engines
-    reference = engines["gates"][0]
+    reference = engines["gates"][-1]  # auto tries every rung, fp32 last
     assert (reference["precision"], reference["passed"], reference["overlap"]) == ("fp32", True, 1.0)
     assert engines["precision"] in {gate["precision"] for gate in engines["gates"] if gate["passed"]}
     indices, _ = recommend_users(towers, BlockedTopK(towers.items, 1, 64), csr(walks))

@@ -179,8 +179,8 @@ def test_int8_is_static_with_explicit_qdq_and_auto_takes_the_fastest_engine_that
         )
 
     engines = choose("auto", 0.5)
-    assert [g.precision for g in engines.gates] == ["fp32", "int8"]
-    assert engines.gates[0].overlap == 1.0
+    assert [g.precision for g in engines.gates] == ["int8", "fp32"]  # the ladder's order
+    assert engines.gates[-1].overlap == 1.0
     passing = [g for g in engines.gates if g.passed]
     fastest = min(g.seconds for g in passing)
     assert engines.precision in {g.precision for g in passing if g.seconds == fastest}  # a tie: either
@@ -189,7 +189,8 @@ def test_int8_is_static_with_explicit_qdq_and_auto_takes_the_fastest_engine_that
     assert {"QuantizeLinear", "DequantizeLinear", "Gemm"} <= ops
 
     strict = choose("int8", 1.0)  # fp32 wherever int8 moved any user's top 10
-    assert strict.precision == ("int8" if strict.gates[-1].overlap == 1.0 else "fp32")
+    assert strict.precision == ("int8" if strict.gates[0].overlap == 1.0 else "fp32")
+    assert [g.precision for g in strict.gates] == (["int8"] if strict.precision == "int8" else ["int8", "fp32"])
 
 
 def test_a_precision_that_moves_users_top_items_falls_back_to_fp32(towers_data, tmp_path: Path) -> None:
@@ -211,7 +212,7 @@ def test_a_precision_that_moves_users_top_items_falls_back_to_fp32(towers_data, 
     engines = choose_engines(
         policy, graphs, (users, users), (items, items), "cpu", EngineSettings(cache_dir=tmp_path)
     )
-    fp32, int8 = engines.gates
+    int8, fp32 = engines.gates
     assert (fp32.precision, fp32.passed, int8.precision, int8.passed) == ("fp32", True, "int8", False)
     assert int8.overlap is not None and int8.overlap < 0.9 and "overlap" in int8.reason
     assert engines.precision == "fp32" and engines.item == graphs["item"] and engines.user == graphs["user"]
