@@ -64,7 +64,7 @@ def nightly(pipeline: str | None = None, keep_versions: int | None = None) -> di
 def one_run_at_a_time(work_dir: WorkPath) -> Iterator[None]:
     """Refuse a second run on the same work directory while one is running: each run's garbage
     collection would take the other's unpublished versions for a killed run's. The lock goes with
-    the process, so a killed run never leaves it held. It is a file lock on this machine, also for
+    the process, so a killed run never leaves it held. It is a file lock on the local machine, also for
     a work directory on object storage, which has none: runs of one deployment are one at a time
     anyway (`precompute schedule` sets its concurrency limit to 1)."""
     folder = work_dir.machine_dir()

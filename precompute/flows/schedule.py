@@ -20,7 +20,8 @@ from precompute.pipeline import Pipeline
 
 GRACE_S = 30.0
 """The longest SIGTERM takes to stop the command, a run in progress included: Kubernetes' default
-terminationGracePeriodSeconds. Measured here: 2-9 s (README, "Figures behind the defaults")."""
+terminationGracePeriodSeconds, which a stop well inside it leaves room for (tests/flows/test_schedule.py
+times one)."""
 
 
 class ScheduleError(Exception):

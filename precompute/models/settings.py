@@ -85,10 +85,9 @@ class EnginePolicy(BaseSettings):
     gate_min_overlap: float = Field(0.98, ge=0, le=1)
     """Accuracy gate: a quantized encoder is used only if each held-out text's 10 nearest other
     held-out texts are FP32's on this share, on average (labels are judged by their own agreement
-    instead). Served search keeps less than this: among a corpus 40 times the held-out texts,
-    neighbours lie closer and the same engine kept 0.012-0.03 fewer of FP32's top 10, so 0.98
-    here keeps 0.95 served (README, "Search fidelity"). MiniLM's INT8 graphs reach 0.91-0.97 and
-    it runs in FP32 on CPUs; FP16 on GPUs passes at 1.000. Lower it to trade fidelity for speed."""
+    instead). Served search keeps less than this: among a corpus many times the held-out texts,
+    neighbours lie closer, so the served overlap is lower than the gate's (`precompute bench
+    fidelity` measures it). Lower it to trade fidelity for speed."""
 
     gate_agreement: float = Field(0.99, gt=0, le=1)
     """Labels and classifiers: a precision labels only if its top label is FP32's on this share

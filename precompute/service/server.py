@@ -46,8 +46,8 @@ class DeadlineHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and the socket
         # uvicorn binds for several workers has proto 0: without this, Nagle holds each answer's
-        # second segment for the client's delayed ACK, which capped two workers' rate (README,
-        # "Serving capacity").
+        # second segment for the client's delayed ACK, which capped two workers' rate
+        # (`precompute bench capacity`).
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

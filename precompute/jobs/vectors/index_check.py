@@ -21,8 +21,8 @@ graph again.
 A copy of a checked version (jobs/vectors/load.py) holds its source's graph and the rows it
 changed: its check takes the source's queries and exact neighbours updated with those rows
 (jobs/vectors/check_sample.py), and at the source's rung searches again only the queries the changes
-touch, with a sample of the others that must find what they found in the source: at 1M points
-with 1% changed, about a third of the 400 searches (bench scale, README "Scale").
+touch, with a sample of the others that must find what they found in the source: a fraction of
+the searches on a night that changed a few rows (`precompute bench scale` times the rerun's check).
 """
 
 from __future__ import annotations

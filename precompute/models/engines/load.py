@@ -61,8 +61,8 @@ def peer_independent(engine: Engine) -> Engine:
 def rungs(engine: Engine, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
     """The precisions load_encoder tries: the text ladder, less BF16 for the query graph unless
     asked for. One short text per call pays the eager PyTorch module's per-op dispatch, under the
-    GIL, on every query: over HTTP 16-token queries took p50 / p99 17.7 / 34.8 ms on BF16 against
-    12.8 / 13.8 ms on ONNX Runtime's mixed graph (README, "Search fidelity"); batches amortise it."""
+    GIL, on every query, which ONNX Runtime's graphs do not; batches amortise it (`precompute
+    bench fidelity` times queries by length through the service)."""
     ladder = text_ladder(engine.policy.precision, device, backend)
     if engine.machine.graph == "query" and engine.policy.precision != BF16:
         return tuple(precision for precision in ladder if precision != BF16)
@@ -160,8 +160,8 @@ class _Builder:
     def variants(self, precision: str, mixed: bool) -> list[str]:
         """The graphs to gate for this precision, in order: its own (fused for single queries
         where it can be), then, if `mixed`, its mixed graphs. A ladder with BF16 goes without
-        them: on an AMX CPU BF16 was both nearer FP32 and faster in batches than any of them
-        (README, "A second real model")."""
+        them: where the CPU multiplies BF16 in hardware, BF16 is both nearer FP32 and faster in
+        batches than any of them (`precompute bench embed --model`, docs/engines.md)."""
         variant = ONNX_VARIANTS[(self.device, precision)]
         fusable = self.config.model.task == "embed" and self.config.model.architecture in FUSABLE
         first = FUSED[variant] if self.config.machine.graph == "query" and variant in FUSED and fusable else variant
@@ -244,9 +244,9 @@ def gate_texts(engine: Engine) -> GateTexts:
 
     An engine's agreement with FP32 does not move with a few of the corpus's texts, and a gate
     that asks a new text encodes it on every graph of the ladder (a session each) and on the
-    PyTorch reference: on the demo, a night that edited 1% of the texts moved 3 of the 256, and
-    scoring them cost 9 s of a 110 s night. Left out, a gate on an unchanged engine reads every
-    output it needs from the files its earlier gates kept."""
+    PyTorch reference: a night that edits a few texts would pay a session per graph for them.
+    Left out, a gate on an unchanged engine reads every output it needs from the files its
+    earlier gates kept."""
     drawn = reference_texts(engine.reference, "gate", engine.policy.gate_texts)
     held = read(reference_file(engine))
     scored = [text for text in drawn if text_digest(text) in held]

@@ -27,7 +27,7 @@ TORCH_LADDERS: dict[ConcreteDevice, tuple[str, ...]] = {"cpu": ("fp32",), "cuda"
 BF16 = "bf16"
 """A text model's rung on CPUs (text_ladder): PyTorch runs the module cast to BF16, since ONNX
 Runtime's CPU provider has no BF16 kernels. It keeps FP32's exponent, so no activation outlier
-saturates it as one does INT8 (MPNet's FFN: README, "A second real model")."""
+saturates it as one does INT8 (MPNet's FFN: docs/engines.md)."""
 
 
 def resolve_device(machine: EngineSettings) -> ConcreteDevice:

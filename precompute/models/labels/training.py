@@ -12,7 +12,8 @@ sparse TF-IDF features (label_features.py). The baseline is what a data scientis
 TF-IDF of words and word pairs, then a linear SVM.
 
 Heads are linear SVMs (liblinear, one vs rest): on these features as accurate as logistic
-regression and several times faster to fit (README). Validation turns their scores into
+regression and faster to fit (`precompute bench labels` reports each candidate's training
+time). Validation turns their scores into
 probabilities: a softmax at a fitted temperature for one label per row; for several, a sigmoid
 of one fitted scale and offset, and a threshold per label. Both fold into the head's weights,
 so serving computes one affine map.
