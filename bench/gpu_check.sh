@@ -2,8 +2,8 @@
 # The GPU checks, each ours against its baseline in one run: `embed`, our encoder path (PyTorch
 # FP16 on CUDA, gated against FP32) against sentence-transformers FP16 on CUDA, through
 # `precompute bench embed`; `sequence`, the sequence model's training on the GPU against the
-# same training on the machine's CPU cores (precompute/bench/recs/sequence_device.py). Arguments: the parts to
-# run (default: both).
+# same training on the machine's CPU cores (precompute/bench/recs/sequence_device.py). Arguments:
+# the parts to run (default: both).
 #
 # Made for the GPU test machine (../shared/GPU.md): it has torch, transformers,
 # sentence-transformers, tokenizers, onnx, onnxruntime and pyarrow, and no network, no pydantic
@@ -18,6 +18,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 export PRECOMPUTE_ENGINE_DEVICE=cuda PRECOMPUTE_ENGINE_CACHE_DIR=/tmp/engines
 repo=$PWD
+export PRECOMPUTE_BENCH_RESULTS="$out"  # each bench's record, brought back with $OUT into bench/results/
 cd /tmp  # the checkout's own precompute/ would shadow the installed package
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "from precompute.models.hardware import detect_device; print('device auto:', detect_device())"

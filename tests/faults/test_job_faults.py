@@ -32,6 +32,8 @@ from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 LABELS = """
 [outputs.labels]
 kind = "labels"

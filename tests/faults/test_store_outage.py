@@ -14,6 +14,8 @@ from precompute.stores.key_value.server import redis_server
 from tests.faults.service import V1, published_service
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 OUTAGE_ANSWERS = 60
 """Key lookups answered 503 while Redis is down, before it comes back: seconds of load."""
 REQUESTS = [

@@ -37,6 +37,8 @@ from precompute.stores.key_value.store import KeyValueStore
 from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 WIDER = os.environ.get("PRECOMPUTE_PROPERTY_EXAMPLES")
 RUNS = int(WIDER or 1)
 CHECKS = max(25, RUNS * 8)

@@ -21,6 +21,8 @@ from precompute.stores.vectors.settings import VectorStoreSettings
 from tests.flows.conftest import CONTENT_RECS
 from tests.held_records import held_records
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 
 @pytest.fixture
 def environment(

@@ -30,6 +30,8 @@ from tests.flows.conftest import CONTENT_RECS
 from tests.lookup.apps import app_of
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 BUCKET = "warehouse"
 DAYS = ("2026-11-25", "2026-11-26")
 """The partitions the pipeline file reads; a third day beside them holds only broken rows."""

@@ -24,6 +24,8 @@ from precompute.stores.vectors.settings import VectorStoreSettings
 from tests.lookup.apps import app_of
 from tests.models.tiny import HIDDEN, LABELS, saved_by_sentence_transformers, tiny_classifier, tiny_towers
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 PIPELINE = """
 [outputs.minilm]
 kind = "embeddings"

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 FLOW = """
 import precompute.flows  # sets the start-up timeout, as every `precompute` command does
 from prefect import flow

@@ -25,12 +25,13 @@ import pytest
 
 from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.schedule import GRACE_S
-from precompute.kinds import registry
 from precompute.pipeline import load_pipeline
 from precompute.settings import Machine
 from precompute.stores.key_value.server import free_port
 from precompute.stores.versions import Version
 from tests.waiting import CEILING_S, wait_for
+
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
 
 ROWS = 40
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -91,9 +92,8 @@ def prefect_server(tmp_path: Path) -> Iterator[str]:
 
 
 def versions(pipeline: Path, output: str) -> tuple[str | None, list[Version]]:
-    with registry()["lengths"].versions(
-        load_pipeline(pipeline), output, Machine.from_environment()
-    ) as listed:
+    declared = load_pipeline(pipeline).declared[output]
+    with declared.kind.versions(declared, Machine.from_environment()) as listed:
         return listed.current(), listed.listing()
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from precompute.flows.run_metrics import JOB, publish_run_metrics
 from precompute.jobs.work_dir import WorkPath
+from precompute.kinds.report import Computed, OutputReport, RunReport
 from precompute.models import Engine
 from precompute.stores.key_value.server import free_port
 from tests.faults.service import published_service
@@ -85,18 +86,23 @@ def exposed_names(exposition: str) -> set[str]:
     return {family + suffix for family in families for suffix in SAMPLE_SUFFIXES}
 
 
-def report() -> dict:
-    """A run's report, as flows/nightly.py writes it, reduced to what the metrics read."""
-    output = {"published": True, "rows": 204, "rejects": 4, "seconds": {"embed": 3.5, "load": 0.4}}
-    return {
-        "failed": {"labels": "label: RejectRatioExceededError: 24 of 224 rows"},
-        "outputs": {
-            "embeddings": {"kind": "embeddings", **output},
-            "labels": {"kind": "labels", "published": False, "error": "label: ..."},
-        },
-    }
+def report() -> RunReport:
+    """A run's report, as flows/nightly.py makes it: one output published, one failed."""
+    failed = "compute: RejectRatioExceededError: 24 of 224 rows"
+    published = OutputReport(
+        kind="embeddings",
+        published=True,
+        version="20261125T031500Z-aa01",
+        computed=Computed(rows=204, rejects=4, seconds={"embed": 3.5, "load": 0.4}),
+        steps={"compute": 4.0, "check": 0.2, "publish": 0.01, "collect": 0.05},
+    )
+    return RunReport(
+        "20261125T031500Z-run", "demo.toml", {"embeddings": published, "labels": OutputReport(kind="labels", error=failed)},
+        {"labels": failed},
+    )
 
 
+@pytest.mark.slow
 def test_prometheus_scrapes_the_service_and_a_runs_metrics(
     tmp_path: Path, redis_url: str, encoder, settings: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

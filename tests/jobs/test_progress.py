@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pyarrow as pa
+import pytest
 import ray
 from ray.actor import ActorHandle
 
@@ -51,6 +52,7 @@ class SlowActor:
         return batch
 
 
+@pytest.mark.slow
 def test_a_stage_reports_rows_done_of_total_while_it_runs(ray_local) -> None:
     with collected() as collect, progress.stage("docs", "embed", 1000, counted="actors") as counter:
         ray.data.range(1000, override_num_blocks=10).map_batches(

@@ -25,6 +25,7 @@ def footer_readers() -> int:
     return sum(actor["ActorClassName"] == "FooterReader" for actor in ray._private.state.actors().values())
 
 
+@pytest.mark.slow
 def test_a_jobs_parquet_read_starts_no_footer_reader_actors(
     ray_local, small_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,6 +68,7 @@ class Poisoned:
         return batch
 
 
+@pytest.mark.slow
 def test_a_batch_that_kills_its_actor_every_time_fails_the_job_after_bounded_retries(ray_local) -> None:
     """With Ray Data's defaults the pool restarts the actor and retries the batch for ever; the
     pool's bounds fail the dataset naming the actor's death, after ACTOR_RESTARTS restarts."""
@@ -76,6 +78,7 @@ def test_a_batch_that_kills_its_actor_every_time_fails_the_job_after_bounded_ret
     assert sum(1 for _ in rows.map_batches(lambda b: b).iter_rows()) == 64  # Ray itself carries on
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_ray_a_job_starts_in_a_stopped_last_block_is_stopped_after_what_encloses_the_job_cleaned_up(
     error: type[BaseException],

@@ -22,6 +22,8 @@ from precompute.pipeline import load_pipeline
 from precompute.service.server import running
 from precompute.stores.key_value.server import free_port
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 ROWS = 40
 
 

@@ -110,6 +110,7 @@ def client(encoder, settings, tmp_path: Path, redis: RedisSettings) -> Iterator[
         yield client
 
 
+@pytest.mark.slow
 def test_a_top_100_is_served_whole(
     encoder, settings, tmp_path: Path, redis: RedisSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,6 +43,7 @@ def test_the_batch_engine_is_static_on_cpu(settings: Engine) -> None:
         peer_independent(settings.replace(precision="int8"))
 
 
+@pytest.mark.slow
 def test_a_query_has_the_same_vector_alone_and_in_any_batch(batcher: QueryBatcher, titles: list[str]) -> None:
     ids = [batcher.encoder.tokenizer.ids(t) for t in titles]
     assert len({batcher.bucket(len(i)) for i in ids}) >= 2

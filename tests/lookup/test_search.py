@@ -65,6 +65,7 @@ def client(encoder, settings, stores, redis, rows) -> Iterator[TestClient]:
         yield client
 
 
+@pytest.mark.slow
 def test_search_returns_the_nearest_documents(client: TestClient, rows) -> None:
     target = next(r for r in rows if r["section"] == "games")
     answer = client.post("/v1/search", json={"query": target["title"], "k": 5})
@@ -84,6 +85,7 @@ def test_filter_restricts_by_payload(client: TestClient) -> None:
     assert body["hits"] and {h["payload"]["section"] for h in body["hits"]} == {"python"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -109,6 +111,7 @@ def test_bad_requests_are_4xx_naming_the_field(client: TestClient, body: dict, f
     assert answer.json()["field"].startswith(field)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "status"),
     [
@@ -139,6 +142,7 @@ def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
     assert "/v1/search" in client.get("/openapi.json").json()["paths"]
 
 
+@pytest.mark.slow
 def test_a_new_version_is_served_without_restart(client: TestClient, encoder, stores, rows) -> None:
     write_version(stores, V2, rows[:50], encoder)
     answer = client.post("/v1/search", json={"query": rows[100]["title"], "k": 3}).json()
@@ -146,6 +150,7 @@ def test_a_new_version_is_served_without_restart(client: TestClient, encoder, st
     assert all(h["id"] in {r["id"] for r in rows[:50]} for h in answer["hits"])
 
 
+@pytest.mark.slow
 def test_a_search_of_a_version_collected_meanwhile_answers_from_the_published_one(
     encoder, settings, stores, rows
 ) -> None:
@@ -195,6 +200,7 @@ def test_bearer_token_guards_v1_only(encoder, settings, stores, redis, rows) -> 
         assert client.get("/healthz").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_repeated_search_is_answered_from_the_cache_until_a_new_version(
     client: TestClient, encoder, stores, rows
 ) -> None:
@@ -220,11 +226,13 @@ def test_a_repeated_search_is_answered_from_the_cache_until_a_new_version(
     assert 'cache="vectors",result="hit"} 1.0' in client.get("/metrics").text
 
 
+@pytest.mark.slow
 def test_a_filter_true_is_not_the_cached_answer_of_a_filter_1(client: TestClient) -> None:
     assert client.post("/v1/search", json={"query": "editor", "filter": {"section": 1}}).status_code == 422
     assert client.post("/v1/search", json={"query": "editor", "filter": {"section": True}}).status_code == 422
 
 
+@pytest.mark.slow
 def test_a_key_lookup_is_answered_while_a_search_is_embedding(client: TestClient) -> None:
     service = client.app.state.service
     with ThreadPoolExecutor(2) as pool:
@@ -237,6 +245,7 @@ def test_a_key_lookup_is_answered_while_a_search_is_embedding(client: TestClient
         assert search.result(timeout=30).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_query_past_max_query_tokens_is_cut_and_the_answer_says_so(
     encoder, settings, stores, redis, rows
 ) -> None:
@@ -259,6 +268,7 @@ def test_a_query_past_max_query_tokens_is_cut_and_the_answer_says_so(
     assert window["query_cut_to_tokens"] == encoder.tokenizer.max_seq_length
 
 
+@pytest.mark.slow
 def test_long_queries_leave_a_search_thread_to_short_ones(client: TestClient) -> None:
     """Long queries wait for each other rather than take every search thread: a short query that
     arrives behind them runs at once."""
@@ -281,6 +291,7 @@ def test_long_queries_leave_a_search_thread_to_short_ones(client: TestClient) ->
         assert all(f.result(timeout=60).status_code == 200 for f in longs)
 
 
+@pytest.mark.slow
 def test_batched_queries_are_embedded_by_a_static_engine(encoder, settings, stores, redis, rows) -> None:
     write_version(stores, V1, rows, encoder)
     app = app_of(ServiceSettings(warmup_queries=2, query_batch="on"), settings, stores, redis)
@@ -310,6 +321,7 @@ def test_replicas_share_answers_through_redis(encoder, settings, stores, redis, 
     assert 'cache="vectors",result="miss"} 0.0' in metrics  # the second replica embedded nothing
 
 
+@pytest.mark.slow
 def test_a_search_is_answered_when_the_shared_cache_is_down(encoder, settings, stores, rows) -> None:
     write_version(stores, V1, rows, encoder)
     down = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)  # nothing listens

@@ -82,6 +82,7 @@ def test_the_ladders_and_backends_a_gpu_machine_would_pick() -> None:
         TorchRunner.check_available("cuda")
 
 
+@pytest.mark.slow
 def test_the_fp16_module_a_gpu_runs_agrees_with_fp32_on_a_cpu(corpus_texts: list[str]) -> None:
     """TorchRunner's FP16 rung casts the module a GPU would run (there with SDPA attention); on a
     CPU the same cast runs with eager attention, and must stay within the gate's cosine."""

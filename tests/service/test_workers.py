@@ -18,6 +18,8 @@ from tests.faults.service import V1, published_service
 from tests.lookup.test_search import write_version
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 V2 = "20261122T010000Z-bbbbbb"
 
 

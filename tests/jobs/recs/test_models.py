@@ -73,6 +73,7 @@ def test_transitions_follow_the_users_latest_items_in_order() -> None:
     assert not empty.any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("loss", "epochs"), [("softmax", 12), ("gbce", 30)])  # gBCE on 16 of 39 negatives
 def test_the_sequence_model_learns_a_fixed_next_item_in_seconds(loss: str, epochs: int) -> None:
     """Items in one cycle of 40 (each item's successor fixed): users walk 3 to 13 steps of it, and

@@ -106,6 +106,7 @@ def fp32_vectors(graph: str, table: pa.Table) -> np.ndarray:
     return session.run(None, feeds)[0]
 
 
+@pytest.mark.slow
 def test_the_job_ranks_by_the_users_own_towers_and_quarantines_feature_rows_it_cannot_feed(
     ray_local, towers_data, tmp_path: Path
 ) -> None:

@@ -66,6 +66,7 @@ def test_top_k_is_exact_and_never_returns_a_seen_item(tile: int, users_are: str)
     assert all(not set(row) & set(s) for row, s in zip(indices.tolist(), seen, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("topk", "driver_users"), [("exact", 1), ("exact", 0), ("ivf", 0)])
 def test_job_writes_the_exact_top_k_of_every_user_and_quarantines_bad_rows(
     ray_local, items, interactions: Path, tmp_path: Path, topk: str, driver_users: int
@@ -150,6 +151,7 @@ def test_too_many_rejects_fail_before_any_top_k(ray_local, items, interactions: 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_als_scores_its_users_in_the_actors_from_read_only_factors(
     ray_local, items, interactions: Path, tmp_path: Path
 ) -> None:

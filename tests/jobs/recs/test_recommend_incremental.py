@@ -99,6 +99,7 @@ def histories(path: Path) -> dict[str, list[str]]:
     return held
 
 
+@pytest.mark.slow
 def test_a_rerun_with_nothing_changed_copies_the_version_whole_without_reading_or_scoring(
     items: Items, interactions: Path, published: Run, tmp_path: Path
 ) -> None:

@@ -18,6 +18,8 @@ from precompute.jobs.text.content_cache import KEY, promote, reuse_previous, wit
 from precompute.jobs.text.corpus_validation import GoodRows
 from precompute.jobs.work_dir import WorkPath
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 
 def keyed(texts: list[str]) -> pa.Table:
     return with_content_keys(pa.table({"id": [str(i) for i in range(len(texts))], "text": texts}), "model")

@@ -66,6 +66,7 @@ def checked_where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     return request.param
 
 
+@pytest.mark.slow
 def test_every_bad_row_is_quarantined_with_its_reason_and_the_good_ones_read_back_as_text(
     ray_local, checked_where: str, tmp_path: Path
 ) -> None:

@@ -45,6 +45,7 @@ def corpus(small_corpus: Path) -> CorpusInput:
     return CorpusInput(path=str(small_corpus), max_reject_ratio=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("driver_rows", [2048, 0], ids=["in-the-driver", "by-actors"])
 def test_rejects_are_quarantined_with_reasons(
     ray_local, settings, store, job, corpus, driver_rows: int
@@ -98,6 +99,7 @@ def vectors_by_id(job: JobSettings, version: str) -> dict[str, np.ndarray]:
     return dict(zip(ids, vectors, strict=True))
 
 
+@pytest.mark.slow
 def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path, monkeypatch
 ) -> None:
@@ -130,6 +132,7 @@ def test_unchanged_rows_are_reused_and_changed_ones_recomputed(
     assert twins > 0.98  # the same text; INT8's batch-dependent scale keeps it from exactly 1
 
 
+@pytest.mark.slow
 def test_a_night_that_moved_a_few_rows_copies_the_published_version_and_writes_only_those(
     ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path
 ) -> None:
@@ -166,6 +169,7 @@ def test_a_night_that_moved_a_few_rows_copies_the_published_version_and_writes_o
     assert third.load["reason"] == "the published version v2 differs in quantization"
 
 
+@pytest.mark.slow
 def test_a_new_payload_column_keeps_every_vector(ray_local, settings, store, job, corpus, small_corpus: Path, tmp_path: Path) -> None:
     """Every row's payload moved, no text did: each row is joined to its cached vector, none encoded."""
     first = run_embed_job("v1", store, corpus, job, settings)
@@ -178,6 +182,7 @@ def test_a_new_payload_column_keeps_every_vector(ray_local, settings, store, job
     assert before.keys() == after.keys() and all(np.array_equal(before[i], after[i]) for i in before)
 
 
+@pytest.mark.slow
 def test_a_night_over_the_same_corpus_and_settings_keeps_the_published_run_without_reading_a_row(
     ray_local, settings, store, job, corpus
 ) -> None:
@@ -230,6 +235,7 @@ def test_too_many_rejects_fail_before_inference(
     assert store.versions() == []
 
 
+@pytest.mark.slow
 def test_every_way_a_row_can_be_bad_is_a_reject_with_its_bytes_kept(
     ray_local, settings, store, job, small_corpus: Path, tmp_path: Path
 ) -> None:

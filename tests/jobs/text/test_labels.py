@@ -42,6 +42,7 @@ def redis(redis_url: str) -> RedisSettings:
     return RedisSettings(url=redis_url, prefix=f"t{uuid.uuid4().hex[:8]}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("driver_rows", [2048, 0], ids=["in-the-driver", "by-actors"])
 def test_every_valid_item_gets_the_labelers_top_labels(
     ray_local, settings, small_corpus: Path, redis: RedisSettings, tmp_path: Path, driver_rows: int
@@ -135,6 +136,7 @@ def label_and_publish(
     return report, new.version
 
 
+@pytest.mark.slow
 def test_a_rerun_reuses_unchanged_labels_and_a_new_head_recomputes_them_all(
     ray_local, settings, small_corpus: Path, redis: RedisSettings, tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from sentence_transformers import SentenceTransformer
 
 from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
@@ -14,6 +15,7 @@ from precompute.models.source import bundled_encoder
 from precompute.models.text.tokenize import TextTokenizer
 
 
+@pytest.mark.slow
 def test_fp32_onnx_runtime_matches_pytorch(bundled_cache: dict[str, Path], corpus_texts) -> None:
     """Max abs diff <= 1e-4 on real texts, in padded batches of mixed lengths."""
     export = bundled_cache["export"] / "model.onnx"

@@ -79,6 +79,7 @@ def degraded_int8(fp32: Path, out: Path, calibration: list[str], source: ModelSo
     noisy_path.unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("cpu_without_bf16")  # a ladder with BF16 has no mixed graphs
 def test_degraded_int8_falls_back_to_a_mixed_graph_of_its_most_sensitive_matmuls_in_float(
     settings: Engine, bundled_cache: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -105,6 +106,7 @@ def test_degraded_int8_falls_back_to_a_mixed_graph_of_its_most_sensitive_matmuls
     assert set(kept["float"]) <= {node.name for node in graph.graph.node if node.op_type == "MatMul"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("native_bf16", [False, True], ids=["to-fp32", "to-bf16"])
 def test_an_engine_degraded_at_every_int8_graph_falls_back_to_the_next_rung(
     settings: Engine,

@@ -75,6 +75,7 @@ def test_the_cpu_ladder_has_bf16_only_where_the_cpu_multiplies_it_in_hardware(
         text_ladder("bf16", "cuda", "onnxruntime")
 
 
+@pytest.mark.slow
 def test_the_bf16_rung_runs_the_module_on_pytorch_gated_like_any_other(
     settings: Engine, corpus_texts: list[str]
 ) -> None:
@@ -108,6 +109,7 @@ def test_the_single_query_path_embeds_as_a_batch_of_one(encoder, corpus_texts) -
         encoder.encode_query("  ")
 
 
+@pytest.mark.slow
 def test_single_queries_on_several_threads_run_at_once_each_with_its_own_vector(encoder, corpus_texts) -> None:
     """Each search thread has its own input buffers: concurrent queries of different lengths
     never see each other's ids (the service runs one per search thread, unserialised)."""

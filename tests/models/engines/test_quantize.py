@@ -19,6 +19,8 @@ from precompute.models.text.encoder import encode_texts
 from precompute.models.text.reference import reference_texts
 from precompute.models.text.tokenize import TextTokenizer
 
+pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
+
 
 @pytest.fixture(scope="module")
 def gate_set(settings: Engine) -> tuple[list[str], np.ndarray]:
@@ -40,7 +42,6 @@ def agreement(path: Path, gate_set: tuple[list[str], np.ndarray]) -> np.ndarray:
         return row_cosine(encode_texts(runner, TextTokenizer(source), texts, 16), reference)
 
 
-@pytest.mark.slow
 def test_int8_qdq_is_explicit_symmetric_and_accurate(
     settings, bundled_cache, gate_set, tmp_path: Path
 ) -> None:

@@ -66,6 +66,7 @@ def test_exported_head_is_the_softmax_or_sigmoid_of_the_affine_map(settings, tmp
     assert LabelHead(multi, settings).given(sigmoid, 0.0).tolist() == (sigmoid >= 0.5).tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("cpu_without_bf16")
 def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """INT8 labels agree with FP32 on most, not all, held-out texts: the gate decides what labels.
@@ -109,6 +110,7 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(settings, 
         assert (fp32.precision, fp32.agreement, exact.report.engine.precision) == ("fp32", 1.0, "fp32")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("cpu_without_bf16")
 def test_gate_texts_that_moved_are_encoded_by_the_engines_gates_alone_not_again_by_the_label_gate(
     settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -149,6 +151,7 @@ def test_a_bad_label_column_is_named(settings, tmp_path: Path) -> None:
         load_labeler(SECTIONS.model_copy(update={"column": "no_such_column"}), settings.replace(cache_dir=tmp_path))
 
 
+@pytest.mark.slow
 def test_a_head_is_kept_through_small_changes_of_its_training_rows_and_retrained_past_them(
     settings, tmp_path: Path
 ) -> None:

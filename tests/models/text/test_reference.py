@@ -66,6 +66,7 @@ def test_an_input_without_a_text_is_refused_by_name(tmp_path: Path) -> None:
         reference_texts(TextSample(path=str(tmp_path / "blank.parquet")), "gate", 256)
 
 
+@pytest.mark.slow
 def test_the_gate_on_a_300_row_input_passes_at_the_default_sizes_and_says_it_rests_on_few_texts(
     settings: Engine, bundled_cache: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -205,6 +205,7 @@ def test_a_failed_runs_version_is_collected_and_never_a_rollback_target(settings
         assert store.rollback(OUTPUT) == V1
 
 
+@pytest.mark.slow
 def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, settings: RedisSettings) -> None:
     import ray
 
@@ -224,6 +225,7 @@ def test_datasink_writes_through_ray(ray_local: None, store: KeyValueStore, sett
     assert [v.name for v in store.versions(OUTPUT)] == [V1]  # the failed version is deleted whole
 
 
+@pytest.mark.slow
 def test_rows_routed_by_bucket_reach_each_write_task_as_whole_buckets(ray_local: None, redis_url: str) -> None:
     """Past one write task's rows, the sink hash-partitions rows by bucket: each block holds whole
     buckets (no bucket is written by two tasks), so every HSET carries a bucket's records, and the

@@ -38,6 +38,7 @@ def csr(histories: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([np.asarray(h, np.int64) for h in histories]), offsets
 
 
+@pytest.mark.slow
 def test_a_warm_night_matches_a_cold_one_in_a_fraction_of_its_steps(tmp_path: Path) -> None:
     first = walks(300, seed=1)
     model, _ = train_sequence(*csr(first), ITEMS, SPEC)

@@ -108,6 +108,7 @@ def test_an_index_that_misses_the_bar_is_not_used_and_auto_stays_exact_on_small_
     assert choose_ranking("exact", towers, None, K, 128, histories, 0.99, False, USERS).reason == "exact: asked for"
 
 
+@pytest.mark.slow
 def test_auto_builds_an_index_only_for_enough_users_to_repay_it() -> None:
     """Past IVF_MIN_ITEMS items, a night that ranks few users (an incremental one) scores them
     exactly: the index's build costs as much as scoring INDEX_BUILD_USERS users."""
