@@ -51,6 +51,12 @@ class Machine:
         groups: dict[str, Any] = {name: given.get(name) or hints[name]() for name in built_in}
         return cls(**groups, kinds={type(group): group for group in kinds})
 
+    @classmethod
+    def prefixes(cls) -> set[str]:
+        """The built-in groups' variable prefixes (PRECOMPUTE_ENGINE_, ...): a kind's group takes another."""
+        hints = get_type_hints(cls)
+        return {hints[f.name].model_config["env_prefix"] for f in fields(cls) if f.name != "kinds"}
+
     def group(self, settings: type[G]) -> G:
         """An output kind's own group (OutputKind.settings), read from its PRECOMPUTE_<GROUP>_*
         variables the first time it is asked for."""

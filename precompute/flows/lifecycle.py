@@ -1,7 +1,8 @@
-"""Every output's night, the same for every kind: new version -> compute -> check -> publish ->
-collect -> report. The kind supplies the hooks (precompute/kinds/); the lifecycle owns the
-version, the steps, their retries and timings, and the cleanup.
+"""Every output's night, the same for every kind: plan -> new version -> compute -> check ->
+publish -> collect -> report. The kind supplies the hooks (precompute/kinds/); the lifecycle owns
+the version, the steps, their retries and timings, and the cleanup.
 
+    plan      the outputs it needs published this night, else it is skipped (SkippedError)
     compute   a new version, written by the kind (each attempt its own version: a retry never
               appends to a failed attempt's parts); retried on a store's outage
     check     the kind's validate on the written version; never retried (bad data stays bad)
@@ -44,8 +45,11 @@ def run_output(run: RunContext, output: Output) -> OutputReport:
     step a Prefect task named after the output. OutputFailedError names the step that failed."""
     kind, name = output.kind, output.name
     report = OutputReport(kind=kind.name)
-    stage = "compute"
+    stage = "plan"
     try:
+        for needed in kind.needs(output):
+            run.published(needed)  # SkippedError: an output it needs did not publish this night
+        stage = "compute"
         with ray_stopped_last(), kind.versions(output, run.machine) as store:
 
             def compute() -> tuple[Target, Computed]:

@@ -24,7 +24,8 @@ The contract, in the order a night uses it (each hook receives the `Output` it s
 - `source`: the model folder it reads, if any (checked and hashed before any job).
 - `check`: what its table cannot show (inputs readable, columns of the right type), before any job.
 - `needs`: outputs that must publish earlier in the same night (recs: the embeddings of its
-  items); the night runs outputs in this order, and `check` refuses a cycle or a missing output.
+  items); the night runs outputs in this order, skips one whose needed output did not publish,
+  and `check` refuses a cycle or a missing output.
 - `plan`: its lines in `precompute check`.
 - `versions`: the output's versions in its store, open for a block (stores/versions.py
   Versioned): the night writes, checks, publishes and collects through it; `status` and
@@ -74,8 +75,6 @@ BUILT_IN = {
     "labels": "precompute.kinds.labels:Labels",
     "recs": "precompute.kinds.recs:Recs",
 }
-BUILT_IN_GROUPS = ("ENGINE", "JOB", "REDIS", "QDRANT", "SERVICE")
-"""The machine's own settings groups (precompute/settings.py): a kind's group takes another name."""
 
 
 class PipelineError(Exception):
@@ -282,11 +281,11 @@ def check_group(kind: OutputKind) -> None:
     if kind.settings is None:
         return
     prefix = kind.settings.model_config.get("env_prefix") or ""
-    group = re.fullmatch(r"PRECOMPUTE_([A-Z][A-Z0-9]*)_", prefix)
-    if group is None or group[1] in BUILT_IN_GROUPS:
+    built_in = Machine.prefixes()
+    if re.fullmatch(r"PRECOMPUTE_[A-Z][A-Z0-9]*_", prefix) is None or prefix in built_in:
         raise KindError(
             f"output kind {kind.name!r}: its settings' env_prefix {prefix!r} must be PRECOMPUTE_<GROUP>_, "
-            f"a group other than {', '.join(BUILT_IN_GROUPS)}"
+            f"a group other than the machine's own ({', '.join(sorted(built_in))})"
         )
 
 

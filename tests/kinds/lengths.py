@@ -6,6 +6,7 @@ the framework runs its nights (versions, checks, publish, collection) and serves
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -15,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from precompute.jobs.inputs import CorpusInput
 from precompute.jobs.ray_session import ray_session
-from precompute.kinds import Output, OutputSpec, RunContext, Target
+from precompute.kinds import Output, OutputSpec, QualityError, RunContext, Target
 from precompute.kinds.keyed import KeyedKind, VersionVocabulary, store_line, writer
 from precompute.kinds.report import Computed
 from precompute.lookup.keys import KeyFormat, LabelsBatchGet
@@ -44,6 +45,8 @@ class LengthsSpec(OutputSpec):
     hold_s: float = 0
     """Seconds a night holds its written version before it is checked, in a Ray session as the
     built-in kinds' jobs run: a test stops it midway."""
+    longest: int | None = None
+    """The check refuses a version holding a text longer than this (a quality bar a test trips)."""
 
 
 class Held:
@@ -57,7 +60,13 @@ class Held:
         return batch
 
 
-class Lengths(KeyedKind[Computed]):
+@dataclass(kw_only=True)
+class LengthsComputed(Computed):
+    longest: float
+    """The longest text's length: the run report shows it, the check reads it."""
+
+
+class Lengths(KeyedKind[LengthsComputed]):
     name = "lengths"
     spec = LengthsSpec
     settings = LengthsSettings
@@ -75,7 +84,7 @@ class Lengths(KeyedKind[Computed]):
         unit = machine.group(LengthsSettings).unit
         return [f"  input   {output.spec.input.path}, lengths in {unit}", store_line(output, machine)]
 
-    def compute(self, run: RunContext, output: Output, target: Target[OutputVersions]) -> Computed:
+    def compute(self, run: RunContext, output: Output, target: Target[OutputVersions]) -> LengthsComputed:
         spec: LengthsSpec = output.spec
         unit = run.machine.group(LengthsSettings).unit
         table = arrow_dataset(spec.input).to_table(columns=[spec.input.id, spec.input.text])
@@ -93,7 +102,16 @@ class Lengths(KeyedKind[Computed]):
                 ray.data.range(1).map_batches(
                     Held, fn_constructor_kwargs={"seconds": spec.hold_s}, concurrency=1, num_cpus=0.5
                 ).materialize()
-        return Computed(rows=len(ids), computed=len(ids), samples=dict(list(zip(ids, values, strict=True))[:SAMPLES]))
+        samples = dict(list(zip(ids, values, strict=True))[:SAMPLES])
+        return LengthsComputed(rows=len(ids), computed=len(ids), samples=samples, longest=float(lengths.max(initial=0)))
+
+    def validate(
+        self, run: RunContext, output: Output, target: Target[OutputVersions], computed: LengthsComputed
+    ) -> Any:
+        longest = output.spec.longest
+        if longest is not None and computed.longest > longest:
+            raise QualityError(f"a text of {computed.longest:g} is longer than longest={longest}")
+        return super().validate(run, output, target, computed)
 
     def max_k(self, output: Output) -> int:
         return 1
