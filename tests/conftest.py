@@ -13,7 +13,9 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -224,3 +226,28 @@ def lengths_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     registry.cache_clear()
     yield
     registry.cache_clear()
+
+
+@dataclass(frozen=True)
+class LengthsNight:
+    pipeline: Path
+    """The pipeline file, the test's to write (PRECOMPUTE_PIPELINE names it)."""
+    corpus: Path
+    rows: int
+
+
+@pytest.fixture
+def lengths_night(lengths_kind: None, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LengthsNight:
+    """The plug-in kind installed, its input (the demo corpus's first rows), and stores of this
+    test's own: a Redis prefix, a work directory and a Qdrant path."""
+    night = LengthsNight(tmp_path / "precompute.toml", tmp_path / "corpus.parquet", 40)
+    pq.write_table(pq.read_table(DEMO_CORPUS).slice(0, night.rows), night.corpus)
+    for name, value in {
+        "PRECOMPUTE_PIPELINE": str(night.pipeline),
+        "PRECOMPUTE_REDIS_URL": redis_url,
+        "PRECOMPUTE_REDIS_PREFIX": f"lengths{uuid.uuid4().hex[:8]}",
+        "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
+        "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    return night

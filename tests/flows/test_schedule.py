@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,11 @@ from precompute.pipeline import load_pipeline
 from precompute.settings import Machine
 from precompute.stores.key_value.server import free_port
 from precompute.stores.versions import Version
+from tests.conftest import LengthsNight
 from tests.waiting import CEILING_S, wait_for
 
 pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
 
-ROWS = 40
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
@@ -102,19 +101,11 @@ def flow_runs(api: str) -> list[dict[str, Any]]:
 
 
 def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_half_published(
-    prefect_server: str, lengths_kind: None, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prefect_server: str, lengths_night: LengthsNight, tmp_path: Path
 ) -> None:
-    pq.write_table(pq.read_table(DEMO_CORPUS).slice(0, ROWS), tmp_path / "corpus.parquet")
-    served, held = tmp_path / "precompute.toml", tmp_path / "held.toml"
+    served, held = lengths_night.pipeline, tmp_path / "held.toml"
     served.write_text('[outputs.sizes]\nkind = "lengths"\ninput = { path = "corpus.parquet" }\n')
     held.write_text('[outputs.held]\nkind = "lengths"\ninput = { path = "corpus.parquet" }\nhold_s = 600\n')
-    for name, value in {
-        "PRECOMPUTE_REDIS_URL": redis_url,
-        "PRECOMPUTE_REDIS_PREFIX": f"schedule{uuid.uuid4().hex[:8]}",
-        "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
-        "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-    }.items():
-        monkeypatch.setenv(name, value)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env |= {"PREFECT_API_URL": prefect_server, "PREFECT_HOME": str(tmp_path / "prefect")}
     # The runner looks for due runs every 10 s by default; the cron minute is wait enough.
@@ -171,7 +162,7 @@ def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_hal
             raise AssertionError(f"{e}; the held run is {state}; the schedule's log ends:\n{log.read_text()[-3000:]}") from None
         assert holding
         (written,) = versions(held, "held")[1]
-        assert written.count == ROWS and not written.current
+        assert written.count == lengths_night.rows and not written.current
 
         schedule.send_signal(signal.SIGTERM)
         wait_for(
@@ -187,7 +178,7 @@ def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_hal
     assert states[started["id"]] == "CRASHED", log.read_text()[-3000:]
     assert "RUNNING" not in states.values()
     current, listing = versions(served, "sizes")
-    assert current is not None and current >= first and all(v.count == ROWS for v in listing)
+    assert current is not None and current >= first and all(v.count == lengths_night.rows for v in listing)
 
 
 @pytest.mark.parametrize("api", [None, "http://127.0.0.1:{port}/api"])
@@ -196,7 +187,7 @@ def test_without_a_prefect_server_the_schedule_is_refused_in_one_line(
 ) -> None:
     """No PREFECT_API_URL (Prefect would keep the schedule in a temporary server that dies with
     the command) is a setup error, exit code 2; a server that does not answer, exit code 1."""
-    pq.write_table(pq.read_table(DEMO_CORPUS).slice(0, ROWS), tmp_path / "corpus.parquet")
+    pq.write_table(pq.read_table(DEMO_CORPUS).slice(0, 40), tmp_path / "corpus.parquet")
     pipeline = tmp_path / "precompute.toml"
     pipeline.write_text('[outputs.sizes]\nkind = "lengths"\ninput = { path = "corpus.parquet" }\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}

@@ -8,40 +8,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
-from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from precompute.demo_data import DEMO_CORPUS
 from precompute.flows.nightly import nightly
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
 from precompute.service.server import running
 from precompute.stores.key_value.server import free_port
+from tests.conftest import LengthsNight
 
 pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
 
-ROWS = 40
 
 
 @pytest.fixture
-def environment(lengths_kind: None, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    corpus = tmp_path / "corpus.parquet"
-    pq.write_table(pq.read_table(DEMO_CORPUS).slice(0, ROWS), corpus)
-    pipeline = tmp_path / "precompute.toml"
-    pipeline.write_text('[outputs.sizes]\nkind = "lengths"\ninput = { path = "corpus.parquet" }\n')
-    for name, value in {
-        "PRECOMPUTE_PIPELINE": str(pipeline),
-        "PRECOMPUTE_REDIS_URL": redis_url,
-        "PRECOMPUTE_REDIS_PREFIX": f"kind{uuid.uuid4().hex[:8]}",
-        "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
-        "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-    }.items():
-        monkeypatch.setenv(name, value)
-    return corpus
+def environment(lengths_night: LengthsNight) -> LengthsNight:
+    """The plug-in kind's night, its pipeline file one output of it."""
+    lengths_night.pipeline.write_text('[outputs.sizes]\nkind = "lengths"\ninput = { path = "corpus.parquet" }\n')
+    return lengths_night
 
 
 def precompute(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
@@ -53,7 +40,7 @@ def precompute(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
 
 
 def test_its_settings_group_is_read_and_listed_like_the_built_in_ones(
-    environment: Path, monkeypatch: pytest.MonkeyPatch
+    environment: LengthsNight, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PRECOMPUTE_LENGTHS_UNIT", "bytes")
     assert "lengths in bytes" in precompute("check").stdout
@@ -61,8 +48,8 @@ def test_its_settings_group_is_read_and_listed_like_the_built_in_ones(
     assert "| `lengths.unit` | `PRECOMPUTE_LENGTHS_UNIT` | lengths | `characters` |" in listed
 
 
-def test_check_runs_outputs_after_those_they_need_and_refuses_a_cycle_in_one_line(environment: Path) -> None:
-    pipeline = environment.parent / "precompute.toml"
+def test_check_runs_outputs_after_those_they_need_and_refuses_a_cycle_in_one_line(environment: LengthsNight) -> None:
+    pipeline = environment.pipeline
     one = 'kind = "lengths"\ninput = { path = "corpus.parquet" }'
     pipeline.write_text(f'[outputs.a]\n{one}\nafter = ["b"]\n[outputs.b]\n{one}\nstore = "bb"\n')
     plan = precompute("check").stdout
@@ -76,21 +63,21 @@ def test_check_runs_outputs_after_those_they_need_and_refuses_a_cycle_in_one_lin
 
 
 def test_a_kind_of_ones_own_runs_through_check_the_flow_status_rollback_and_the_service(
-    prefect_api: str, environment: Path
+    prefect_api: str, environment: LengthsNight
 ) -> None:
     plan = precompute("check").stdout
     assert "sizes (lengths, default route)" in plan and "redis keys" in plan and "lengths in characters" in plan
 
     first, second = nightly(), nightly()
     versions = [run["outputs"]["sizes"]["version"] for run in (first, second)]
-    assert all(run["outputs"]["sizes"]["computed"] == ROWS for run in (first, second))
+    assert all(run["outputs"]["sizes"]["computed"] == environment.rows for run in (first, second))
 
     (status,) = json.loads(precompute("status", "--json").stdout)
     assert (status["kind"], status["current"]) == ("lengths", versions[1])
-    assert [(v["name"], v["count"]) for v in status["versions"]] == [(versions[0], ROWS), (versions[1], ROWS)]
+    assert [(v["name"], v["count"]) for v in status["versions"]] == [(versions[0], environment.rows), (versions[1], environment.rows)]
     assert precompute("rollback", "sizes").stdout.strip() == f"sizes: serving {versions[0]}"
 
-    rows = pq.read_table(environment).to_pylist()
+    rows = pq.read_table(environment.corpus).to_pylist()
     service = ServiceSettings(port=free_port(), warmup_queries=1)
     with running(service, pipeline=load_pipeline()) as base:
         assert httpx.get(f"{base}/readyz").json()["versions"] == {"sizes": versions[0]}
