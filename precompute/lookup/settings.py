@@ -40,6 +40,13 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(262_144, ge=1024)
     """Larger request bodies are refused (413) unread: a full batchGet of long ids fits."""
 
+    max_headers: int = Field(64, ge=8, le=1024)
+    """Requests with more header fields are refused (431) before the app sees them."""
+
+    max_header_bytes: int = Field(16_384, ge=1024)
+    """Requests whose header fields (names and values) add up to more are refused (431): a
+    bearer token and a browser's cookies fit."""
+
     request_timeout_s: float = Field(10.0, gt=0)
     """A request's head (line and headers) must arrive within this after its connection opened or
     its previous answer left, else the connection is closed; its body then within this again, else

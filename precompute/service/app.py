@@ -120,13 +120,16 @@ class Service(Serving):
         """The bearer token checked first, when the service has one (a data route's: /v1/*); a
         Refused's answer given (lookup/errors.py)."""
         token = self.settings.auth_token
-        expected = None if token is None else f"Bearer {token}".encode()
+        expected = None if token is None else token.encode()
 
         async def wrapped(request: Request) -> Response:
-            if expected is not None and not hmac.compare_digest(
-                request.headers.get("authorization", "").encode(), expected
-            ):
-                return error(401, "missing or wrong bearer token")
+            if expected is not None:
+                given = bearer_token(request.headers.get("authorization"))
+                if given is None:
+                    return error(401, "missing bearer token", headers={"WWW-Authenticate": CHALLENGE})
+                if not hmac.compare_digest(given, expected):
+                    challenge = f'{CHALLENGE}, error="invalid_token"'
+                    return error(401, "wrong bearer token", headers={"WWW-Authenticate": challenge})
             try:
                 return await handler(request)
             except Refused as e:
@@ -134,6 +137,23 @@ class Service(Serving):
 
         wrapped.__doc__ = handler.__doc__
         return wrapped
+
+
+CHALLENGE = 'Bearer realm="precompute"'
+"""RFC 6750's challenge on a 401, with error="invalid_token" where a token was given and is wrong."""
+
+
+def bearer_token(authorization: str | None) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header (RFC 6750, 2.1): the scheme's case
+    does not matter (RFC 9110, 11.1) and one or more spaces part it from the token; None without
+    one. Compared as bytes: a header not in ASCII is a wrong token, never a 500."""
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.strip(" \t").partition(" ")
+    token = token.lstrip(" ")
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token.encode("latin-1", errors="replace")
 
 
 def create_app(machine: Machine | None = None, pipeline: Pipeline | None = None) -> Starlette:

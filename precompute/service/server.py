@@ -7,6 +7,7 @@ caller's interpreter, and it reads the published version from the store like any
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -21,7 +22,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 from pydantic_settings import BaseSettings
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from precompute.lookup.metrics import MULTIPROCESS_DIR
 from precompute.lookup.settings import ServiceSettings
@@ -30,17 +31,71 @@ from precompute.pipeline import Pipeline
 READY_TIMEOUT_S = 300
 
 
+class HeadersTooLargeError(Exception):
+    """Raised from the parser's header callback: the request is answered 431 and closed."""
+
+
+@functools.cache
+def header_limits() -> tuple[int, int]:
+    """(max_headers, max_header_bytes) of this worker, read once from its PRECOMPUTE_SERVICE_*
+    variables (serve sets them before uvicorn starts a worker)."""
+    settings = ServiceSettings()
+    return settings.max_headers, settings.max_header_bytes
+
+
 class DeadlineHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol (llhttp, in C) with a deadline on each request's head (request line and headers):
     uvicorn's keep-alive timeout (ServiceSettings.request_timeout_s), from the connection's
-    opening or its previous answer.
+    opening or its previous answer; and a bound on the head's header fields, their count and
+    their bytes, past which it answers 431.
 
     uvicorn closes an idle keep-alive connection only between requests, and every byte received
     restarts that timer: a client that connects and sends nothing, or sends its headers a byte at
-    a time, would hold a socket (and a file descriptor) for as long as it likes.
+    a time, would hold a socket (and a file descriptor) for as long as it likes. llhttp bounds
+    neither the number of headers nor their size, so a head of many or huge headers would be
+    held in memory whole and handed to the app.
     """
 
     _deadline: asyncio.TimerHandle | None = None
+    _headers = 0
+    _header_bytes = 0
+    _too_large: str | None = None
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._headers, self._header_bytes, self._too_large = 0, 0, None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        max_headers, max_bytes = header_limits()
+        self._headers += 1
+        self._header_bytes += len(name) + len(value)
+        if self._headers > max_headers:
+            self._too_large = f"more than {max_headers} header fields"
+        elif self._header_bytes > max_bytes:
+            self._too_large = f"header fields over {max_bytes} bytes"
+        if self._too_large is not None:
+            raise HeadersTooLargeError(self._too_large)  # llhttp stops parsing; uvicorn answers, below
+        super().on_header(name, value)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request the parser gave up on: 431 where a bound on headers stopped it."""
+        if self._too_large is None:
+            super().send_400_response(msg)
+            return
+        body = f'{{"error":"request header fields too large: {self._too_large}"}}'.encode()
+        head = [STATUS_LINE[431]]
+        for name, value in self.server_state.default_headers:
+            head.extend([name, b": ", value, b"\r\n"])
+        head.extend(
+            [
+                b"content-type: application/json\r\n",
+                b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+                b"connection: close\r\n\r\n",
+                body,
+            ]
+        )
+        self.transport.write(b"".join(head))
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

@@ -133,6 +133,30 @@ def test_a_body_that_never_ends_is_408(base: str) -> None:
         assert sock.recv(4096).startswith(b"HTTP/1.1 408")
 
 
+@pytest.mark.parametrize(
+    ("headers", "why"),
+    [
+        ([(f"x-h{n}", "1") for n in range(65)], b"more than 64 header fields"),
+        ([("x-big", "a" * 20_000)], b"header fields over 16384 bytes"),
+        ([(f"x-h{n}", "b" * 400) for n in range(50)], b"header fields over 16384 bytes"),
+    ],
+    ids=["count", "one-large", "many-medium"],
+)
+def test_too_many_or_too_large_headers_are_431_and_the_connection_closed(
+    base: str, headers: list[tuple[str, str]], why: bytes
+) -> None:
+    """The defaults: at most 64 fields and 16 KiB of them (ServiceSettings), refused before the app."""
+    with connect(base) as sock:
+        head = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        sock.sendall(f"GET /v1/labels/pkg-1 HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode())
+        answer = b""
+        sock.settimeout(10)
+        while chunk := sock.recv(65_536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ") and why in answer  # and then closed: recv gave b""
+    assert httpx.get(f"{base}/v1/labels/pkg-1", headers={f"x-h{n}": "1" for n in range(50)}).status_code == 200
+
+
 def test_the_service_never_answered_500(base: str) -> None:
     """Every answer is counted where the app ends (lookup/metrics.py), a crash's 500 included."""
     metrics = httpx.get(f"{base}/metrics").text

@@ -367,9 +367,29 @@ def requests_of(document: dict) -> list[tuple[str, str, dict | None]]:
     return requests
 
 
-@pytest.mark.parametrize("token", [None, "Bearer wrong", f"Bearer {TOKEN} ", f"bearer {TOKEN}"])
-def test_every_data_route_in_the_schema_refuses_a_missing_or_wrong_token(served: TestClient, token) -> None:
-    """Read off /openapi.json, so a route added later is covered without anyone remembering it."""
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+@pytest.mark.parametrize("spaces", [" ", "  "])
+def test_the_bearer_scheme_is_case_insensitive_as_rfc_6750_says(served: TestClient, scheme: str, spaces: str) -> None:
+    """RFC 6750 2.1 and RFC 9110 11.1: the scheme's case does not matter, and one or more spaces
+    part it from the token; a field value's trailing whitespace is not part of it."""
+    for value in (f"{scheme}{spaces}{TOKEN}", f"{scheme}{spaces}{TOKEN} "):
+        assert served.get("/v1/labels/pkg-1", headers={"Authorization": value}).status_code == 200, value
+
+
+@pytest.mark.parametrize(
+    ("token", "challenge"),
+    [
+        (None, 'Bearer realm="precompute"'),
+        ("Bearer wrong", 'Bearer realm="precompute", error="invalid_token"'),
+        (f"Basic {TOKEN}", 'Bearer realm="precompute"'),
+        (TOKEN, 'Bearer realm="precompute"'),
+    ],
+)
+def test_every_data_route_in_the_schema_refuses_a_missing_or_wrong_token(
+    served: TestClient, token: str | None, challenge: str
+) -> None:
+    """Read off /openapi.json, so a route added later is covered without anyone remembering it;
+    each 401 carries RFC 6750's challenge."""
     requests = requests_of(served.get("/openapi.json").json())
     data = [(m, p, b) for m, p, b in requests if p.startswith("/v1/")]
     assert {p for _, p, _ in data} >= {
@@ -381,7 +401,7 @@ def test_every_data_route_in_the_schema_refuses_a_missing_or_wrong_token(served:
     headers = {} if token is None else {"Authorization": token}
     for method, path, body in data:
         refused = served.request(method, path, json=body, headers={"Authorization": ""} | headers)
-        assert refused.status_code == 401, (method, path)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == challenge, (method, path)
         assert served.request(method, path, json=body).status_code != 401, (method, path)  # the right token
     for method, path, body in requests:
         if not path.startswith("/v1/"):  # health and readiness stay open
