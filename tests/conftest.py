@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def job_work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test's JobSettings() works in a folder of its own, never the user's
-    ~/.local/share/precompute: the jobs keep caches there (jobs/recs/interaction_files.py)."""
+    ~/.local/share/precompute: the jobs keep caches there (jobs/recs/history/interaction_files.py)."""
     folder = tmp_path / "job-work"
     monkeypatch.setenv("PRECOMPUTE_JOB_WORK_DIR", str(folder))
     return folder

@@ -1,6 +1,6 @@
 """`precompute bench report`: docs/benchmarks.md from the records in bench/results/ (bench/records.py).
 
-The page holds the newest record of each bench on each machine class, a table per bench; the
+The page holds the newest record of each bench on each machine class and data set, a table per bench; the
 summary (`--summary`), the newest record of each bench on any machine, is what the README holds
 between BEGIN and END. Both are sorted, so the same records always give the same text, which a
 test compares with the committed page.
@@ -29,7 +29,7 @@ page by hand. Each `precompute bench <name>` writes a record of its run there
 (`precompute/bench/records.py`); run `precompute bench report` after adding one, and commit both.
 
 Each table is one bench: its newest record on each machine class (the device fingerprint that
-engines are keyed by). *Ours* is the bench's headline figure and *baseline* what the same run
+engines are keyed by) and data set. *Ours* is the bench's headline figure and *baseline* what the same run
 measured for the path a user would otherwise take; *ratio* above 1 means ours is ahead (ours /
 baseline where higher is better, baseline / ours where lower is). *Commit* is the code that ran
 (`-dirty`: with uncommitted changes; `unknown`: not recorded), *record* the file the row rests on.
@@ -66,11 +66,12 @@ def read_records(folder: Path) -> list[Record]:
     return records
 
 
-def newest(records: list[Record]) -> dict[tuple[str, str], Record]:
-    """The newest record per (bench, machine class), in that key's order."""
-    chosen: dict[tuple[str, str], Record] = {}
+def newest(records: list[Record]) -> dict[tuple[str, str, str], Record]:
+    """The newest record per (bench, machine class, data set), in that key's order: a bench run
+    on two data sets (`bench recs`: films and a shop) keeps a row for each."""
+    chosen: dict[tuple[str, str, str], Record] = {}
     for record in sorted(records, key=lambda r: r.order):
-        chosen[record.bench, record.machine_class] = record
+        chosen[record.bench, record.machine_class, record.fields["dataset"]] = record
     return dict(sorted(chosen.items()))
 
 
@@ -134,7 +135,7 @@ def render(folder: Path) -> str:
     """docs/benchmarks.md for the records in `folder`."""
     records = read_records(folder)
     by_bench: dict[str, list[Record]] = {}
-    for (bench, _), record in newest(records).items():
+    for (bench, _, _), record in newest(records).items():
         by_bench.setdefault(bench, []).append(record)
     sections = [INTRO, f"## Summary\n\nThe newest record of each bench, on any machine:\n\n{summary_of(records)}\n"]
     for bench, records in by_bench.items():

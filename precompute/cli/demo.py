@@ -51,8 +51,8 @@ def demo_users(interactions: str, count: int) -> dict[str, list[str]]:
 
 
 def summary(report: dict) -> str:
-    """The demo pipeline's three outputs, one line each."""
-    embeddings, labels, recs = (report["outputs"][o] for o in ("embeddings", "labels", "recs"))
+    """The demo pipeline's four outputs, one line each."""
+    embeddings, labels, recs, related = (report["outputs"][o] for o in ("embeddings", "labels", "recs", "related"))
     quality = recs["validation"]
     models = quality["models"]
     baselines = " and ".join(
@@ -69,7 +69,10 @@ def summary(report: dict) -> str:
         + ", ".join(f"{g['precision']} {g['agreement']:.3f}" for g in labels["gate"])
         + ")\n"
         f"recs       {recs['version']}: {recs['users']} users, {quality['published']}: held-out "
-        f"NDCG@{quality['k']} {models['published']['ndcg']:.3f} against {baselines}"
+        f"NDCG@{quality['k']} {models['published']['ndcg']:.3f} against {baselines}\n"
+        f"related    {related['version']}: {related['items']} items, {related['validation']['published']}: "
+        f"held-out sessions' NDCG@{related['validation']['k']} {related['validation']['models']['published']['ndcg']:.3f} "
+        f"against most-popular's {related['validation']['models']['most_popular']['ndcg']:.3f}"
     )
 
 
@@ -99,6 +102,12 @@ def main(top_k: int = 3, verbose: bool = False) -> None:
                 answer = http.get(f"/v1/recs/{user}", params={"k": 5}).json()
                 print(f"\nGET /v1/recs/{user}?k=5  (declares {', '.join(items)})")
                 print("  " + ", ".join(f"{item['id']} {item['score']:.2f}" for item in answer["items"]))
+                related = http.get(f"/v1/related/{items[0]}", params={"k": 5}).json()
+                print(f"GET /v1/related/{items[0]}?k=5")
+                print("  " + ", ".join(f"{item['id']} {item['score']:.2f}" for item in related["items"]))
+                session = http.post("/v1/recs:forItems", json={"ids": items[:2], "k": 5}).json()
+                print(f"POST /v1/recs:forItems {items[:2]}  (an anonymous session)")
+                print("  " + ", ".join(f"{item['id']} {item['score']:.2f}" for item in session["items"]))
         # Shown here, while the throwaway Redis is up: after the demo, `precompute status` reads
         # PRECOMPUTE_REDIS_URL, where the demo's labels and recs never were.
         print(f"\nprecompute status\n{render(status(pipeline, Machine.from_environment()))}")

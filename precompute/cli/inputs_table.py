@@ -39,6 +39,7 @@ FIELDS = {
     "item": "recs: `input.item`",
     "weight": "recs: `input.weight`",
     "time": "recs: `input.time`",
+    "basket": "recs: `input.basket`",
 }
 SOURCES = [
     ("a file", "`corpus.parquet`"),

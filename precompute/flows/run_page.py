@@ -73,10 +73,12 @@ svg text { font: 11px system-ui, sans-serif; fill: #1f2328; }
 {% if o.recall is not none %}<h3>Index check</h3><div>recall@10 {{ "%.3f"|format(o.recall) }} of the HNSW index against exact search</div>
 {% if o.curve %}<table><tr><th>hnsw_ef</th><th>oversampling</th><th>exact</th><th>recall@10</th><th>median ms</th><th>p99 ms</th><th></th></tr>
 {% for r in o.curve %}<tr><td class="n">{{ r.hnsw_ef }}</td><td class="n">{{ r.oversampling }}</td><td>{{ r.exact }}</td><td class="n">{{ r.recall_at_10 }}</td><td class="n">{{ r.median_ms }}</td><td class="n">{{ r.get('p99_ms', '') }}</td><td>{% if loop.last %}chosen{% endif %}</td></tr>{% endfor %}</table>{% endif %}{% endif %}
-{% if o.models %}<h3>Held-out quality ({{ o.quality.split }} split, {{ o.quality.users }} users, {{ o.quality.cold_users }} cold)</h3>{% if o.quality.get('note') %}<div>{{ o.quality.note }}</div>{% endif %}
-<table><tr><th>model</th><th>HR@{{ o.quality.k }}</th><th>NDCG@{{ o.quality.k }}</th><th>coverage</th><th></th></tr>
-{% for name, m in o.models %}<tr><td>{{ name }}</td><td class="n">{{ m.hit_rate }}</td><td class="n">{{ m.ndcg }}</td><td class="n">{{ m.coverage }}</td>
-<td>{{ bar(m.hit_rate, o.best_hit_rate) }}</td></tr>{% endfor %}</table>{% endif %}
+{% if o.models %}<h3>Held-out quality ({{ o.quality.split }} split, each user's last {{ o.quality.get('target', 'interaction') }}, {{ o.quality.users }} users{% if o.quality.get('cold_users') is not none %}, {{ o.quality.cold_users }} cold{% endif %})</h3>{% if o.quality.get('note') %}<div>{{ o.quality.note }}</div>{% endif %}{% if o.quality.get('seen') %}<div>seen items: {{ o.quality.seen }}</div>{% endif %}
+<table><tr><th>model</th><th>HR@{{ o.quality.k }}</th><th>recall@{{ o.quality.k }}</th><th>NDCG@{{ o.quality.k }}</th><th>new-item NDCG@{{ o.quality.k }}</th><th>coverage</th><th></th></tr>
+{% for name, m in o.models %}<tr><td>{{ name }}</td><td class="n">{{ m.hit_rate }}</td><td class="n">{{ m.get('recall', '') }}</td><td class="n">{{ m.ndcg }}</td><td class="n">{{ m.get('new_item_ndcg', '') }}</td><td class="n">{{ m.coverage }}</td>
+<td>{{ bar(m.hit_rate, o.best_hit_rate) }}</td></tr>{% endfor %}</table>
+<div class="charts">{% if o.candidates %}<div><h3>held-out NDCG@{{ o.quality.k }} of each candidate</h3>{{ bars(o.candidates, 4) }}</div>{% endif %}
+{% for name, curve in o.get('curves', {}).items() %}<div><h3>{{ name }}: validation NDCG@10 at each training check</h3>{{ line(curve) }}</div>{% endfor %}</div>{% endif %}
 </div>{% endfor %}
 </body></html>
 """
@@ -84,8 +86,8 @@ svg text { font: 11px system-ui, sans-serif; fill: #1f2328; }
 BAR_W, BAR_H, LABEL_W = 260, 18, 110
 
 
-def bars(values: dict[str, float]) -> Markup:
-    """Horizontal bars, one per stage, scaled to the largest."""
+def bars(values: dict[str, float], digits: int = 1) -> Markup:
+    """Horizontal bars, one per stage (or model), scaled to the largest."""
     top = max(values.values()) or 1.0
     rows = []
     for i, (name, value) in enumerate(values.items()):
@@ -93,7 +95,7 @@ def bars(values: dict[str, float]) -> Markup:
         rows.append(
             f'<text x="0" y="{y + 13}">{escape(name)}</text>'
             f'<rect x="{LABEL_W}" y="{y}" width="{width:.1f}" height="{BAR_H}" fill="#0969da"/>'
-            f'<text x="{LABEL_W + width + 4:.1f}" y="{y + 13}">{value:,.1f}</text>'
+            f'<text x="{LABEL_W + width + 4:.1f}" y="{y + 13}">{value:,.{digits}f}</text>'
         )
     height = len(values) * (BAR_H + 6)
     return Markup(f'<svg width="{LABEL_W + BAR_W + 80}" height="{height}">{"".join(rows)}</svg>')
@@ -103,6 +105,21 @@ def bar(value: float, top: float) -> Markup:
     width = max(1.0, 160 * value / (top or 1.0))
     return Markup(
         f'<svg width="170" height="12"><rect width="{width:.1f}" height="12" fill="#1a7f37"/></svg>'
+    )
+
+
+def line(values: list[float]) -> Markup:
+    """A curve over its checks (one point each), its best point marked: a training run you can read."""
+    width, height, top = 300, 110, max(values) or 1.0
+    step = width / max(len(values) - 1, 1)
+    points = " ".join(f"{i * step:.1f},{height - 100 * v / top:.1f}" for i, v in enumerate(values))
+    best = values.index(max(values))
+    return Markup(
+        f'<svg width="{width + 60}" height="{height + 20}"><polyline points="{points}" fill="none" '
+        f'stroke="#0969da" stroke-width="2"/><circle cx="{best * step:.1f}" cy="{height - 100 * values[best] / top:.1f}" '
+        f'r="4" fill="#1a7f37"><title>best: {values[best]}</title></circle>'
+        f'<text x="0" y="{height + 16}">check 1</text><text x="{width}" y="{height + 16}" text-anchor="end">'
+        f"check {len(values)}, best {values[best]}</text></svg>"
     )
 
 
@@ -167,12 +184,14 @@ def output_view(name: str, report: OutputReport) -> dict[str, Any]:
             (f"{validation['published']} (published)" if n == "published" else n, m) for n, m in models.items()
         ]
         view["best_hit_rate"] = max(m["hit_rate"] for m in models.values())
+        view["candidates"] = {name: m["ndcg"] for name, m in validation.get("candidates", {}).items()}
+        view["curves"] = {name: curve for name, curve in validation.get("curves", {}).items() if curve}
     return view
 
 
 def render(report: RunReport) -> str:
     environment = Environment(autoescape=True, undefined=StrictUndefined)
-    environment.globals.update(bars=bars, bar=bar, histogram=histogram)
+    environment.globals.update(bars=bars, bar=bar, histogram=histogram, line=line)
     template = environment.from_string(TEMPLATE)
     outputs = [output_view(name, output) for name, output in report.outputs.items()]
     return template.render(run=report.run, pipeline=report.pipeline, failed=report.failed, outputs=outputs)

@@ -36,16 +36,26 @@ def markdown(report: RunReport) -> str:
 def models_table(quality: dict[str, Any], models: dict[str, dict[str, Any]]) -> str:
     """An output's models side by side on the held-out split."""
     k = quality["k"]
-    head = f"| model | HR@{k} | NDCG@{k} | coverage | cold users served |\n| --- | --- | --- | --- | --- |\n"
+    head = (
+        f"| model | HR@{k} | recall@{k} | NDCG@{k} | new-item NDCG@{k} | coverage | cold users served |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n"
+    )
     rows = "\n".join(
-        f"| {quality['published'] if name == 'published' else name} | {m['hit_rate']} | {m['ndcg']} | "
-        f"{m['coverage']} | {'-' if m['cold_served'] is None else m['cold_served']} |"
+        f"| {quality['published'] if name == 'published' else name} | {m['hit_rate']} | {dash(m.get('recall'))} | "
+        f"{m['ndcg']} | {dash(m.get('new_item_ndcg'))} | {m['coverage']} | {dash(m['cold_served'])} |"
         for name, m in models.items()
     )
+    cold = f", {quality['cold_users']} cold" if "cold_users" in quality else ""
+    target = quality.get("target", "interaction")
+    seen = f" Seen items: {quality['seen']}." if quality.get("seen") else ""
     return (
-        f"Held-out quality ({quality['split']} split, {quality['users']} users, "
-        f"{quality['cold_users']} cold):\n\n{head}{rows}\n"
+        f"Held-out quality ({quality['split']} split, each user's last {target}, {quality['users']} users{cold}).{seen}"
+        f"\n\n{head}{rows}\n"
     )
+
+
+def dash(value: object) -> object:
+    return "-" if value is None else value
 
 
 def write_report(

@@ -24,7 +24,7 @@ TIME_TYPES = "timestamps, dates, numbers or ISO-8601 strings"
 
 
 def is_time(kind: pa.DataType) -> bool:
-    """A column type jobs/recs/interactions.py time_seconds reads (dictionaries read as their values:
+    """A column type jobs/recs/history/interactions.py time_seconds reads (dictionaries read as their values:
     models/datasets.py plain_type)."""
     return (
         pa.types.is_timestamp(kind)
@@ -64,6 +64,7 @@ COLUMN_TYPES = {
     "item": (_is_key, "strings, bytes or integers"),
     "weight": (_is_weight, "numbers or booleans"),
     "time": (is_time, TIME_TYPES),
+    "basket": (_is_key, "strings, bytes or integers"),
 }
 """What each input column may hold, by its field in an `input` table: anything else is refused
 before a job reads a row."""
@@ -98,11 +99,15 @@ class InteractionsInput(DatasetInput):
     """Optional in the data (timestamps of any unit or zone, dates, numbers, ISO-8601 strings):
     it orders each user's history, and the quality check holds out each user's last
     interaction; without it, a seeded random one."""
+    basket: str | None = None
+    """The column of the order, session or visit an interaction belongs to, where there is one:
+    the quality check then holds out each user's last basket (scored by recall and NDCG over its
+    items, and on the items new to the user) instead of their last interaction."""
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
     """The job fails when more than this share of interactions is rejected."""
 
     def id_columns(self) -> tuple[str, ...]:
-        return (self.user, self.item)
+        return (self.user, self.item) + ((self.basket,) if self.basket else ())
 
 
 def read_input(source: DatasetInput) -> ray.data.Dataset:

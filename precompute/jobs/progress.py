@@ -11,6 +11,7 @@ anywhere else only the end of each stage reaches the log.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -26,6 +27,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 LOG = logging.getLogger("precompute.progress")
 INTERVAL_S = 1.0
+CURRENT: contextvars.ContextVar[tuple[str, str, float] | None] = contextvars.ContextVar("stage", default=None)
+"""The stage the driver is in: (output, stage, its start), for `note`."""
 
 
 @ray.remote(num_cpus=0)
@@ -71,9 +74,13 @@ class Progress:
     total: int | None = None
     ended: bool = False
     failed: bool = False
+    note: str | None = None
+    """A step of a stage that counts no rows, in words (`note`)."""
 
     def line(self) -> str:
         head = f"{self.output} {self.stage}"
+        if self.note is not None:
+            return f"{head}: {self.note}"
         if self.failed:
             return f"{head}: failed after {self.seconds:.0f} s"
         if self.rows is None or not self.total:
@@ -123,12 +130,14 @@ def stage(
     thread = threading.Thread(target=tick, name=f"progress-{output}-{name}", daemon=True)
     thread.start()
     failed = False
+    token = CURRENT.set((output, name, start))
     try:
         yield driver if driver is not None else actor
     except BaseException:
         failed = True
         raise
     finally:
+        CURRENT.reset(token)
         stop.set()
         thread.join()
         if actor is not None and not failed:
@@ -137,3 +146,14 @@ def stage(
         report(logging.INFO, ended=True, failed=failed)
         if actor is not None:
             ray.kill(actor)
+
+
+def note(part: str, text: str) -> None:
+    """One line on a step of the running stage that counts no rows (a candidate model trained, a
+    training check), at INFO: in the log, and on the terminal as its own line. Outside a stage
+    (a bench calling a job's parts, a Ray Train worker) it says nothing: there is no output to name."""
+    if (current := CURRENT.get()) is None:
+        return
+    output, stage_name, start = current
+    progress = Progress(output, f"{stage_name} {part}", time.monotonic() - start, ended=True, note=text)
+    LOG.info("%s", progress.line(), extra={"progress": progress})

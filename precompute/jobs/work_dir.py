@@ -4,7 +4,7 @@ clean-up that keeps it the size of what the stores hold.
     <work_dir>/runs/<output>/<version>/   a run's rejects and staged parts (jobs/staging.py)
     <work_dir>/cache/<output>/CURRENT     the run whose parts the next run reads (jobs/text/content_cache.py)
     <work_dir>/cache/<output>/items/      an embeddings output's versions sorted by id (jobs/recs/item_table.py)
-    <work_dir>/cache/<output>/interactions/  a recs input's files validated (jobs/recs/interaction_files.py)
+    <work_dir>/cache/<output>/interactions/  a recs input's files validated (jobs/recs/history/interaction_files.py)
     <work_dir>/validated/<key>/           a corpus's validation, for any job reading the same files, and
     <work_dir>/validated/files/<key>/     each file's (jobs/text/corpus_validation.py)
     <work_dir>/reports/<run>.json|.html   run reports; metrics/ beside them

@@ -74,6 +74,7 @@ BUILT_IN = {
     "embeddings": "precompute.kinds.embeddings:Embeddings",
     "labels": "precompute.kinds.labels:Labels",
     "recs": "precompute.kinds.recs:Recs",
+    "related": "precompute.kinds.related:Related",
 }
 
 

@@ -35,8 +35,10 @@ if TYPE_CHECKING:  # the job imports Ray: the night's, not the service's
 class RecsOutputSpec(OutputSpec, RecsSpec):
     kind: Literal["recs"]
     input: InteractionsInput
-    items: str
-    """The embeddings output whose vectors are the item tower (recommended from this run's version)."""
+    items: str | None = None
+    """The embeddings output whose vectors are the item tower (recommended from this run's
+    version): item texts, for the content part of the blend and for items nobody interacted with
+    yet. Without it, the items are the interactions' item ids alone, and the models collaborative."""
     towers: TowersSpec | None = None
     """The user's own two-tower model (models/towers.py): two ONNX files and their features
     Parquets, e.g. { user = "user.onnx", item = "item.onnx", users = { path = "users.parquet",
@@ -49,11 +51,15 @@ class RecsOutputSpec(OutputSpec, RecsSpec):
     def _towers_with_model(self) -> RecsOutputSpec:
         if (self.model == "towers") != (self.towers is not None):
             raise ValueError('model = "towers" and the towers table go together')
+        if self.model == "content" and self.items is None:
+            raise ValueError('model = "content" ranks by item texts: it needs `items`, an embeddings output')
         return self
 
     def recs(self) -> RecsSpec:
-        """What the job computes, without where its inputs are and how it is published."""
-        return RecsSpec.model_validate(self.model_dump(include=set(RecsSpec.model_fields)))
+        """What the job computes, without where its inputs are and how it is published (no
+        content part without item texts)."""
+        spec = RecsSpec.model_validate(self.model_dump(include=set(RecsSpec.model_fields)))
+        return spec if self.items is not None else spec.model_copy(update={"content_weight": 0.0})
 
 
 @dataclass(kw_only=True)
@@ -85,20 +91,17 @@ class Recs(KeyedKind[RecsComputed]):
     format = RECS
 
     def needs(self, output: Output) -> list[str]:
-        return [output.spec.items]
+        return [] if output.spec.items is None else [output.spec.items]
 
     def check(self, output: Output) -> None:
         spec: RecsOutputSpec = output.spec
-        items = output.other(spec.items)
-        if items is None:
-            raise output.error("items", f"no output named {spec.items!r}")
-        if items.spec.kind != "embeddings":
-            raise output.error("items", f"output {spec.items!r} is not of kind embeddings")
-        columns = {"user": spec.input.user, "item": spec.input.item}
-        optional = {"weight": spec.input.weight, "time": spec.input.time}
-        given = spec.input.model_fields_set
-        columns |= {name: column for name, column in optional.items() if name in given}
-        output.check_input(spec.input, columns, optional)
+        if spec.items is not None:
+            items = output.other(spec.items)
+            if items is None:
+                raise output.error("items", f"no output named {spec.items!r}")
+            if items.spec.kind != "embeddings":
+                raise output.error("items", f"output {spec.items!r} is not of kind embeddings")
+        check_interactions(output, spec.input)
         if spec.towers is not None:
             check_towers(output, spec.towers)
 
@@ -106,8 +109,10 @@ class Recs(KeyedKind[RecsComputed]):
         spec: RecsOutputSpec = output.spec
         source = spec.input
         return [
-            f"  input   {source.path} (user={source.user}, item={source.item}, weight={source.weight}, time={source.time})",
-            f"  items   the vectors of output {spec.items!r}; top {spec.k} per user",
+            f"  input   {source.path} (user={source.user}, item={source.item}, weight={source.weight}, time={source.time}, basket={source.basket})",
+            f"  items   the vectors of output {spec.items!r}; top {spec.k} per user"
+            if spec.items is not None
+            else f"  items   the interactions' item ids (no item texts: no content part); top {spec.k} per user",
             store_line(output, machine),
         ]
 
@@ -115,20 +120,26 @@ class Recs(KeyedKind[RecsComputed]):
         """Recommend from the published embeddings into the new version, rescoring only the users
         whose inputs moved since the published one (jobs/recs/state.py)."""
         from precompute.jobs.ray_session import ray_session
-        from precompute.jobs.recs.item_table import sorted_items
+        from precompute.jobs.recs.item_table import interaction_items, sorted_items
         from precompute.jobs.recs.own_towers import own_towers
         from precompute.jobs.recs.recommend import run_recs_job
         from precompute.jobs.text.embed import STAGED
 
         spec: RecsOutputSpec = output.spec
-        machine, items_output = run.machine, output.other(spec.items)
-        assert items_output is not None and items_output.source is not None  # check and needs saw to it
-        items_version = run.published(spec.items).version
-        embeddings = run.run_dir(spec.items, items_version) / STAGED
-        items = sorted_items(embeddings, items_version, work_dir.cache_dir(run.work_dir, spec.items))
-        corpus = items_output.spec.input
+        machine = run.machine
+        if spec.items is None:
+            items, items_model = interaction_items(spec.input), ""
+            integer_items = integer_column(spec.input, spec.input.item)
+        else:
+            items_output = output.other(spec.items)
+            assert items_output is not None and items_output.source is not None  # check and needs saw to it
+            items_version = run.published(spec.items).version
+            embeddings = run.run_dir(spec.items, items_version) / STAGED
+            items = sorted_items(embeddings, items_version, work_dir.cache_dir(run.work_dir, spec.items))
+            items_model, corpus = items_output.source.hash, items_output.spec.input
+            integer_items = integer_column(corpus, corpus.id)
         vocabulary = VersionVocabulary(
-            items.ids, items.vocabulary, integer_column(spec.input, spec.input.user), integer_column(corpus, corpus.id)
+            items.ids, items.vocabulary, integer_column(spec.input, spec.input.user), integer_items
         )
         version = writer(target, vocabulary)
         own = None
@@ -143,7 +154,7 @@ class Recs(KeyedKind[RecsComputed]):
             version.sink(),
             target.folder,
             version.create,
-            items_model=items_output.source.hash,
+            items_model=items_model,
             previous=published_run(run, output, target),
             own=own,
             output=output.name,
@@ -188,6 +199,17 @@ class Recs(KeyedKind[RecsComputed]):
 
     def max_k(self, output: Output) -> int:
         return output.spec.k
+
+
+def check_interactions(output: Output, source: InteractionsInput) -> None:
+    """The user and item columns, the basket one where named, and the weight and time ones where
+    the data has them (or the file names them), each of a type the job reads."""
+    columns = {"user": source.user, "item": source.item}
+    optional = {"weight": source.weight, "time": source.time}
+    columns |= {name: column for name, column in optional.items() if name in source.model_fields_set}
+    if source.basket is not None:
+        columns["basket"] = source.basket
+    output.check_input(source, columns, optional)
 
 
 def check_towers(output: Output, towers: TowersSpec) -> None:

@@ -1,4 +1,5 @@
-"""Key lookups from Redis: `GET /v1/labels/{id}`, `GET /v1/recs/{id}?k=` and their `:batchGet`.
+"""Key lookups from Redis: `GET /v1/labels/{id}`, `GET /v1/recs/{id}?k=`, `GET /v1/related/{id}?k=`
+and their `:batchGet`.
 
 Each answer is one round trip (KeyValueReader pipelines the reads with the version
 pointer, so a batch comes from one version) and some string joins: a version's
@@ -82,6 +83,7 @@ class KeyFormat:
 
 LABELS = KeyFormat("labels", "labels", '{"label":%s,"score":%s}', LabelsBatchGet, "labels", "item")
 RECS = KeyFormat("recs", "items", '{"id":%s,"score":%s}', RecsBatchGet, "recommended items", "user")
+RELATED = KeyFormat("related", "items", '{"id":%s,"score":%s}', RecsBatchGet, "related items", "item")
 
 
 class Vocabulary:
@@ -91,9 +93,20 @@ class Vocabulary:
 
     def __init__(self, meta: dict, template: str) -> None:
         entries: Sequence[str] = meta["vocabulary"]
+        self.entries = entries
         self.quoted = [str(int(e)) for e in entries] if meta.get("integer_vocabulary") else list(map(json.dumps, entries))
         self.integer_ids = bool(meta.get("integer_ids"))
         self.template = template
+        self.session_items = bool(meta.get("session_items"))
+        """A related output's: a session's own items may be answered (lookup/session_route.py)."""
+        self._positions: dict[str, int] | None = None
+
+    def positions(self, ids: Sequence[str]) -> np.ndarray:
+        """The entries' positions of those of `ids` that are entries (a map made on first use)."""
+        if self._positions is None:
+            self._positions = {entry: at for at, entry in enumerate(self.entries)}
+        found = [self._positions.get(item_id) for item_id in ids]
+        return np.array([at for at in found if at is not None], np.int64)
 
     def id_json(self, item_id: str) -> str:
         """A requested id as JSON: a number where the ids were integers and it is one."""

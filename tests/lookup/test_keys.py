@@ -225,7 +225,7 @@ def test_malformed_batch_is_400_and_auth_guards_lookups(served: TestClient) -> N
 
 def test_readiness_metrics_and_schema(served: TestClient) -> None:
     ready = served.get("/readyz").json()
-    assert ready["versions"] == {"embeddings": None, "labels": V1, "recs": V1}
+    assert ready["versions"] == {"embeddings": None, "labels": V1, "recs": V1, "related": None}
     assert ready["engines"] == {}  # key lookups run none; embeddings, with one, has nothing published
     served.get("/v1/labels/pkg-1")
     metrics = served.get("/metrics").text
@@ -266,7 +266,7 @@ def test_the_service_is_sized_and_announced_as_its_settings_say(
         host, port = service.settings.host, service.settings.port
     started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving on")]
     assert started == [
-        f"serving on http://{host}:{port}: embeddings (nothing published), labels {V1}, recs (nothing published)"
+        f"serving on http://{host}:{port}: embeddings (nothing published), labels {V1}, recs (nothing published), related (nothing published)"
     ]
 
 
@@ -285,7 +285,7 @@ def test_not_ready_before_its_start_up_has_run(
 def test_nothing_published_is_503_yet_ready(client: TestClient, redis: RedisSettings) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json()["versions"] == {"embeddings": None, "labels": None, "recs": None}
+    assert ready.json()["versions"] == {"embeddings": None, "labels": None, "recs": None, "related": None}
     for answer in (client.get("/v1/labels/pkg-1"), client.post("/v1/recs:batchGet", json={"ids": ["u"]})):
         assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
     publish(redis, "labels", V1, ITEMS, labels_of(1))
@@ -309,7 +309,7 @@ def test_new_version_and_rollback_are_served_without_restart(
     with KeyValueStore(redis) as store:
         assert store.rollback("labels") == V1
     assert client.get("/v1/labels/pkg-4").json()["labels"] == expected_labels("pkg-4", 1)
-    assert client.get("/readyz").json()["versions"] == {"embeddings": None, "labels": V1, "recs": V2}
+    assert client.get("/readyz").json()["versions"] == {"embeddings": None, "labels": V1, "recs": V2, "related": None}
 
 
 def test_redis_down_is_503_then_recovers(

@@ -130,7 +130,7 @@ def test_bodies_no_parser_could_take_are_4xx(client: TestClient, body: bytes, st
 def test_health_readiness_metrics_and_schema(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()
-    assert ready["versions"] == {"embeddings": V1, "labels": None, "recs": None}
+    assert ready["versions"] == {"embeddings": V1, "labels": None, "recs": None, "related": None}
     assert set(ready["engines"]) == {"embeddings"}  # one per embeddings output
     # MiniLM's INT8 graphs fail the 0.98 overlap gate on CPUs (README, "Search fidelity").
     served = ("onnxruntime/cpu/int8-mixed", "torch/cpu/bf16", "onnxruntime/cpu/fp32")

@@ -74,7 +74,9 @@ def test_the_ratio_is_ours_over_the_baseline_where_higher_is_better_and_none_ove
     assert given["ratio"] == 2.9  # the bench's own, as it printed it
 
 
-def record(bench: str, machine_class: str, date: str, value: float, **machine: Any) -> dict[str, Any]:
+def record(
+    bench: str, machine_class: str, date: str, value: float, dataset: str = "demo corpus", **machine: Any
+) -> dict[str, Any]:
     return {
         "bench": bench,
         "command": f"precompute bench {bench}",
@@ -90,7 +92,7 @@ def record(bench: str, machine_class: str, date: str, value: float, **machine: A
             "memory_gib": 16.0,
             **machine,
         },
-        "dataset": "demo corpus",
+        "dataset": dataset,
         "ours": {"name": "ours", "value": value, "unit": "docs/s"},
         "baseline": {"name": "theirs", "value": 100.0, "unit": "docs/s"},
         "ratio": value / 100,
@@ -106,6 +108,7 @@ RECORDS = {
     "2026-01-02T000000-embed-model-b.json": record("embed", CPU_B, "2026-01-02T00:00:00Z", 220),
     "2026-01-01-gpu-embed.json": record("embed", "cuda:GPU X:sm_90", "2026-01-01", 900, gpu="GPU X"),
     "2026-01-01T000000-lookup-model-b.json": record("lookup", CPU_B, "2026-01-01T00:00:00Z", 50),
+    "2026-01-02T000000-lookup-model-b.json": record("lookup", CPU_B, "2026-01-02T00:00:00Z", 60, "a shop"),
 }
 
 
@@ -116,14 +119,15 @@ def write(folder: Path, names: list[str]) -> Path:
     return folder
 
 
-def test_the_report_keeps_the_newest_record_per_bench_and_machine_class(tmp_path: Path) -> None:
+def test_the_report_keeps_the_newest_record_per_bench_machine_class_and_data_set(tmp_path: Path) -> None:
     folder = write(tmp_path / "results", list(RECORDS))
     chosen = {key: r.file for key, r in newest(read_records(folder)).items()}
     assert chosen == {
-        ("embed", CPU_A): "2026-01-03T000000-embed-model-a.json",
-        ("embed", CPU_B): "2026-01-02T000000-embed-model-b.json",
-        ("embed", "cuda:GPU X:sm_90"): "2026-01-01-gpu-embed.json",
-        ("lookup", CPU_B): "2026-01-01T000000-lookup-model-b.json",
+        ("embed", CPU_A, "demo corpus"): "2026-01-03T000000-embed-model-a.json",
+        ("embed", CPU_B, "demo corpus"): "2026-01-02T000000-embed-model-b.json",
+        ("embed", "cuda:GPU X:sm_90", "demo corpus"): "2026-01-01-gpu-embed.json",
+        ("lookup", CPU_B, "a shop"): "2026-01-02T000000-lookup-model-b.json",
+        ("lookup", CPU_B, "demo corpus"): "2026-01-01T000000-lookup-model-b.json",
     }
     page = render(folder)
     for name in chosen.values():

@@ -28,8 +28,8 @@ def write(tmp_path: Path, body: str) -> Path:
 def test_the_shipped_file_is_the_demo() -> None:
     pipeline = load_pipeline()
     pipeline.check()
-    assert list(pipeline.outputs) == ["embeddings", "labels", "recs"]
-    assert [pipeline.default(kind) for kind in ("embeddings", "labels", "recs")] == list(pipeline.outputs)
+    assert list(pipeline.outputs) == ["embeddings", "labels", "recs", "related"]
+    assert [pipeline.default(kind) for kind in ("embeddings", "labels", "recs", "related")] == list(pipeline.outputs)
     assert pipeline.declared["embeddings"].store == "corpus"
     assert pipeline.declared["embeddings"].source.dim == 384
     assert pipeline.outputs["labels"].input.sample().path == str(DEMO_CORPUS)

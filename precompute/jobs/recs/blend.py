@@ -21,7 +21,7 @@ import copy
 import numpy as np
 import torch
 
-from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.history.seen import Seen
 from precompute.jobs.recs.topk.exact import BlockedTopK
 from precompute.jobs.recs.towers import ContentTowers, Towers
 

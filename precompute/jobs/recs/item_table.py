@@ -25,12 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs.state import Items, check_unique, vocabulary_digest
 from precompute.jobs.staging import committed_dataset
 from precompute.jobs.text.content_cache import KEY, key_array
 from precompute.jobs.text.embedding_cache import EMBEDDING, embeddings_of
 from precompute.jobs.vectors.load import CHANGES, SOURCE
 from precompute.jobs.work_dir import WorkPath, mapped_ipc, patchable, read_ipc, write_ipc
+from precompute.models.datasets import arrow_dataset
 
 TABLES = "items"
 POSITION, VOCABULARY = "position", "vocabulary"
@@ -155,3 +157,28 @@ def record(folder: WorkPath, version: str, base: str, delta: pa.Table, vocabular
         if name and (name not in bases if kind == "arrow" else name not in latest):
             file.unlink()
 
+
+
+NO_CONTENT = b"\0" * 16
+"""The content key of every item of a catalogue of ids alone: nothing about an item changes but its id."""
+
+
+def interaction_items(interactions: InteractionsInput) -> Items:
+    """A catalogue of ids alone (a recs output without an embeddings output): the distinct item
+    ids of the interactions, sorted as the item table sorts them, with no vector (one zero
+    column: the content towers score nothing) and one content key for all. A null id or one
+    whose bytes are not UTF-8 is no item: its rows are rejected with their reason."""
+    column = arrow_dataset(interactions).to_table(columns=[interactions.item])[interactions.item]
+    distinct = pc.unique(column.combine_chunks()).drop_null()
+    if pa.types.is_integer(distinct.type):
+        ids = pc.cast(distinct, pa.string())
+    else:
+        texts = []
+        for value in distinct.to_pylist():
+            try:
+                texts.append(value.decode("utf-8") if isinstance(value, bytes) else value)
+            except UnicodeDecodeError:
+                continue
+        ids = pc.unique(pa.array(texts, pa.string()))  # two spellings (binary, string) of one id
+    ids = ids.take(pc.sort_indices(ids))
+    return Items.of(ids, np.zeros((len(ids), 1), np.float32), np.full(len(ids), NO_CONTENT, "S16"))

@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from precompute.jobs.recs.interactions import INDEX, USER, WEIGHT
+from precompute.jobs.recs.history.interactions import INDEX, USER, WEIGHT
 from precompute.jobs.recs.spec import RecsSpec
 from precompute.jobs.recs.state import part_digest
 from precompute.jobs.recs.towers import ALSTowers, als_model

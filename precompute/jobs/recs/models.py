@@ -43,8 +43,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from precompute.jobs.recs.blend import BlendTowers, spread_scale
+from precompute.jobs.recs.history.seen import Seen, interaction_matrix
 from precompute.jobs.recs.kept_als import KeptALS
-from precompute.jobs.recs.seen import Seen, interaction_matrix
 from precompute.jobs.recs.sequence.towers import sequence
 from precompute.jobs.recs.sequence.train import WarmStart
 from precompute.jobs.recs.spec import Model, RecsSpec
@@ -130,13 +130,19 @@ def als(matrix: sp.csr_matrix, settings: RecsSpec) -> ALSTowers:
 def candidates(model: Model, items: int, ordered: bool) -> list[Model]:
     """The models a run trains: `model` itself, or for auto those the catalogue and the data
     afford, to publish the best on held-out data (jobs/recs/quality.py): the sequence model and
-    transitions where histories have an order (a time column), EASE where its [items, items]
-    matrix fits ITEM_ITEM_MAX_ITEMS, ALS past it."""
+    transitions where histories have an order (a time column), EASE and item-kNN where their
+    [items, items] matrices fit ITEM_ITEM_MAX_ITEMS, ALS past it. Item-kNN is a candidate alone,
+    not a part of the ensemble (ENSEMBLED): it finds a shop's new items by co-purchase where EASE
+    may not, and a third [items, items] matrix in every top-k actor costs more than it adds."""
     if model != "auto":
         return [model]
     small = items <= ITEM_ITEM_MAX_ITEMS
     sequential = ["sequence", "transitions"] if small else ["sequence"]
-    return [*(sequential if ordered else []), "ease" if small else "als"]
+    return [*(sequential if ordered else []), *(["ease", "itemknn"] if small else ["als"])]
+
+
+ENSEMBLED: tuple[Model, ...] = ("sequence", "transitions", "ease", "als")
+"""The candidates whose ensemble (jobs/recs/blend.py) is a candidate too."""
 
 
 def collaborative(

@@ -1,9 +1,9 @@
 """Recommendations as a Ray job: read -> validate -> train, group by user -> top-k -> the caller's sink.
 
     driver:       read -> tag_rejects -> rejects.parquet (failing on their ratio) and good rows,
-                  file by file, each file's kept (jobs/recs/interaction_files.py) -> item counts (the
+                  file by file, each file's kept (jobs/recs/history/interaction_files.py) -> item counts (the
                   ranker's prior); training; each user's history and fingerprint
-                  (jobs/recs/user_histories.py) -> users to rescore
+                  (jobs/recs/history/user_histories.py) -> users to rescore
     main pass:    their histories, in blocks -> TopKActor pool, or the driver for at most
                   topk_driver_users users or on a one-node Ray (jobs/settings.py; exact: blocked
                   matmul, mask, topk; or an IVF index's candidates) -> values -> sink
@@ -39,12 +39,13 @@ from precompute.jobs import progress
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.nights import Night, Previous, record_night
 from precompute.jobs.ray_session import actor_pool, one_node, ray_session
-from precompute.jobs.recs.interaction_files import KeptFiles, validated_interactions
-from precompute.jobs.recs.interactions import INDEX
+from precompute.jobs.recs.history.interaction_files import KeptFiles, validated_interactions
+from precompute.jobs.recs.history.interactions import INDEX
+from precompute.jobs.recs.history.kept_histories import grouped, keep_grouping
+from precompute.jobs.recs.history.seen import Seen, user_ids, users_subset
+from precompute.jobs.recs.history.user_histories import history_blocks, seen_of, user_rows
 from precompute.jobs.recs.kept_als import interactions_sketch, kept_als, save_als
-from precompute.jobs.recs.kept_histories import grouped, keep_grouping
 from precompute.jobs.recs.quality import RecsQuality, evaluate, quality_of
-from precompute.jobs.recs.seen import Seen, user_ids, users_subset
 from precompute.jobs.recs.sequence.towers import SequenceTowers
 from precompute.jobs.recs.sequence.train import save_weights, warm_start
 from precompute.jobs.recs.spec import RecsSpec
@@ -62,10 +63,10 @@ from precompute.jobs.recs.state import (
     unchanged_night,
 )
 from precompute.jobs.recs.topk.candidates import CandidateTopK, choose_ranking, ranker_of
-from precompute.jobs.recs.topk.exact import BlockedTopK, popularity_prior, recommend_users
+from precompute.jobs.recs.topk.exact import BlockedTopK, popularity_prior
 from precompute.jobs.recs.topk.kept_index import keep_index, kept_index
+from precompute.jobs.recs.topk.repeat import Repeat, seen_scores, with_repeats
 from precompute.jobs.recs.towers import ALSTowers, OwnTowers, Towers, rows_of
-from precompute.jobs.recs.user_histories import history_blocks, seen_of, user_rows
 from precompute.jobs.settings import JobSettings
 from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath, cache_dir
@@ -77,7 +78,7 @@ from precompute.stores.key_value.versions import CopyPlan
 
 SAMPLES = 5
 INTERACTIONS = "interactions"
-"""The folder of the output's cache where its input's files' validations are kept (jobs/recs/interaction_files.py)."""
+"""The folder of the output's cache where its input's files' validations are kept (jobs/recs/history/interaction_files.py)."""
 RECIPE = "towers/log1p-prior/exact-topk/v3"
 """The scoring code's identity in the model fingerprint: change it when a change to the code changes values."""
 
@@ -119,7 +120,7 @@ class RecsJobReport:
     """Whether the published ALS was kept or one trained, and why (jobs/recs/kept_als.py)."""
     grouping: str | None = None
     """How the users' histories were grouped: from every row, or the published night's
-    regrouped with the new files' rows (jobs/recs/kept_histories.py); None on an unchanged night."""
+    regrouped with the new files' rows (jobs/recs/history/kept_histories.py); None on an unchanged night."""
 
 
 def ranked_values(indices: np.ndarray, scores: np.ndarray) -> list[bytes]:
@@ -142,22 +143,34 @@ class TopKActor:
         block: int,
         ranking: ray.ObjectRef,
         counter: ActorHandle | None = None,
+        repeat: Repeat | None = None,
     ) -> None:
         # Ray sets OMP_NUM_THREADS=1 in an actor with under one CPU; the matmul wants every core.
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.towers: Towers = ray.get(towers)
         self.ranker = ranker_of(self.towers.items, k, block, prior, ray.get(ranking))
-        self.counter = counter
+        self.prior, self.repeat, self.counter = prior, repeat, counter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        values = ranked(self.towers, self.ranker, seen_of(batch))
+        values = ranked(self.towers, self.ranker, seen_of(batch), self.prior, self.repeat)
         progress.add(self.counter, batch.num_rows)
         return values
 
 
-def ranked(towers: Towers, ranker: BlockedTopK | CandidateTopK, seen: Seen) -> pa.Table:
-    """(id, value) of the users in `seen`: their tower, their top k, the value as written."""
-    indices, scores = recommend_users(towers, ranker, seen)
+def ranked(
+    towers: Towers,
+    ranker: BlockedTopK | CandidateTopK,
+    seen: Seen,
+    prior: np.ndarray | None = None,
+    repeat: Repeat | None = None,
+) -> pa.Table:
+    """(id, value) of the users in `seen`: their tower, their top k (with their own items where
+    `repeat` allows them: jobs/recs/topk/repeat.py), the value as written."""
+    vectors = towers.users(seen)
+    indices, scores = ranker(torch.from_numpy(vectors), seen)
+    if repeat is not None:
+        own = seen_scores(vectors, towers.items, prior, seen)
+        indices, scores = with_repeats(indices, scores, own, repeat)
     values = pa.array(ranked_values(indices, scores), pa.binary())
     return pa.table({"id": pa.array(seen.ids, pa.string()), "value": values})
 
@@ -169,11 +182,13 @@ def rank_in_driver(
     users: np.ndarray,
     block: int,
     counter: progress.Counter | None,
+    prior: np.ndarray | None = None,
+    repeat: Repeat | None = None,
 ) -> list[pa.Table]:
     """The values of `users` (positions in `seen`), `block` users at a time, as TopKActor ranks them."""
     tables = []
     for start in range(0, len(users), block):
-        tables.append(ranked(towers, ranker, users_subset(seen, users[start : start + block])))
+        tables.append(ranked(towers, ranker, users_subset(seen, users[start : start + block]), prior, repeat))
         progress.add(counter, tables[-1].num_rows)
     return tables
 
@@ -252,8 +267,10 @@ def run_recs_job(
         before = None if previous is None else previous.run_dir / STATE
         kept = kept_als(None if before is None else before / ALS_FILE, settings, vocabulary, interactions_sketch(valid))
         warm = None if before is None else warm_start(before / SEQUENCE_WEIGHTS, items.ids, settings.sequence)
-        quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm, kept=kept)
+        with progress.stage(output, "train"):
+            quality, towers = evaluate(valid, items.vectors, settings, own=own, engine=engine, warm=warm, kept=kept)
         trained = settings.model != "content"
+        repeat = None if quality.repeat is None else Repeat(**quality.repeat)
         seconds["train"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -262,6 +279,7 @@ def run_recs_job(
             "trained": trained_digest(towers, own) if trained else None,
             "content_weight": settings.content_weight if trained else None,
             "popularity_weight": settings.popularity_weight,
+            "repeat": quality.repeat,
         }
         fingerprint = model_fingerprint(items_model, settings.k, scoring, len(items.ids), vocabulary, RECIPE)
         planned = plan(fingerprint, items, previous)
@@ -319,7 +337,7 @@ def run_recs_job(
             with progress.stage(output, "top-k", rescored, counted=ranked_in) as counter:
                 if ranked_in == "driver":
                     ranker = ranker_of(towers.items, settings.k, block, prior, ranking)
-                    values = ray.data.from_arrow(rank_in_driver(towers, ranker, seen, chosen, block, counter))
+                    values = ray.data.from_arrow(rank_in_driver(towers, ranker, seen, chosen, block, counter, prior, repeat))
                 else:
                     values = history_blocks(seen, chosen, block).map_batches(
                         TopKActor,
@@ -330,6 +348,7 @@ def run_recs_job(
                             "block": block,
                             "ranking": ray.put(replace(ranking, check=None)),
                             "counter": counter,
+                            "repeat": repeat,
                         },
                         batch_size=block,
                         batch_format="pyarrow",

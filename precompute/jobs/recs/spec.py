@@ -67,11 +67,18 @@ class RecsSpec(BaseModel):
 
     model: Model = "auto"
     """jobs/recs/models.py. auto: every model the data affords is trained and the best by
-    held-out NDCG@10 published (with a time column: sequence, transitions, EASE and the ensemble
-    of the three, jobs/recs/blend.py; without one: EASE; ALS in EASE's place past 20,000 items).
+    held-out NDCG@10 published (with a time column: sequence, transitions, EASE, item-kNN and the
+    ensemble of the first three, jobs/recs/blend.py; without one: EASE and item-kNN; ALS in their
+    place past 20,000 items).
     transitions and sequence read each user's
     history in the input's time order. towers: the pipeline's own two-tower model (its `towers`
     table)."""
+
+    seen: Literal["auto", "exclude", "include"] = "auto"
+    """A user's own items in their list. exclude: never (films, articles: what one has seen is
+    done). include: they come back, each scored up by how often and how lately the user had it
+    (jobs/recs/topk/repeat.py: groceries, pet food, music). auto: included where the held-out items
+    say it ranks better (jobs/recs/quality.py), else excluded."""
 
     topk: Literal["auto", "exact", "ivf"] = "auto"
     """How each user's top k is found (jobs/recs/topk/candidates.py). exact: every user against every
@@ -87,7 +94,9 @@ class RecsSpec(BaseModel):
 
     content_weight: float = Field(0.1, ge=0)
     """The hybrid: a collaborative model's score (in units of its spread: jobs/recs/blend.py) plus
-    this times the content cosine, which ranks the items nobody interacted with yet. 0: none."""
+    this times the content cosine, which ranks the items nobody interacted with yet. The quality
+    check publishes the model without content where that ranks the held-out items as well
+    (jobs/recs/quality.py): item texts that say nothing a user acts on weigh 0. 0: none."""
 
     popularity_weight: float = Field(0.4, ge=0)
     """Weight of the popularity prior added to the score (0: none). Chosen for the content model
@@ -124,3 +133,45 @@ class RecsSpec(BaseModel):
 
     sequence: SequenceSpec = SequenceSpec()
     """sequence: the network and its training, e.g. { dim = 64, train_budget_s = 600 }."""
+
+
+RelatedModel = Literal["auto", "transitions", "itemknn", "ease", "als"]
+
+
+class RelatedSpec(BaseModel):
+    """What a related-items output computes (jobs/recs/related.py): each item's top k items from
+    an item-to-item model, the item itself never among them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    k: int = Field(10, ge=1, le=100)
+    """Related items per item."""
+
+    model: RelatedModel = "auto"
+    """transitions: the items that came next after it, in users' time order. itemknn: the items
+    bought or watched by the same users (cosine). ease: EASE's item-item weights. als: ALS's item
+    factors (any catalogue size; the others hold an [items, items] matrix, up to 20,000 items).
+    auto: each the data affords, measured as the service uses the lists (an anonymous session's
+    items, merged: stores/key_value/records.py merge_ranked) on each user's held-out items; the best published."""
+
+    seen: Literal["auto", "exclude", "include"] = "auto"
+    """A session's own items in its answer (POST /v1/recs:forItems). exclude: never. include:
+    where another session item's list holds them. auto: whichever ranks the held-out items better."""
+
+    popularity_weight: float = Field(0.0, ge=0)
+    """Weight of the popularity prior added to each list's scores (0: none): more fills lists with
+    the head items whatever the item."""
+
+    neighbours: int = Field(100, ge=1)
+    """itemknn: similar items kept per item."""
+
+    regularization_ease: float = Field(500.0, gt=0)
+    """EASE's lambda, added to the Gram matrix's diagonal."""
+
+    factors: int = Field(64, ge=1)
+    """ALS: latent factors per item."""
+
+    def recs(self) -> RecsSpec:
+        """The recommendation settings its models are trained with (no content, one item of history)."""
+        fields = {"neighbours", "regularization_ease", "factors", "popularity_weight"}
+        return RecsSpec(content_weight=0, history=1, **{name: getattr(self, name) for name in fields})

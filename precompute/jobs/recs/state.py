@@ -15,7 +15,7 @@ A run stages, in its run folder, `recs_state/`:
     histories.arrow, histories.json
                    every valid interaction in the grouped order, and the files they came from:
                    the next night regroups only the users its new files touch
-                   (jobs/recs/kept_histories.py)
+                   (jobs/recs/history/kept_histories.py)
     sequence.pt    the sequence model's weights, when it was published: the next night starts
                    from them (jobs/recs/sequence/train.py warm_start)
     als.npz        ALS's item factors and scale, when it was published, with a sketch of the

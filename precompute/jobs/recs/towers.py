@@ -10,7 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from precompute.jobs.recs.seen import Seen, interaction_matrix
+from precompute.jobs.recs.history.seen import Seen, interaction_matrix
 from precompute.jobs.recs.spec import RecsSpec
 
 

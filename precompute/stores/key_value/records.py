@@ -34,3 +34,32 @@ def decode_ranked(value: bytes) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"a ranked value is a multiple of {RANKED.itemsize} bytes, got {len(value)}")
     pairs = np.frombuffer(value, RANKED)
     return pairs["index"].astype(np.int64), pairs["score"].astype(np.float32)
+
+
+# A session's recommendations, from the related lists of the items it holds (a related output's
+# records): each list's scores are its model's for a history of that one item, so lists of one
+# model add up.
+SESSION_DECAY = 0.7
+"""The weight of the session's t-th latest item is this**t: the latest item says most about what
+comes next (jobs/recs/related.py measures a related output's held-out quality through this merge: what
+it measured is what the service answers)."""
+
+
+def merge_ranked(
+    lists: list[bytes | None], k: int, exclude: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, scores) of the top k of the session's merged lists, best first; `lists`: the
+    related values of the session's items, oldest first (None: an item with no list); `exclude`:
+    item positions never answered (the session's own, unless the output allows them)."""
+    pairs = [(np.frombuffer(value, RANKED), SESSION_DECAY ** (len(lists) - 1 - t)) for t, value in enumerate(lists) if value]
+    if not pairs:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    indices = np.concatenate([p["index"] for p, _ in pairs]).astype(np.int64)
+    scores = np.concatenate([p["score"].astype(np.float64) * weight for p, weight in pairs])
+    items, at = np.unique(indices, return_inverse=True)
+    totals = np.bincount(at.reshape(-1), weights=scores, minlength=len(items))
+    if exclude is not None and len(exclude):
+        keep = ~np.isin(items, exclude)
+        items, totals = items[keep], totals[keep]
+    best = np.lexsort((items, -totals))[:k]
+    return items[best], totals[best].astype(np.float32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from precompute.jobs.recs.blend import BlendTowers, ensemble, spread_scale
-from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.history.seen import Seen
 from precompute.jobs.recs.towers import ContentTowers
 
 ITEMS = 150

@@ -1,4 +1,4 @@
-"""Interactions validated file by file (jobs/recs/interaction_files.py): a night takes the kept
+"""Interactions validated file by file (jobs/recs/history/interaction_files.py): a night takes the kept
 validation of every file that did not move, checks only the others, and gives exactly what a
 validation of every file gives."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs import interaction_files
-from precompute.jobs.recs.interaction_files import (
+from precompute.jobs.recs.history.interaction_files import (
     NIGHTS,
     REJECTED,
     KeptFiles,
@@ -21,7 +21,7 @@ from precompute.jobs.recs.interaction_files import (
     validated_interactions,
     write_entry,
 )
-from precompute.jobs.recs.interactions import INDEX, WEIGHT
+from precompute.jobs.recs.history.interactions import INDEX, WEIGHT
 from precompute.jobs.validate import REASON, RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 from precompute.models.datasets import arrow_dataset, input_files

@@ -1,4 +1,4 @@
-"""Interactions checked column-wise (jobs/recs/interactions.py tag_rejects): each row gets exactly the
+"""Interactions checked column-wise (jobs/recs/history/interactions.py tag_rejects): each row gets exactly the
 reason the row-by-row contract gives it, and a good row its item's position; a folder of files is
 read in chunks, every row kept once (validated_interactions)."""
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs import interaction_files
-from precompute.jobs.recs.interaction_files import validated_interactions
-from precompute.jobs.recs.interactions import INDEX, probed, row_reason, searched, tag_rejects
+from precompute.jobs.recs.history.interaction_files import validated_interactions
+from precompute.jobs.recs.history.interactions import INDEX, probed, row_reason, searched, tag_rejects
 from precompute.jobs.recs.quality import valid_interactions
 from precompute.jobs.validate import REASON, RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath

@@ -15,8 +15,9 @@ import pytest
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.nights import Previous
-from precompute.jobs.recs.interactions import tag_rejects
-from precompute.jobs.recs.quality import hold_out_last, valid_interactions
+from precompute.jobs.recs.held_out import hold_out
+from precompute.jobs.recs.history.interactions import tag_rejects
+from precompute.jobs.recs.quality import valid_interactions
 from precompute.jobs.recs.recommend import run_recs_job
 from precompute.jobs.recs.spec import RecsSpec, SequenceSpec
 from precompute.jobs.recs.state import SEQUENCE_WEIGHTS, STATE, Items
@@ -81,11 +82,11 @@ def test_every_time_type_holds_out_the_same_latest_interactions(kind: str) -> No
     users, items, seconds = walks()
     reference = pa.table({"user_id": users, "item_id": items, "time": pa.array(seconds, pa.float64())})
     table = reference.set_column(2, "time", representations(seconds)[kind])
-    want = hold_out_last(valid_interactions(reference, items_table()), seed=0)
-    train, targets, split = hold_out_last(valid_interactions(table, items_table()), seed=0)
-    assert split == "temporal" and len(train.items) == USERS * (STEPS - 1)
-    np.testing.assert_array_equal(targets, want[1])
-    np.testing.assert_array_equal(train.items, want[0].items)  # each history in time order
+    want = hold_out(valid_interactions(reference, items_table()), seed=0)
+    split = hold_out(valid_interactions(table, items_table()), seed=0)
+    assert split.name == "temporal" and len(split.train.items) == USERS * (STEPS - 1)
+    np.testing.assert_array_equal(split.held.items, want.held.items)
+    np.testing.assert_array_equal(split.train.items, want.train.items)  # each history in time order
 
 
 def test_a_time_that_cannot_be_read_is_its_rows_reason() -> None:

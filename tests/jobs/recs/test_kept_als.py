@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from precompute.jobs.recs.interactions import INDEX, USER, WEIGHT
+from precompute.jobs.recs.history.interactions import INDEX, USER, WEIGHT
 from precompute.jobs.recs.kept_als import (
     SKETCH,
     changed_share,

@@ -1,4 +1,4 @@
-"""Histories kept night to night (jobs/recs/kept_histories.py): a night that only adds files regroups
+"""Histories kept night to night (jobs/recs/history/kept_histories.py): a night that only adds files regroups
 the users they touch into the published night's grouping, and gets exactly what grouping every
 row gives; anything else groups every row, and says why."""
 
@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 
 from precompute.jobs.nights import Previous
-from precompute.jobs.recs.interaction_files import Validated
-from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.kept_histories import grouped, keep_grouping
-from precompute.jobs.recs.seen import ranges
+from precompute.jobs.recs.history.interaction_files import Validated
+from precompute.jobs.recs.history.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs.history.kept_histories import grouped, keep_grouping
+from precompute.jobs.recs.history.seen import ranges
+from precompute.jobs.recs.history.user_histories import Grouped, group_all, user_rows
 from precompute.jobs.recs.state import STATE, stage
-from precompute.jobs.recs.user_histories import Grouped, group_all, user_rows
 from precompute.jobs.work_dir import WorkPath
 
 ITEMS = 50

@@ -8,9 +8,10 @@ import pyarrow as pa
 import pytest
 import torch
 
+from precompute.jobs.recs.held_out import hold_out
+from precompute.jobs.recs.history.seen import Seen
 from precompute.jobs.recs.models import train_towers
-from precompute.jobs.recs.quality import beats_most_popular, evaluate, hold_out_last, valid_interactions
-from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.quality import beats_most_popular, evaluate, valid_interactions
 from precompute.jobs.recs.spec import RecsSpec, SequenceSpec
 from precompute.jobs.recs.topk.exact import BlockedTopK, recommend_users
 
@@ -137,21 +138,21 @@ def interactions(times: bool) -> pa.Table:
 def test_the_temporal_split_holds_out_each_users_latest_interaction() -> None:
     table = interactions(times=True)
     good = valid_interactions(table, IDS)
-    train, targets, split = hold_out_last(good, seed=0)
-    assert split == "temporal"
+    split = hold_out(good, seed=0)
+    assert (split.name, split.target) == ("temporal", "interaction")
     latest = {}
     for user, item, time in zip(*(table[c].to_pylist() for c in ("user_id", "item_id", "time")), strict=True):
         if time >= latest.get(user, (-1.0, ""))[0]:
             latest[user] = (time, item)
     users = sorted(latest)
-    want = [IDS.index(latest[u][1]) if u.startswith("u") else -1 for u in users]
-    assert targets.tolist() == want
-    assert len(train.items) == table.num_rows - 40
-    random_split = hold_out_last(valid_interactions(interactions(times=False), IDS), seed=0)
-    assert random_split[2] == "random"
-    np.testing.assert_array_equal(
-        random_split[1], hold_out_last(valid_interactions(interactions(times=False), IDS), seed=0)[1]
-    )
+    want = [[IDS.index(latest[u][1])] if u.startswith("u") else [] for u in users]
+    held = split.held
+    assert [held.items[a:b].tolist() for a, b in zip(held.offsets, held.offsets[1:], strict=False)] == want
+    assert len(split.train.items) == table.num_rows - 40
+    random_split = hold_out(valid_interactions(interactions(times=False), IDS), seed=0)
+    assert random_split.name == "random"
+    again = hold_out(valid_interactions(interactions(times=False), IDS), seed=0)
+    np.testing.assert_array_equal(random_split.held.items, again.held.items)
 
 
 def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless_it_beats_most_popular() -> (
@@ -165,23 +166,28 @@ def test_the_published_model_is_measured_beside_the_baselines_and_refused_unless
     assert (quality.split, quality.users, quality.k) == ("temporal", 40, 10)
     # auto: every model timed histories afford, trained and measured, and their ensemble; the best
     # published, as measured.
-    assert set(quality.candidates) == {
+    trained = {
         "sequence+content",
         "transitions+content",
         "ease+content",
+        "itemknn+content",
         "sequence+transitions+ease+content",
     }
-    best = max(quality.candidates.values(), key=lambda q: q.ndcg)
-    assert towers.name == quality.published and quality.candidates[quality.published] == best
-    assert quality.models["published"] == best
+    # ... and the best of them without its content part, published where that ranks as well.
+    (alone,) = set(quality.candidates) - trained
+    assert trained <= set(quality.candidates) and f"{alone}+content" in trained
+    assert quality.candidates[f"{alone}+content"].ndcg == max(quality.candidates[name].ndcg for name in trained)
+    best = max(q.ndcg for q in quality.candidates.values())
+    assert towers.name == quality.published and quality.candidates[quality.published].ndcg == best
+    assert quality.models["published"] == quality.candidates[quality.published]
     assert set(quality.models) == {
         "published",
         "most_popular",
+        "personal_top_frequency",
         "itemknn",
         "markov",
         "content",
-        "collaborative",
-    }
+    } | ({"collaborative"} if quality.published.endswith("+content") else set())  # a hybrid's part alone
     published, popular = quality.models["published"], quality.models["most_popular"]
     unseen = len(ids) - 2  # a trio user's catalogue less the two items it trained on
     assert unseen > quality.k and published.hit_rate == 1.0  # the held-out item made the top 10 of 18

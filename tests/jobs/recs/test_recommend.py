@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from precompute.jobs.inputs import InteractionsInput
+from precompute.jobs.recs.history.seen import Seen
 from precompute.jobs.recs.recommend import run_recs_job
-from precompute.jobs.recs.seen import Seen
 from precompute.jobs.recs.spec import RecsSpec
 from precompute.jobs.recs.topk.candidates import check_users
 from precompute.jobs.recs.topk.exact import active_columns, top_k

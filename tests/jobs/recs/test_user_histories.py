@@ -1,4 +1,4 @@
-"""Users' histories grouped on the driver (jobs/recs/user_histories.py): the rows that decide who is
+"""Users' histories grouped on the driver (jobs/recs/history/user_histories.py): the rows that decide who is
 rescored, and the blocks the top-k actors read back as the same histories."""
 
 from __future__ import annotations
@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.seen import Seen, seen_by_user
-from precompute.jobs.recs.state import FINGERPRINT, LENGTH
-from precompute.jobs.recs.user_histories import (
+from precompute.jobs.recs.history.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs.history.seen import Seen, seen_by_user
+from precompute.jobs.recs.history.user_histories import (
     HOLDS,
     fingerprints,
     group_all,
@@ -17,6 +16,7 @@ from precompute.jobs.recs.user_histories import (
     seen_of,
     user_rows,
 )
+from precompute.jobs.recs.state import FINGERPRINT, LENGTH
 
 
 def interactions() -> pa.Table:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.history.seen import Seen
 from precompute.jobs.recs.sequence.train import TrainReport, WarmStart, latest, train_sequence
 from precompute.jobs.recs.spec import SequenceSpec
 from precompute.models.backends.base import Runner

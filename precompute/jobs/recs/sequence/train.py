@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from precompute.jobs import progress
 from precompute.jobs.recs.sequence.loss import step_loss
 from precompute.jobs.recs.spec import SequenceSpec
 from precompute.jobs.work_dir import WorkPath
@@ -254,6 +255,13 @@ def train_sequence(
                 report.stopped = f"{settings.patience} checks without a better validation NDCG@10"
             if time.perf_counter() - start > settings.train_budget_s:
                 report.stopped = f"train_budget_s {settings.train_budget_s}"
+            left = max(0.0, settings.train_budget_s - (time.perf_counter() - start))
+            progress.note(
+                "sequence",
+                f"epoch {report.epochs}, step {report.steps}, validation NDCG@10 {ndcg:.4f} (best "
+                f"{report.best_ndcg10:.4f} at step {report.best_step}), {left:.0f} s of {settings.train_budget_s:.0f} s "
+                f"budget left" + (f"; stopping: {report.stopped}" if report.stopped else ""),
+            )
         report.stopped = group.agree(report.stopped)
 
     every = min(EVAL_STEPS, max(1, round(len(learners) / settings.batch)))  # length_batches' count

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from precompute.jobs.recs.seen import Seen, users_subset
+from precompute.jobs.recs.history.seen import Seen, users_subset
 from precompute.jobs.recs.topk.exact import BlockedTopK
 from precompute.jobs.recs.topk.item_lists import ItemLists, build_lists, ceilings, search_by_list
 from precompute.jobs.recs.topk.kept_check import CheckLists, carried_check, fresh_check, saved_check

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import torch
 
-from precompute.jobs.recs.seen import Seen
+from precompute.jobs.recs.history.seen import Seen
 from precompute.jobs.recs.towers import Towers
 
 SCORE_BUFFER_BYTES = 512 * 2**20

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from precompute.jobs.recs.seen import Seen, users_subset
+from precompute.jobs.recs.history.seen import Seen, users_subset
+from precompute.jobs.recs.history.user_histories import fingerprints
 from precompute.jobs.recs.state import CHECK_FILE
 from precompute.jobs.recs.topk.exact import BlockedTopK
 from precompute.jobs.recs.towers import Towers, rows_of
-from precompute.jobs.recs.user_histories import fingerprints
 from precompute.jobs.work_dir import WorkPath
 
 MARGIN = 2
@@ -43,7 +43,7 @@ class CheckLists:
     vectors: np.ndarray
     """[users, dims] float32: their vectors (the user tower's; the prior's 1 is the ranker's)."""
     histories: np.ndarray
-    """[users] their histories' fingerprints (jobs/recs/user_histories.py)."""
+    """[users] their histories' fingerprints (jobs/recs/history/user_histories.py)."""
     items: np.ndarray
     """[users, DEPTH] item positions, best first; -1 past the unseen items there are."""
     scores: np.ndarray

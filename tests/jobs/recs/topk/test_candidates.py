@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.seen import Seen, seen_by_user
+from precompute.jobs.recs.history.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs.history.seen import Seen, seen_by_user
 from precompute.jobs.recs.topk import item_lists
 from precompute.jobs.recs.topk.candidates import (
     INDEX_BUILD_USERS,

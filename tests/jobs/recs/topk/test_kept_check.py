@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.seen import Seen, seen_by_user, users_subset
+from precompute.jobs.recs.history.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs.history.seen import Seen, seen_by_user, users_subset
 from precompute.jobs.recs.topk.exact import BlockedTopK
 from precompute.jobs.recs.topk.kept_check import MARGIN, carried_check, fresh_check, saved_check
 from precompute.jobs.work_dir import WorkPath

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from precompute.jobs.nights import Previous
-from precompute.jobs.recs.seen import Seen, seen_by_user
+from precompute.jobs.recs.history.seen import Seen, seen_by_user
 from precompute.jobs.recs.state import STATE
 from precompute.jobs.recs.topk.candidates import (
     INDEX_BUILD_USERS,

@@ -6,7 +6,7 @@ by user is one sort there (`group_all`), not a Ray Data shuffle. The shuffle (gr
 then a Python call per user) had a large fixed cost on small inputs and took most of the recs
 job's time past its top-k on large ones (`precompute bench scale`), and its reduce workers'
 memory grew with the input. A night that only adds files regroups from the published night's
-grouping instead (jobs/recs/kept_histories.py).
+grouping instead (jobs/recs/history/kept_histories.py).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from precompute.jobs.recs.interactions import SECONDS
-from precompute.jobs.recs.seen import GROUPED_ORDER, Seen, as_seen, user_ids, users_subset
+from precompute.jobs.recs.history.interactions import SECONDS
+from precompute.jobs.recs.history.seen import GROUPED_ORDER, Seen, as_seen, user_ids, users_subset
 from precompute.jobs.recs.state import FINGERPRINT, LENGTH
 from precompute.jobs.text.content_cache import key_column
 
-ITEMS, WEIGHTS = "items", "weights"
+ITEMS, WEIGHTS, VISITS = "items", "weights", "visits"
 HOLDS = "holds_changed"
 LANES = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03))
 """Two seeds of the fingerprint's 64-bit halves."""
@@ -102,6 +102,7 @@ def history_blocks(seen: Seen, users: np.ndarray, block: int) -> ray.data.Datase
             "id": pa.array(chosen.ids, pa.string()),
             ITEMS: pa.LargeListArray.from_arrays(chosen.offsets, chosen.items),
             WEIGHTS: pa.LargeListArray.from_arrays(chosen.offsets, chosen.weights),
+            **({} if chosen.visits is None else {VISITS: pa.LargeListArray.from_arrays(chosen.offsets, chosen.visits)}),
         }
     )
     return ray.data.from_arrow([table.slice(start, block) for start in range(0, table.num_rows, block)])
@@ -116,4 +117,5 @@ def seen_of(batch: pa.Table) -> Seen:
         items=items.flatten().to_numpy().astype(np.int64),
         weights=weights.flatten().to_numpy().astype(np.float32),
         ids=user_ids(batch["id"]),
+        visits=batch[VISITS].combine_chunks().flatten().to_numpy().astype(np.int64) if VISITS in batch.column_names else None,
     )

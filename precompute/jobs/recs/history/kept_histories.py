@@ -1,13 +1,13 @@
 """Users' histories kept from night to night: a night whose interactions only gained files
 regroups only the users those files touch.
 
-Grouping every valid interaction by user (jobs/recs/user_histories.py group_all: one sort of every
+Grouping every valid interaction by user (jobs/recs/history/user_histories.py group_all: one sort of every
 row) and fingerprinting every user grow with all the interactions, every night, the 1% one
 too; regrouping only a night's new rows grows with those rows (`precompute bench scale`, its
 1% rerun). A run stages in its recs_state/ (jobs/recs/state.py) every valid
 interaction in the grouped order (HISTORIES: item position, weight, time) and what they came
 from (HISTORIES_FILES: the vocabulary, and the input's files as their kept validations' entry
-names, jobs/recs/interaction_files.py), beside each user's id, fingerprint and number of rows
+names, jobs/recs/history/interaction_files.py), beside each user's id, fingerprint and number of rows
 (users.arrow). The next night regroups from them when the vocabulary is the same and every file
 they came from is still there: the rows of the files added since are sorted with the kept rows
 of the users they touch, and those users alone are spliced into the kept arrays and
@@ -27,11 +27,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from precompute.jobs.nights import Previous
-from precompute.jobs.recs.interaction_files import Validated
-from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
-from precompute.jobs.recs.seen import GROUPED_ORDER, Seen, as_seen, ranges, user_ids
+from precompute.jobs.recs.history.interaction_files import Validated
+from precompute.jobs.recs.history.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs.history.seen import GROUPED_ORDER, Seen, as_seen, ranges, user_ids, visit_numbers
+from precompute.jobs.recs.history.user_histories import Grouped, fingerprints, group_all
 from precompute.jobs.recs.state import FINGERPRINT, HISTORIES, HISTORIES_FILES, LENGTH, STATE, USERS_FILE
-from precompute.jobs.recs.user_histories import Grouped, fingerprints, group_all
 from precompute.jobs.text.content_cache import key_array
 from precompute.jobs.work_dir import WorkPath, read_ipc, write_ipc
 
@@ -124,13 +124,14 @@ def regrouped(kept: Kept, added: pa.Table) -> Grouped:
     new_offsets = np.zeros(users + 1, np.int64)
     np.cumsum(length, out=new_offsets[1:])
     rows = ranges(start, length)
+    seconds = pa.concat_arrays([kept.rows[SECONDS].combine_chunks(), together[SECONDS].combine_chunks()]).take(rows)
     seen = Seen(
         new_offsets,
         np.concatenate([kept.rows[INDEX].to_numpy(), part.items])[rows],
         np.concatenate([kept.rows[WEIGHT].to_numpy(), part.weights])[rows],
         user_ids(ids),
+        visit_numbers(new_offsets, seconds.to_numpy(zero_copy_only=False)),
     )
-    seconds = pa.concat_arrays([kept.rows[SECONDS].combine_chunks(), together[SECONDS].combine_chunks()]).take(rows)
     return Grouped(seen, ids, prints, seconds)
 
 

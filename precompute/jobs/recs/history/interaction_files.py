@@ -24,15 +24,15 @@ import pyarrow.dataset as pads
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.nights import inputs_digest
-from precompute.jobs.recs.interactions import INDEX, SECONDS, clean, column_renames, tag_rejects
+from precompute.jobs.recs.history.interactions import INDEX, SECONDS, clean, column_renames, tag_rejects
 from precompute.jobs.validate import REASON, keep_rejects
 from precompute.jobs.work_dir import WorkPath, read_ipc, write_ipc
 from precompute.models.datasets import Digests, arrow_dataset
 
-CHECKS = "interactions/v2"
+CHECKS = "interactions/v3"
 """The checks' identity in an entry's key: change it when a change to tag_rejects or clean
 changes what a file's rows give, or an entry's files change (v2: the rejects counted in its
-figures, their file written only where there are some)."""
+figures, their file written only where there are some; v3: the basket column)."""
 CHECK_ROWS = 1_000_000
 """Rows tagged at a time: each tag_rejects call has a fixed cost beyond its rows, so the moved
 files are read and tagged together, not file by file (`precompute bench scale`, its 1% rerun)."""
@@ -54,7 +54,7 @@ class KeptFiles(NamedTuple):
     def entries(self, interactions: InteractionsInput, schema: pa.Schema) -> dict[str, WorkPath]:
         """Each file's entry folder, by its path; `schema`: the input's, which every file is read
         as (a reject keeps each of its columns)."""
-        rules = {name: getattr(interactions, name) for name in ("user", "item", "weight", "time")}
+        rules = {name: getattr(interactions, name) for name in ("user", "item", "weight", "time", "basket")}
         described = json.dumps(
             {**rules, "checks": CHECKS, "items": self.vocabulary, "schema": str(schema.remove_metadata())}, sort_keys=True
         )
@@ -74,7 +74,7 @@ class KeptFiles(NamedTuple):
 
 
 class FileRows(NamedTuple):
-    """One file's validation: its row count, good rows (jobs/recs/interactions.py clean) and rejects."""
+    """One file's validation: its row count, good rows (jobs/recs/history/interactions.py clean) and rejects."""
 
     rows: int
     good: pa.Table

@@ -20,11 +20,14 @@ from precompute.jobs.inputs import TIME_TYPES, InteractionsInput, is_time
 from precompute.jobs.validate import REASON, id_key
 from precompute.models.text.columns import lossless, utf8_errors
 
-USER, ITEM, WEIGHT, TIME = "user_id", "item_id", "weight", "time"
+USER, ITEM, WEIGHT, TIME, BASKET = "user_id", "item_id", "weight", "time", "basket"
 INDEX = "item_index"
 """The item's position in the item table (sorted by id): what values and vectors are indexed by."""
 SECONDS = "seconds"
 """The row's time as float64 (null without a time column): the order of a user's history."""
+BASKET_TYPE = pa.binary()
+"""A good row's basket (order, session, visit) as bytes, whatever the input's key type: only
+equality matters (jobs/recs/quality.py holds out each user's last basket); null without one."""
 
 
 def iso_seconds(value: object) -> float | None:
@@ -91,6 +94,10 @@ def row_reason(user_id: object, item_id: object, weight: float | None, position:
     return None
 
 
+def basket_reason(batch: pa.Table, row: int) -> str | None:
+    return f"{BASKET} is null" if BASKET in batch.column_names and not batch[BASKET][row].is_valid else None
+
+
 def item_positions(column: pa.ChunkedArray, items: pa.Array, undecodable: list[str | None]) -> pa.Array:
     """Each row's item position in `items` (their ids as strings, unique and sorted, as the item
     table holds them), null where it is not there or its bytes are not UTF-8 (cast to text, such
@@ -153,6 +160,8 @@ def tag_rejects(batch: pa.Table, items: pa.Array) -> pa.Table:
         flags.append(np.asarray(weight_suspects(batch[WEIGHT])))
     if any(bad_times):
         flags.append(np.array([bad is not None for bad in bad_times]))
+    if BASKET in batch.column_names:
+        flags.append(np.asarray(pc.is_null(batch[BASKET])))
     rows = np.flatnonzero(np.logical_or.reduce(flags))
     checked = batch.take(pa.array(rows, pa.int64()))
     weights = checked[WEIGHT].to_pylist() if WEIGHT in batch.column_names else [None] * len(rows)
@@ -160,7 +169,7 @@ def tag_rejects(batch: pa.Table, items: pa.Array) -> pa.Table:
     reasons: list[str | None] = [None] * batch.num_rows
     users, items = checked[USER].to_pylist(), checked[ITEM].to_pylist()
     for row, *values in zip(rows, users, items, weights, found, strict=True):
-        reasons[row] = undecodable[row] or row_reason(*values) or bad_times[row]
+        reasons[row] = undecodable[row] or row_reason(*values) or bad_times[row] or basket_reason(batch, row)
     reason = pa.array(reasons, pa.string())
     no_position = pa.scalar(None, pa.int64())
     good_positions = pc.if_else(pc.is_null(reason), pc.cast(positions, pa.int64()), no_position)
@@ -169,13 +178,15 @@ def tag_rejects(batch: pa.Table, items: pa.Array) -> pa.Table:
 
 
 def column_renames(interactions: InteractionsInput, present: list[str]) -> dict[str, str]:
-    """The input's user, item, weight and time columns (those present) to the names the job uses."""
+    """The input's user, item, weight, time and basket columns (those present) to the names the job uses."""
     names = {
         interactions.user: USER,
         interactions.item: ITEM,
         interactions.weight: WEIGHT,
         interactions.time: TIME,
     }
+    if interactions.basket is not None:
+        names[interactions.basket] = BASKET
     return {old: new for old, new in names.items() if old != new and old in present}
 
 
@@ -188,5 +199,13 @@ def clean(batch: pa.Table) -> pa.Table:
             INDEX: batch[INDEX],
             WEIGHT: pc.fill_null(pc.cast(weights, pa.float32()), 1.0),
             SECONDS: batch[SECONDS],
+            BASKET: basket_bytes(batch[BASKET]) if BASKET in batch.column_names else pa.nulls(batch.num_rows, BASKET_TYPE),
         }
     )
+
+
+def basket_bytes(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A basket column of any key type as BASKET_TYPE (integers by their decimal text)."""
+    if pa.types.is_integer(column.type):
+        column = pc.cast(column, pa.string())
+    return pc.cast(column, BASKET_TYPE)

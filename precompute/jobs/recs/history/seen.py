@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import scipy.sparse as sp
 
-from precompute.jobs.recs.interactions import INDEX, SECONDS, USER, WEIGHT
+from precompute.jobs.recs.history.interactions import INDEX, SECONDS, USER, WEIGHT
 
 
 class Seen(NamedTuple):
@@ -19,6 +19,10 @@ class Seen(NamedTuple):
     weights: np.ndarray
     ids: np.ndarray | None = None
     """User u's id (str): what a model with its own user tower looks the user up by."""
+    visits: np.ndarray | None = None
+    """Each interaction's visit, counted from the user's first: interactions at one time are one
+    visit (an order's lines, a session's clicks); what repeats are timed by (jobs/recs/topk/repeat.py).
+    None: each interaction is a visit of its own."""
 
 HISTORY_ORDER = [(SECONDS, "ascending"), (INDEX, "ascending"), (WEIGHT, "ascending")]
 """A user's history in time order; ties at one time (and no time at all) by item, then weight:
@@ -42,7 +46,20 @@ def as_seen(good: pa.Table) -> Seen:
         good[INDEX].to_numpy().astype(np.int64),
         good[WEIGHT].to_numpy().astype(np.float32),
         user_ids(encoded.dictionary),  # in order of first appearance: sorted
+        visit_numbers(offsets, good[SECONDS].to_numpy(zero_copy_only=False)),
     )
+
+
+def visit_numbers(offsets: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Each row's visit (Seen.visits) from its time, rows grouped by user in time order: a new
+    visit where the user or the time changes (a row without a time, NaN, is a visit of its own)."""
+    new = np.ones(len(seconds), bool)
+    new[1:] = seconds[1:] != seconds[:-1]
+    new[offsets[:-1][offsets[:-1] < len(new)]] = True
+    counted = np.cumsum(new)
+    first = counted[offsets[:-1].clip(max=max(len(new) - 1, 0))] if len(new) else counted
+    lengths = np.diff(offsets)
+    return (counted - np.repeat(first[: len(lengths)], lengths)).astype(np.int64)
 
 def users_subset(seen: Seen, users: np.ndarray) -> Seen:
     """The rows of `users` (positions, ascending), in that order."""
@@ -50,7 +67,8 @@ def users_subset(seen: Seen, users: np.ndarray) -> Seen:
     offsets = np.zeros(len(users) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     rows = ranges(seen.offsets[users], lengths)
-    return Seen(offsets, seen.items[rows], seen.weights[rows], None if seen.ids is None else seen.ids[users])
+    ids = None if seen.ids is None else seen.ids[users]
+    return Seen(offsets, seen.items[rows], seen.weights[rows], ids, None if seen.visits is None else seen.visits[rows])
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The positions starts[i] .. starts[i] + lengths[i] - 1 of every i, in order."""
