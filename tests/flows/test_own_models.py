@@ -168,7 +168,8 @@ def test_two_models_per_kind_are_published_and_served_by_name(
     fastest = min(gate["seconds"] for gate in passing)  # auto's rule (the report rounds seconds)
     assert towers["precision"] in {gate["precision"] for gate in passing if gate["seconds"] == fastest}
     assert outputs["picks"]["towers"]["users_without_features"] == 0
-    assert outputs["picks"]["validation"]["published"] == "towers+content"
+    # The own towers, with the content part where it ranks the held-out items better (jobs/recs/quality.py).
+    assert outputs["picks"]["validation"]["published"] in {"towers", "towers+content"}
     assert outputs["minilm"]["computed"] == outputs["tiny"]["computed"] == 200
     tags = outputs["tags"]["head_training"]
     assert tags["fine_tune"]["steps"] > 0  # the tiny encoder fine-tuned on the tags' training rows

@@ -62,12 +62,13 @@ def served(statuses: list[dict]) -> dict[str, str | None]:
 
 def test_status_shows_each_outputs_versions_and_counts(stores) -> None:
     statuses = json.loads(invoke("status", "--json"))
-    assert served(statuses) == {"embeddings": V2, "labels": V2, "recs": V2}
+    assert served(statuses) == {"embeddings": V2, "labels": V2, "recs": V2, "related": None}
     counts = {s["output"]: [(v["name"], v["count"], v["current"]) for v in s["versions"]] for s in statuses}
     assert counts == {
         "embeddings": [(V1, 3, False), (V2, 4, True)],
         "labels": [(V1, 5, False), (V2, 5, True)],
         "recs": [(V1, 7, False), (V2, 7, True)],
+        "related": [],  # nothing published: listed all the same
     }
     table = invoke("status")
     assert "labels (labels, redis: " in table and f"): serving {V2}" in table and f"* {V2}" in table
@@ -75,10 +76,10 @@ def test_status_shows_each_outputs_versions_and_counts(stores) -> None:
 
 def test_rollback_moves_one_output_only(stores) -> None:
     assert invoke("rollback", "labels").strip() == f"labels: serving {V1}"
-    assert served(json.loads(invoke("status", "--json"))) == {"embeddings": V2, "labels": V1, "recs": V2}
+    assert served(json.loads(invoke("status", "--json"))) == {"embeddings": V2, "labels": V1, "recs": V2, "related": None}
     assert invoke("rollback", "embeddings").strip() == f"embeddings: serving {V1}"
     assert invoke("rollback", "labels", "--to", V2).strip() == f"labels: serving {V2}"
-    assert served(json.loads(invoke("status", "--json"))) == {"embeddings": V1, "labels": V2, "recs": V2}
+    assert served(json.loads(invoke("status", "--json"))) == {"embeddings": V1, "labels": V2, "recs": V2, "related": None}
 
 
 def test_rollback_refuses_what_it_cannot_do(stores) -> None:

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.recs import interaction_files
+from precompute.jobs.recs.history import interaction_files
 from precompute.jobs.recs.history.interaction_files import (
     NIGHTS,
     REJECTED,

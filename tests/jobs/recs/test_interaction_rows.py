@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from precompute.jobs.inputs import InteractionsInput
-from precompute.jobs.recs import interaction_files
+from precompute.jobs.recs.history import interaction_files
 from precompute.jobs.recs.history.interaction_files import validated_interactions
 from precompute.jobs.recs.history.interactions import INDEX, probed, row_reason, searched, tag_rejects
 from precompute.jobs.recs.quality import valid_interactions
