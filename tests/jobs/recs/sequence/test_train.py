@@ -1,5 +1,6 @@
-"""The sequence model's nights: a warm start from last night's weights reaches a cold start's
-quality in a fraction of its steps, and falls back to cold, saying why, when it cannot apply."""
+"""The sequence model's nights: a warm start from last night's weights (new items given fresh
+rows) reaches a cold start's quality in a fraction of its steps, falls back to cold, saying why,
+when it cannot apply, and training stops on its time budget."""
 
 from __future__ import annotations
 
@@ -73,6 +74,31 @@ def test_a_warm_start_that_cannot_apply_is_cold_and_says_why(tmp_path: Path) -> 
         moved.state["item_embedding.weight"][1:].numpy(),
         model.item_embedding.weight.detach()[1:].numpy()[::-1],
     )
+
+
+def test_a_warm_start_with_a_few_new_items_keeps_the_others_and_gives_the_new_ones_fresh_rows(tmp_path: Path) -> None:
+    """38 of 40 items kept (95%, above WARM_MIN_SHARED) and two new ones, in another order:
+    each kept item's row moves with its id; the new ones get a fresh model's rows, not an old one's."""
+    path = tmp_path / "sequence.pt"
+    model, _ = train_sequence(*csr(walks(50, seed=1)), ITEMS, SPEC.model_copy(update={"max_epochs": 1}))
+    save_weights(model, SPEC, IDS, path)
+    today = pa.array(["new-a", *IDS.to_pylist()[2:], "new-b"], pa.string())  # item00, item01 gone
+    warm = warm_start(path, today, SPEC)
+    assert warm.state is not None and warm.reason == "warm: 38 of 40 items' weights carried over"
+    rows, old = warm.state["item_embedding.weight"], model.item_embedding.weight.detach()
+    np.testing.assert_array_equal(rows[2:40].numpy(), old[3:41].numpy())  # item02..item39, row 0 pads
+    for new_row in (1, 40):
+        assert not any(np.allclose(rows[new_row].numpy(), old[r].numpy()) for r in range(1, 41))
+
+
+def test_training_stops_on_its_budget_and_keeps_the_best_checks_weights() -> None:
+    """A budget of a few steps' time: training ends there (not on patience or epochs), says so, and
+    the model returned is the best check's."""
+    spec = SPEC.model_copy(update={"train_budget_s": 0.05, "max_epochs": 200, "patience": 200})
+    model, report = train_sequence(*csr(walks(300, seed=1)), ITEMS, spec)
+    assert report.stopped == "train_budget_s 0.05" and report.epochs < 200
+    assert len(report.curve) >= 1
+    assert report.best_ndcg10 == max(report.curve) and not model.training  # returned in eval mode
 
 
 def test_more_training_workers_than_the_cluster_has_cpus_are_refused_by_name(ray_local) -> None:
