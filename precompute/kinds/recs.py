@@ -29,7 +29,7 @@ from precompute.settings import Machine
 from precompute.stores.key_value.versions import OutputVersions
 
 if TYPE_CHECKING:  # the job imports Ray: the night's, not the service's
-    from precompute.jobs.recs.quality import RecsQuality
+    from precompute.jobs.recs.quality import Measured, RecsQuality
 
 
 class RecsOutputSpec(OutputSpec, RecsSpec):
@@ -190,15 +190,20 @@ class Recs(KeyedKind[RecsComputed]):
     ) -> RecsQuality:
         """Published only if the model's held-out NDCG@10 beats most-popular's by `min_lift`, then
         the version's records checked like every key-value version's."""
-        from precompute.jobs.recs.quality import beats_most_popular
-
-        if refusal := beats_most_popular(computed.quality, output.spec.min_lift):
-            raise QualityError(refusal)
+        check_lift(computed.quality, output.spec.min_lift)
         super().validate(run, output, target, computed)
         return computed.quality
 
     def max_k(self, output: Output) -> int:
         return output.spec.k
+
+
+def check_lift(quality: Measured, min_lift: float) -> None:
+    """QualityError unless the held-out NDCG@10 is above `min_lift` x most-popular's."""
+    from precompute.jobs.recs.quality import beats_most_popular
+
+    if refusal := beats_most_popular(quality, min_lift):
+        raise QualityError(refusal)
 
 
 def check_interactions(output: Output, source: InteractionsInput) -> None:

@@ -19,9 +19,9 @@ from pydantic import Field
 
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs.spec import RelatedSpec
-from precompute.kinds import Output, OutputSpec, QualityError, RunContext, Target
+from precompute.kinds import Output, OutputSpec, RunContext, Target
 from precompute.kinds.keyed import KeyedKind, VersionVocabulary, store_line
-from precompute.kinds.recs import check_interactions
+from precompute.kinds.recs import check_interactions, check_lift
 from precompute.kinds.report import UNREPORTED, Computed
 from precompute.lookup.keys import RELATED
 from precompute.lookup.served import Served
@@ -112,10 +112,7 @@ class Related(KeyedKind[RelatedComputed]):
     ) -> RelatedQuality:
         """Published only if the merged lists' held-out NDCG@10 beats most-popular's by `min_lift`,
         then the version's records checked like every key-value version's."""
-        from precompute.jobs.recs.quality import beats_most_popular
-
-        if refusal := beats_most_popular(computed.quality, output.spec.min_lift):
-            raise QualityError(refusal)
+        check_lift(computed.quality, output.spec.min_lift)
         super().validate(run, output, target, computed)
         return computed.quality
 
