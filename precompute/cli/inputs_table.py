@@ -35,11 +35,11 @@ FIELDS = {
     "id": "embeddings, labels: `input.id`; recs towers' features",
     "text": "embeddings, labels: `input.text`; embeddings: `queries.text`",
     "label": "labels: `input.label`",
-    "user": "recs: `input.user`",
-    "item": "recs: `input.item`",
-    "weight": "recs: `input.weight`",
-    "time": "recs: `input.time`",
-    "basket": "recs: `input.basket`",
+    "user": "recs, related: `input.user`",
+    "item": "recs, related: `input.item`",
+    "weight": "recs, related: `input.weight`",
+    "time": "recs, related: `input.time`",
+    "basket": "recs, related: `input.basket`",
 }
 SOURCES = [
     ("a file", "`corpus.parquet`"),

@@ -120,5 +120,5 @@ class Related(KeyedKind[RelatedComputed]):
         return output.spec.k
 
     def serve(self, serving: Serving, output: Output, machine: Machine) -> Served:
-        keyed = serving.keys.serve(output.name, output.store, self.format, max_k=self.max_k(output))
-        return SessionOutput(keyed, output.spec.seen)
+        serving.keys.serve(output.name, output.store, self.format, max_k=self.max_k(output))
+        return SessionOutput(serving.keys, output.name, output.spec.seen)

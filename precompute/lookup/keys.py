@@ -199,17 +199,10 @@ class KeyLookups:
         return get
 
     def batch_get(self, name: str) -> Handler:
-        settings, output = self.settings, self.outputs[name]
+        output = self.outputs[name]
 
         async def batch_get(request: Request) -> Response:
-            req = await validated_body(request, output.batch_model, settings)
-            if len(req.ids) > settings.max_batch_ids:
-                return error(422, f"at most {settings.max_batch_ids} ids per call", field="ids")
-            for i, item_id in enumerate(req.ids):
-                check_id(item_id, f"ids.{i}", settings.max_id_chars)
-            k = getattr(req, "k", None)
-            if k is not None and k > output.max_k:
-                return error(422, f"k must be at most {output.max_k}: the most a record holds", field="k")
+            req, k = await self.batch_body(request, output, output.batch_model)
             version, vocabulary, values = await self.read(output, req.ids)
             results, missing = [], []
             for item_id, value in zip(req.ids, values, strict=True):
@@ -228,6 +221,22 @@ class KeyLookups:
             f"The {output.name} of many ids, all from one published version; unknown ids listed."
         )
         return batch_get
+
+    async def batch_body(
+        self, request: Request, output: KeyFormat, model: type[LabelsBatchGet]
+    ) -> tuple[LabelsBatchGet, int | None]:
+        """A batch call's body as `model`, its ids and its k (None where it has none) checked;
+        Refused with a 422 naming the first field that is wrong."""
+        settings = self.settings
+        req = await validated_body(request, model, settings)
+        if len(req.ids) > settings.max_batch_ids:
+            raise Refused(error(422, f"at most {settings.max_batch_ids} ids per call", field="ids"))
+        for i, item_id in enumerate(req.ids):
+            check_id(item_id, f"ids.{i}", settings.max_id_chars)
+        k = getattr(req, "k", None)
+        if k is not None and k > output.max_k:
+            raise Refused(error(422, f"k must be at most {output.max_k}: the most a record holds", field="k"))
+        return req, k
 
     async def read(self, output: KeyFormat, ids: list[str]) -> tuple[str, Vocabulary, list[bytes | None]]:
         """(published version, its vocabulary, values); Refused with a 503 while nothing can be read."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from precompute.jobs.recs.history.interactions import BASKET, SECONDS
-from precompute.jobs.recs.history.seen import GROUPED_ORDER, Seen, as_seen, users_subset
+from precompute.jobs.recs.history.seen import GROUPED_ORDER, Seen, as_seen, pair_keys, users_subset
 
 EVAL_K = 10
 COLD_HISTORY = 2
@@ -117,8 +117,8 @@ def scored(
     over the held-out items; `explore`: the same model's lists of unseen items alone (the same
     lists where it excludes seen items), for the new-item metrics."""
     users, k = indices.shape
-    own = keys(sample.offsets, sample.items, items)
-    wanted = np.unique(keys(held.offsets, held.items, items))
+    own = pair_keys(sample.offsets, sample.items, items)
+    wanted = np.unique(pair_keys(held.offsets, held.items, items))
     new = wanted[~np.isin(wanted, own)]
     hits, ideal = relevant(indices, wanted, items), np.bincount(wanted // items, minlength=users)
     ndcg = dcg(hits) / ideal_dcg(ideal, k)
@@ -135,12 +135,6 @@ def scored(
         new_item_ndcg=rounded((dcg(fresh) / ideal_dcg(new_count, k))[with_new].mean()) if with_new.any() else None,
         new_item_hit_rate=rounded(fresh.any(axis=1)[with_new].mean()) if with_new.any() else None,
     )
-
-
-def keys(offsets: np.ndarray, items: np.ndarray, catalogue: int) -> np.ndarray:
-    """user * catalogue + item of every row of a CSR (its offsets from 0)."""
-    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    return rows * catalogue + items[offsets[0] : offsets[-1]]
 
 
 def relevant(indices: np.ndarray, wanted: np.ndarray, items: int) -> np.ndarray:

@@ -39,9 +39,9 @@ import torch
 from precompute.jobs import progress
 from precompute.jobs.inputs import InteractionsInput
 from precompute.jobs.recs.blend import BlendTowers, ensemble
-from precompute.jobs.recs.held_out import COLD_HISTORY, EVAL_K, Held, ModelQuality, hold_out, keys, scored
+from precompute.jobs.recs.held_out import COLD_HISTORY, EVAL_K, Held, ModelQuality, hold_out, scored
 from precompute.jobs.recs.history.interactions import INDEX, clean, column_renames, tag_rejects
-from precompute.jobs.recs.history.seen import Seen, users_subset
+from precompute.jobs.recs.history.seen import Seen, pair_keys, users_subset
 from precompute.jobs.recs.kept_als import KeptALS
 from precompute.jobs.recs.models import ENSEMBLED, ITEM_ITEM_MAX_ITEMS, candidates, train_towers
 from precompute.jobs.recs.sequence.towers import SequenceTowers
@@ -169,8 +169,8 @@ def with_seen(
 
 def repeat_share(sample: Seen, held: Held, items: int) -> float:
     """The share of the sample's held-out items that its user had in training."""
-    own = keys(sample.offsets, sample.items, items)
-    wanted = keys(held.offsets, held.items, items)
+    own = pair_keys(sample.offsets, sample.items, items)
+    wanted = pair_keys(held.offsets, held.items, items)
     return round(float(np.isin(wanted, own).mean()), 4) if len(wanted) else 0.0
 
 

@@ -13,7 +13,8 @@ from precompute.jobs.recs.history.seen import Seen
 from precompute.jobs.recs.models import train_towers
 from precompute.jobs.recs.quality import beats_most_popular, evaluate, valid_interactions
 from precompute.jobs.recs.spec import RecsSpec, SequenceSpec
-from precompute.jobs.recs.topk.exact import BlockedTopK, recommend_users
+from precompute.jobs.recs.topk.exact import BlockedTopK
+from precompute.jobs.recs.towers import Towers
 
 IDS = ["a0", "a1", "b0", "b1", "cold", "popular"]
 A0, A1, B0, B1, COLD, POPULAR = range(6)
@@ -38,6 +39,11 @@ def csr(rows: list[list[int]]) -> Seen:
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     items = np.array([i for r in rows for i in r], np.int64)
     return Seen(offsets, items, np.ones(len(items), np.float32))
+
+
+def recommend_users(towers: Towers, ranker: BlockedTopK, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, scores) of the users in `seen`: their tower, then the exact top-k, as the job ranks."""
+    return ranker(torch.from_numpy(towers.users(seen)), seen)
 
 
 def ranking(model: str, content_weight: float) -> list[int]:

@@ -75,6 +75,13 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ends = np.cumsum(lengths)
     return np.repeat(starts - ends + lengths, lengths) + np.arange(ends[-1] if len(ends) else 0)
 
+def pair_keys(offsets: np.ndarray, items: np.ndarray, catalogue: int) -> np.ndarray:
+    """user * catalogue + item of every row of a CSR (its rows from offsets[0] on): one integer per
+    (user, item) pair, for set operations over many users at once."""
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    return rows * catalogue + items[offsets[0] : offsets[-1]]
+
+
 def user_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """User ids as the numpy strings OwnTowers searches."""
     return np.asarray(ids.to_pylist(), dtype=str)

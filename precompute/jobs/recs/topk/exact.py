@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from precompute.jobs.recs.history.seen import Seen
-from precompute.jobs.recs.towers import Towers
 
 SCORE_BUFFER_BYTES = 512 * 2**20
 """The score buffer's bound: a block of users is scored against tiles of at most this many bytes
@@ -149,7 +148,3 @@ def popularity_prior(counts: np.ndarray, weight: float) -> np.ndarray:
     logs = np.log1p(counts.astype(np.float32))
     return (weight * logs / max(float(logs.max()), 1e-12)).astype(np.float32)
 
-
-def recommend_users(towers: Towers, ranker: BlockedTopK, seen: Seen) -> tuple[np.ndarray, np.ndarray]:
-    """(indices, scores) of the users in `seen`: their tower, then the exact top-k."""
-    return ranker(torch.from_numpy(towers.users(seen)), seen)

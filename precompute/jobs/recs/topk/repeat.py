@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precompute.jobs.recs.history.seen import Seen
+from precompute.jobs.recs.history.seen import Seen, pair_keys
 
 WEIGHTS = (0.0, 1.0, 4.0, 16.0, 64.0)
 """The repeat weights the quality check tries (jobs/recs/quality.py), in units of model spread."""
@@ -92,8 +92,7 @@ def seen_scores(
     latest = np.zeros(len(lengths), np.int64)
     np.maximum.at(latest, rows, visits)
     ages = latest[rows] - visits
-    keys = rows * len(item_vectors) + seen.items[start:stop]
-    pairs, pair_of = np.unique(keys, return_inverse=True)
+    pairs, pair_of = np.unique(pair_keys(seen.offsets, seen.items, len(item_vectors)), return_inverse=True)
     pair_of = pair_of.reshape(-1)
     pair_rows, pair_items = pairs // len(item_vectors), pairs % len(item_vectors)
     model = np.empty(len(pairs))
