@@ -18,7 +18,6 @@ row of the model per item.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,15 +139,19 @@ def evaluate_related(good: pa.Table, items: int, settings: RelatedSpec, seed: in
     prior = popularity_prior(counts, weight) if weight else None
     modes = {"exclude": [False], "include": [True], "auto": [False, True]}[settings.seen]
     judged: dict[tuple[str, bool], ModelQuality] = {}
-    trained: dict[str, Towers] = {}
+    chosen: tuple[str, bool] | None = None
     vectors = np.zeros((items, 1), np.float32)
-    for name, include in itertools.product(candidates(settings.model, items, split.name == "temporal"), modes):
-        if name not in trained:
-            trained[name] = train_towers(name, split.train, vectors, settings.recs())
-            values = item_lists(trained[name], prior, settings.k)
-        judged[name, include] = session_quality(values, sessions, sample, held, items, include)
-        progress.note(name, f"held-out NDCG@{EVAL_K} {judged[name, include].ndcg:.4f} (session items {'allowed' if include else 'excluded'})")
-    (name, include) = max(judged, key=lambda key: judged[key].ndcg)  # a tie: the first, seen excluded
+    for candidate in candidates(settings.model, items, split.name == "temporal"):
+        towers = train_towers(candidate, split.train, vectors, settings.recs())
+        values = item_lists(towers, prior, settings.k)
+        for allowed in modes:
+            measured = judged[candidate, allowed] = session_quality(values, sessions, sample, held, items, allowed)
+            note = f"held-out NDCG@{EVAL_K} {measured.ndcg:.4f} (session items {'allowed' if allowed else 'excluded'})"
+            progress.note(candidate, note)
+            if chosen is None or measured.ndcg > judged[chosen].ndcg:  # a tie: the first, seen excluded
+                chosen, best = (candidate, allowed), towers  # the others' matrices are let go
+    assert chosen is not None  # candidates and modes are never empty
+    name, include = chosen
     lengths = [len(session) for session in sessions]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     popular = measure(None, counts, Seen(offsets, np.concatenate(sessions), np.ones(sum(lengths), np.float32)), held, items)
@@ -166,7 +169,7 @@ def evaluate_related(good: pa.Table, items: int, settings: RelatedSpec, seed: in
         candidates={f"{model}, session items {'allowed' if allowed else 'excluded'}": q for (model, allowed), q in judged.items()},
         note=few_held_out(len(users), "users"),
     )
-    return quality, trained[name]
+    return quality, best
 
 
 def run_related_job(
