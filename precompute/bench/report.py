@@ -134,14 +134,64 @@ def bench_table(records: list[Record]) -> str:
 def render(folder: Path) -> str:
     """docs/benchmarks.md for the records in `folder`."""
     records = read_records(folder)
+    latest = list(newest(records).values())
     by_bench: dict[str, list[Record]] = {}
-    for (bench, _, _), record in newest(records).items():
-        by_bench.setdefault(bench, []).append(record)
+    for record in latest:
+        by_bench.setdefault(record.bench, []).append(record)
     sections = [INTRO, f"## Summary\n\nThe newest record of each bench, on any machine:\n\n{summary_of(records)}\n"]
-    for bench, records in by_bench.items():
-        command = max(records, key=lambda r: r.order).fields["command"]
-        sections.append(f"## {bench}\n\nNewest command line: `{command}`\n\n{bench_table(records)}\n")
+    for bench, of_bench in by_bench.items():
+        command = max(of_bench, key=lambda r: r.order).fields["command"]
+        sections.append(f"## {bench}\n\nNewest command line: `{command}`\n\n{bench_table(of_bench)}\n")
+    if table := engines_table(latest):
+        sections.append(f"{ENGINES_INTRO}\n{table}\n")
     return "\n".join(sections)
+
+
+ENGINES_INTRO = """## Engines served, by machine
+
+The rung of the precision ladder each bench's newest run served on each machine class: what
+passed the accuracy gate there ([engines](engines.md)), for the job (batches) and, where the bench
+served search, for queries.
+"""
+
+
+def engine_name(engine: object) -> str:
+    """A record's engine: "backend/device/precision" as benches write it, or its dict."""
+    if isinstance(engine, dict):
+        return "/".join(str(engine.get(part, "?")) for part in ("backend", "device", "precision"))
+    return str(engine)
+
+
+def served_engines(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, job engine, query engine) of a record's result: its own, or each data set's."""
+    found = []
+    if engine := result.get("engine") or result.get("job_engine"):
+        found.append(("", engine_name(engine), engine_name(result.get("query_engine") or "-")))
+    for name, part in (result.get("datasets") or {}).items():
+        if isinstance(part, dict) and part.get("engine"):
+            found.append((name, engine_name(part["engine"]), "-"))
+    return found
+
+
+def engines_table(records: list[Record]) -> str:
+    head = ["machine class", "bench", "data set", "job engine", "query engine", "record"]
+    lines = []
+    for record in sorted(records, key=lambda r: (r.machine_class, r.bench, r.fields["dataset"])):
+        for what, job, query in served_engines(record.fields["result"]):
+            dataset = f"{record.fields['dataset']}{f' ({what})' if what else ''}"
+            lines.append(
+                row(
+                    [
+                        f"`{record.machine_class}`",
+                        record.bench,
+                        dataset,
+                        f"`{job}`",
+                        f"`{query}`" if query != "-" else "-",
+                        f"[{record.file}](../bench/results/{record.file})",
+                    ]
+                )
+            )
+    return "\n".join([row(head), row(["---"] * len(head)), *lines]) if lines else ""
 
 
 def summary(folder: Path) -> str:

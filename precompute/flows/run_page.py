@@ -26,13 +26,22 @@ from precompute.models.engines.gate import COSINE_BINS
 TOP_REASONS = 10
 GATE_FIELDS = {
     "reason": "",
+    "recall_ratio": None,
+    "recall": None,
+    "recall_fp32": None,
+    "mrr_ratio": None,
+    "pairs": None,
+    "overlap": None,
+    "accuracy": None,
+    "accuracy_fp32": None,
     "mean_cosine": None,
     "min_cosine": None,
     "agreement": None,
     "cosine_histogram": None,
     "note": "",
 }
-"""A gate's fields the page reads; a classifier's gate (labels) has no cosines, an embedder's no agreement."""
+"""A gate's fields the page reads: an encoder's gate has recall and cosines, a label head's
+accuracy and agreement, a classifier's agreement alone."""
 
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Run {{ run }}</title>
@@ -66,8 +75,11 @@ svg text { font: 11px system-ui, sans-serif; fill: #1f2328; }
 {% if o.seconds %}<div><h3>seconds per stage of compute</h3>{{ bars(o.seconds) }}</div>{% endif %}
 {% if o.rates %}<div><h3>{{ o.rate_unit }} per stage</h3>{{ bars(o.rates) }}</div>{% endif %}
 {% for g in o.gates %}<div><h3>Gate {{ g.precision }}: {% if g.passed %}<span class="ok">passed</span>{% else %}<span class="bad">failed</span>{% endif -%}
-{% if g.mean_cosine is not none %}, mean cosine {{ "%.4f"|format(g.mean_cosine) }}, min {{ "%.4f"|format(g.min_cosine) }}{% endif %}
-{%- if g.agreement is not none %}, top-label agreement {{ "%.4f"|format(g.agreement) }}{% endif %}</h3>
+{% if g.recall_ratio is not none %}, known-item recall ratio {{ "%.4f"|format(g.recall_ratio) }} ({{ "%.4f"|format(g.recall) }} vs FP32 {{ "%.4f"|format(g.recall_fp32) }}, {{ g.pairs }} pairs){% endif %}
+{%- if g.accuracy is not none %}, held-out accuracy {{ "%.4f"|format(g.accuracy) }} vs FP32 {{ "%.4f"|format(g.accuracy_fp32) }}{% endif %}</h3>
+<div>{% if g.mrr_ratio is not none %}MRR@10 ratio {{ "%.4f"|format(g.mrr_ratio) }}, {% endif %}{% if g.overlap is not none %}neighbour overlap {{ "%.4f"|format(g.overlap) }}, {% endif %}
+{%- if g.mean_cosine is not none %}mean cosine {{ "%.4f"|format(g.mean_cosine) }}, min {{ "%.4f"|format(g.min_cosine) }}{% endif %}
+{%- if g.agreement is not none %}top-label agreement {{ "%.4f"|format(g.agreement) }}{% endif %} (reported, not gated{% if g.mean_cosine is not none %} but the cosine floor{% endif %})</div>
 {% if g.cosine_histogram %}<div>cosine to FP32 of {{ g.cosine_histogram|sum }} held-out texts</div>{{ histogram(g.cosine_histogram) }}{% endif %}{% if g.reason %}<div>{{ g.reason }}</div>{% endif %}{% if g.note %}<div>{{ g.note }}</div>{% endif %}</div>{% endfor %}
 </div>
 {% if o.recall is not none %}<h3>Index check</h3><div>recall@10 {{ "%.3f"|format(o.recall) }} of the HNSW index against exact search</div>

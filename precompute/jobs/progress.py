@@ -157,3 +157,81 @@ def note(part: str, text: str) -> None:
     output, stage_name, start = current
     progress = Progress(output, f"{stage_name} {part}", time.monotonic() - start, ended=True, note=text)
     LOG.info("%s", progress.line(), extra={"progress": progress})
+
+
+@ray.remote(num_cpus=0)
+class Lines:
+    """Lines a remote task logged, for the driver to relay (`relayed`)."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def add(self, line: str) -> None:
+        self._lines.append(line)
+
+    def since(self, seen: int) -> list[str]:
+        return self._lines[seen:]
+
+
+class _ToLines(logging.Handler):
+    def __init__(self, lines: ActorHandle) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.add.remote(record.getMessage())
+
+
+@contextmanager
+def forwarded(lines: ActorHandle | None, logger: str) -> Iterator[None]:
+    """In a remote task: `logger`'s INFO records go to `lines` (a `relayed` context's), the last
+    of them delivered before the task returns."""
+    if lines is None:
+        yield
+        return
+    handler, log = _ToLines(lines), logging.getLogger(logger)
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        with contextlib.suppress(RayActorError):
+            ray.get(lines.since.remote(0))  # behind this task's adds in the actor's queue
+
+
+@contextmanager
+def relayed(output: str, part: str) -> Iterator[ActorHandle]:
+    """Yields the Lines a remote task forwards its log to (`forwarded`); each line is logged here
+    as a note of `output`'s `part` once a second, and the rest at the end: the engine ladder runs
+    in its own task while the driver validates rows, and it takes minutes before a row is
+    embedded on a cold cache."""
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    lines = Lines.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+    start = time.monotonic()
+    stop = threading.Event()
+    seen = 0
+
+    def relay() -> None:
+        nonlocal seen
+        with contextlib.suppress(GetTimeoutError, RayActorError):
+            for text in ray.get(lines.since.remote(seen), timeout=10 * INTERVAL_S):
+                seen += 1
+                progress = Progress(output, part, time.monotonic() - start, ended=True, note=text)
+                LOG.info("%s", progress.line(), extra={"progress": progress})
+
+    def tick() -> None:
+        while not stop.wait(INTERVAL_S):
+            relay()
+
+    thread = threading.Thread(target=tick, name=f"relay-{output}-{part}", daemon=True)
+    thread.start()
+    try:
+        yield lines
+    finally:
+        stop.set()
+        thread.join()
+        relay()
+        ray.kill(lines)

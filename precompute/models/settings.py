@@ -76,22 +76,23 @@ class EnginePolicy(BaseSettings):
     AMX-BF16 int8 -> bf16 -> fp32, BF16 run by PyTorch). On other CPUs int8 first tries mixed
     graphs that keep its most sensitive MatMuls in float."""
 
-    gate_mean_cosine: float = Field(0.99, gt=0, le=1)
-    """Accuracy gate: a quantized encoder is used only if its mean cosine to FP32 reaches this."""
+    gate_min_recall_ratio: float = Field(0.99, ge=0, le=1)
+    """Encoders: a quantized engine serves only if it finds at least this share of what FP32 finds:
+    recall@10 of known-item pairs cut from the output's own held-out texts (a text's opening words
+    as the query, the rest as its answer), searched exactly, against FP32's on the same pairs. 0
+    gates on `gate_mean_cosine` alone (a corpus of texts too short to make pairs needs it)."""
 
-    gate_min_cosine: float = Field(0.97, gt=0, le=1)
-    """Accuracy gate: a quantized encoder is used only if its worst text's cosine to FP32 reaches this too."""
+    gate_mean_cosine: float = Field(0.95, gt=0, le=1)
+    """Encoders: a floor on the mean cosine of the engine's vectors to FP32's. Not what users feel
+    (recall is, above): it refuses an engine that collapsed however its pairs rank."""
 
-    gate_min_overlap: float = Field(0.98, ge=0, le=1)
-    """Accuracy gate: a quantized encoder is used only if each held-out text's 10 nearest other
-    held-out texts are FP32's on this share, on average (labels are judged by their own agreement
-    instead). Served search keeps less than this: among a corpus many times the held-out texts,
-    neighbours lie closer, so the served overlap is lower than the gate's (`precompute bench
-    fidelity` measures it). Lower it to trade fidelity for speed."""
+    gate_min_accuracy_ratio: float = Field(0.995, gt=0, le=1)
+    """Label heads: a precision labels only if the head's held-out accuracy under it is at least
+    this share of its accuracy under FP32."""
 
     gate_agreement: float = Field(0.99, gt=0, le=1)
-    """Labels and classifiers: a precision labels only if its top label is FP32's on this share
-    of the held-out texts."""
+    """Classifiers (a labels output's `classifier` folder, which brings no labelled rows): a
+    precision labels only if its top label is FP32's on this share of the held-out texts."""
 
     gate_texts: int = Field(256, ge=16)
     """Held-out texts the gate compares on, drawn from the output's own input."""

@@ -47,6 +47,7 @@ from precompute.jobs.vectors.index_check import next_graph
 from precompute.jobs.vectors.load import load_version
 from precompute.models import Engine, load_encoder
 from precompute.models.datasets import input_files
+from precompute.models.engines.load import ENGINE_LOG
 from precompute.stores.vectors.settings import Quantization
 from precompute.stores.vectors.store import GRAPH_KEY, VectorStore
 
@@ -104,11 +105,11 @@ def version_meta(engine: Engine) -> dict[str, Any]:
 
 
 @ray.remote(max_calls=1)
-def prepare_engine(engine: Engine) -> dict[str, Any]:
-    """Build (or find cached) and gate the engine once, before the actors fan out. Its worker
-    exits after it (`max_calls=1`): reused, it carried the engine's and PyTorch's pages into the
-    read and write tasks that ran in it next."""
-    with load_encoder(engine) as encoder:
+def prepare_engine(engine: Engine, lines: ActorHandle | None = None) -> dict[str, Any]:
+    """Build (or find cached) and gate the engine once, before the actors fan out, its ladder's
+    lines forwarded to the driver's `lines`. Its worker exits after it (`max_calls=1`): reused,
+    it carried the engine's and PyTorch's pages into the read and write tasks that ran in it next."""
+    with progress.forwarded(lines, ENGINE_LOG), load_encoder(engine) as encoder:
         return asdict(encoder.report)
 
 
@@ -186,11 +187,11 @@ def embed_corpus(
     cache lacks into `run`'s staged parts: (the night, with its rows, rejects and engine report;
     rows computed; seconds by stage)."""
     seconds: dict[str, float] = {}
-    with ray_session(settings.ray_address):
+    with ray_session(settings.ray_address), progress.relayed(output, "engine") as lines:
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         # The engine is built and gated while the rows are validated and compared with the
         # cache: on a cold engine cache that takes minutes, and it reads no row of the corpus.
-        prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine)
+        prepared = prepare_engine.options(num_gpus=1 if gpus else 0).remote(engine, lines)
         start = time.perf_counter()
         with progress.stage(output, "validate"):
             good, rows, rejects = validated_corpus(corpus, run / REJECTS, validation, settings.driver_rows > 0)

@@ -45,6 +45,7 @@ from precompute.jobs.validate import REJECTS
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.datasets import input_files
+from precompute.models.engines.load import ENGINE_LOG
 from precompute.models.labels.head import LabelTask, load_head
 from precompute.models.labels.labeler import LabelerReport, chosen_head, load_labeler, open_labeler
 from precompute.stores.key_value.records import encode_ranked
@@ -145,10 +146,13 @@ class LabelActor:
 
 
 @ray.remote(max_calls=1)
-def prepare_labeler(labels: LabelTask, engine: Engine, head_dir: Path | None) -> LabelerReport:
-    """Build the engine and gate the labeler of the chosen head once. Its worker exits after it,
-    as prepare_engine's (jobs/text/embed.py)."""
-    with load_labeler(labels, engine, head_dir) as labeler:
+def prepare_labeler(
+    labels: LabelTask, engine: Engine, head_dir: Path | None, lines: ActorHandle | None = None
+) -> LabelerReport:
+    """Build the engine and gate the labeler of the chosen head once, its ladder's lines
+    forwarded to the driver's `lines`. Its worker exits after it, as prepare_engine's
+    (jobs/text/embed.py)."""
+    with progress.forwarded(lines, ENGINE_LOG), load_labeler(labels, engine, head_dir) as labeler:
         assert labeler.report is not None  # load_labeler gated it
         return labeler.report
 
@@ -192,9 +196,9 @@ def run_labels_job(
         return unchanged_night(night, previous, work_dir, before_write, seconds)
     validation = validation_entry(settings.work_dir, files, corpus)
     head_dir, vocabulary = chosen_vocabulary(labels, engine, head_dir)
-    with ray_session(settings.ray_address):
+    with ray_session(settings.ray_address), progress.relayed(output, "engine") as lines:
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
-        prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine, head_dir)  # as embed.py
+        prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine, head_dir, lines)  # as embed.py
         start = time.perf_counter()
         with progress.stage(output, "validate"):
             good, rows, rejects = validated_corpus(corpus, rejects_path, validation, settings.driver_rows > 0)

@@ -8,6 +8,7 @@ that fails is recorded with its reason in the report.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,7 +21,14 @@ import onnxruntime as ort
 from precompute.models.backends import BuildSpec, ConcreteDevice, Runner
 from precompute.models.engines.cache import EngineCache
 from precompute.models.engines.climb import Rung, climb
-from precompute.models.engines.gate import GateResult, agreement_gate, cosine_gate, few_texts
+from precompute.models.engines.gate import (
+    GateResult,
+    agreement_gate,
+    few_texts,
+    known_item_pair,
+    known_items,
+    recall_gate,
+)
 from precompute.models.engines.graphs import FUSABLE, FUSED, MIXED_SHARES, ONNX_VARIANTS
 from precompute.models.engines.runtime import BF16, resolve_backend, resolve_device, rung_backend, text_ladder
 from precompute.models.errors import ModelError
@@ -31,6 +39,10 @@ from precompute.models.text.kept_vectors import read, text_digest, vectors_of
 from precompute.models.text.reference import reference_texts
 from precompute.models.text.tokenize import TextTokenizer
 
+ENGINE_LOG = "precompute.engine"
+LOG = logging.getLogger(ENGINE_LOG)
+"""A line per step of the ladder (a graph built, a rung gated): jobs relay them as progress
+lines (jobs/progress.py relayed), since a cold ladder takes minutes before the first row."""
 GATE_VECTORS = "gate-vectors.npz"
 """An engine's outputs of the gate texts (and the label gate's calibration texts), in its cache
 entry, by text."""
@@ -138,10 +150,12 @@ class _Builder:
 
             key = {"model": self.model}
             source = self.config.model
-            return (
-                self.cache.get_or_build("export", key, lambda d: export_onnx(source, d / "model.onnx")).path
-                / "model.onnx"
-            )
+
+            def export(directory: Path) -> None:
+                LOG.info("exporting %s to ONNX (FP32)", source.folder.name)
+                export_onnx(source, directory / "model.onnx")
+
+            return self.cache.get_or_build("export", key, export).path / "model.onnx"
         fp32 = self.onnx("fp32")
         key = {"model": self.model, "variant": variant, "quantizer": f"onnxruntime {ort.__version__}"}
 
@@ -153,6 +167,7 @@ class _Builder:
             calibration = reference_texts(
                 self.config.reference, "calibration", self.config.policy.calibration_texts
             )
+            LOG.info("quantizing %s (%d calibration texts)", variant, len(calibration))
             QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.config.model)
 
         return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
@@ -194,10 +209,11 @@ class _Builder:
     def gate(
         self, engine_dir: Path, precision: str, open_runner: Callable[[], Runner], tokenizer: TextTokenizer
     ) -> tuple[GateResult, Runner | None]:
-        """Score the engine on held-out texts; its outputs are kept beside the engine by text
-        (text_vectors). The engine is opened only to encode texts it has not seen (and returned,
-        to serve if it passes): on a night whose gate texts moved by at most MOVED_SHARE
-        (gate_texts), a graph that fails costs no session (MiniLM's five INT8 graphs on a CPU)."""
+        """Score the engine on held-out texts: a classifier on their top labels, an encoder on
+        the known-item pairs cut from them (gate.py). Its outputs are kept beside the engine by
+        text (text_vectors), and the engine is opened only to encode texts it has not seen
+        (and returned, to serve if it passes): on a night whose gate texts moved by at most
+        MOVED_SHARE (gate_texts), a graph that fails costs no session."""
         asked = self.gate_texts()
         opened: list[Runner] = []
 
@@ -205,16 +221,21 @@ class _Builder:
             opened.append(open_runner())
             return encode_texts(opened[0], tokenizer, missing, self.spec.max_batch)
 
-        outputs = vectors_of(engine_dir / GATE_VECTORS, asked.texts, encode)
-        reference = reference_embeddings(self.config, asked.texts)
         policy, texts_from = self.config.policy, self.config.reference.path
         if self.config.model.task == "classify":
+            outputs = vectors_of(engine_dir / GATE_VECTORS, asked.texts, encode)
+            reference = reference_embeddings(self.config, asked.texts)
             result = agreement_gate(precision, outputs, reference, policy.gate_agreement, texts_from)
         else:
-            thresholds = (policy.gate_mean_cosine, policy.gate_min_cosine, policy.gate_min_overlap)
-            result = cosine_gate(precision, outputs, reference, thresholds, texts_from)
+            pairs = known_items(asked.texts)
+            outputs = vectors_of(engine_dir / GATE_VECTORS, pairs.texts, encode)
+            reference = reference_embeddings(self.config, pairs.texts)
+            bar = (policy.gate_mean_cosine, policy.gate_min_recall_ratio)
+            result = recall_gate(precision, outputs, reference, len(pairs), bar, texts_from)
         runner = opened[0] if opened else None
-        return replace(result, texts=len(asked.texts), note=asked.note(policy.gate_texts)), runner
+        result = replace(result, texts=len(asked.texts), note=asked.note(policy.gate_texts))
+        LOG.info("%s", gate_line(result))
+        return result, runner
 
     def gate_texts(self) -> GateTexts:
         if self._gate_texts is None:
@@ -249,9 +270,30 @@ def gate_texts(engine: Engine) -> GateTexts:
     earlier gates kept."""
     drawn = reference_texts(engine.reference, "gate", engine.policy.gate_texts)
     held = read(reference_file(engine))
-    scored = [text for text in drawn if text_digest(text) in held]
+    scored = [text for text in drawn if all(text_digest(part) in held for part in gated_parts(engine, text))]
     texts = scored if len(drawn) - len(scored) <= MOVED_SHARE * len(drawn) else drawn
     return GateTexts(texts, len(drawn))
+
+
+def gated_parts(engine: Engine, text: str) -> tuple[str, ...]:
+    """What a gate encodes of a held-out text: an encoder's gate its known-item pair (none for a
+    short text), a classifier's the text."""
+    if engine.model.task == "classify":
+        return (text,)
+    return known_item_pair(text) or ()
+
+
+def gate_line(gate: GateResult) -> str:
+    """The ladder's line for a gated rung, as a user watching the build reads it."""
+    if gate.recall_ratio is not None:
+        figure = f"gate recall ratio {gate.recall_ratio:.4f} ({gate.pairs} known-item pairs)"
+    elif gate.accuracy is not None and gate.accuracy_fp32:
+        figure = f"gate held-out accuracy ratio {gate.accuracy / gate.accuracy_fp32:.4f}"
+    elif gate.agreement is not None:
+        figure = f"gate top-label agreement {gate.agreement:.4f}"
+    else:
+        figure = "gated"
+    return f"{gate.precision} {figure} — {'passed' if gate.passed else 'failed: ' + gate.reason}"
 
 
 def reference_file(engine: Engine) -> Path:

@@ -264,6 +264,38 @@ def labelled_row(id_: object, text: object, label: object) -> tuple[str, object,
     return (text, str(label), slot) if str(label) else None
 
 
+def held_out_rows(task: LabelTask, names: list[str], limit: int) -> tuple[list[str], np.ndarray]:
+    """Up to `limit` labelled rows of the gate's slot, which no head trains on (labelled_row):
+    (texts, targets as `names` index them, a row of booleans each with several labels per row).
+    Labels the head does not know are left out (a row left with none, too). Reading stops once
+    `limit` are found."""
+    column, index = label_column(task), {name: i for i, name in enumerate(names)}
+    texts: list[str] = []
+    targets: list[object] = []
+    for batch in sample_batches(task.corpus, [task.corpus.id, task.corpus.text, column]):
+        columns = (batch[name].to_pylist() for name in (task.corpus.id, task.corpus.text, column))
+        for id_, text, label in zip(*columns, strict=True):
+            if split_slot(id_) != SPLIT_SLOT["gate"] or not isinstance(text, str) or not text.strip():
+                continue
+            if label is None:
+                continue
+            known = [index[str(name)] for name in (label if isinstance(label, list) else [label]) if str(name) in index]
+            if not known:
+                continue
+            texts.append(text)
+            targets.append(known if isinstance(label, list) else known[0])
+            if len(texts) == limit:
+                break
+        if len(texts) == limit:
+            break
+    if targets and isinstance(targets[0], list):
+        rows = np.zeros((len(targets), len(names)), dtype=bool)
+        for row, known in enumerate(targets):
+            rows[row, known] = True
+        return texts, rows
+    return texts, np.array(targets, dtype=np.int64)
+
+
 def closest_head(
     cache: EngineCache, lineage: dict[str, str], fingerprints: np.ndarray, retrain_share: float
 ) -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from precompute.jobs.validate import RejectRatioExceededError
 from precompute.jobs.work_dir import WorkPath
 from precompute.models import load_encoder
 from precompute.models.datasets import Digests, InputFiles
+from precompute.models.engines.gate import GateResult
+from precompute.models.engines.load import gate_line
 from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
 from precompute.stores.vectors.store import VectorStore
@@ -73,6 +76,21 @@ def test_rejects_are_quarantined_with_reasons(
         expected = encoder.encode([texts[i] for i in ids])
     # Each row its own text's vector (INT8's scales depend on the batch: not exactly).
     assert np.sum(vectors * expected, axis=1).min() > 0.98
+
+
+@pytest.mark.slow
+def test_the_engine_ladder_reports_a_line_per_step_while_the_job_waits_for_it(
+    ray_local, settings, store, job, corpus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ladder runs in its own task while the driver validates rows: each rung's gate reaches
+    the driver's log as a progress line of the output, as it is gated."""
+    with caplog.at_level(logging.INFO, logger="precompute.progress"):
+        report = run_embed_job("v1", store, corpus, job, settings, output="docs")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("docs engine: ")]
+    gates = [f"docs engine: {gate_line(GateResult(**gate))}" for gate in report.engine["gates"]]
+    assert gates and lines[-len(gates) :] == gates
+    assert gates[-1].endswith(" — passed") and "known-item pairs" in gates[-1]
+    assert all(line.endswith(" — passed") or " — failed: " in line for line in gates)
 
 
 def staged(job: JobSettings, version: str) -> WorkPath:

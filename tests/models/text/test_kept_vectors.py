@@ -12,6 +12,7 @@ import pytest
 
 from precompute.models import Engine, load_encoder
 from precompute.models.engines import load as engine_module
+from precompute.models.engines.gate import known_item_pair
 from precompute.models.engines.load import MOVED_SHARE
 from precompute.models.text.kept_vectors import KEPT, read, text_digest, vectors_of
 from precompute.models.text.reference import TextSample, reference_texts
@@ -65,7 +66,7 @@ def test_gate_texts_that_moved_are_left_out_up_to_a_share_and_past_it_each_graph
 ) -> None:
     """The bundled model's ladder on the demo corpus with some of its gate texts edited: up to
     MOVED_SHARE of them, the gate leaves them out and nothing is encoded, not even by the FP32
-    reference; past it, every graph gated and the reference encode those texts alone."""
+    reference; past it, every graph gated and the reference encode those texts' pairs alone."""
     texts = reference_texts(settings.reference, "gate", settings.policy.gate_texts)
     moved = int(MOVED_SHARE * len(texts)) + 1 if past_the_share else 1
     corpus = pq.read_table(settings.reference.path)
@@ -84,7 +85,11 @@ def test_gate_texts_that_moved_are_left_out_up_to_a_share_and_past_it_each_graph
         assert again.report.precision == encoder.report.precision
     gates = again.report.gates
     if past_the_share:
-        assert asked == [moved] * (len(gates) + 1), gates  # each graph, and the reference
+        # An edited text's known-item pair: its document moved, its query too where the cut did.
+        kept = {part for text in texts for part in known_item_pair(text) or ()}
+        edited = {part for text in texts[:moved] for part in known_item_pair(text + " (edited)") or ()}
+        assert asked == [len(edited - kept)] * (len(gates) + 1), gates  # each graph, and the reference
+        assert moved <= len(edited - kept) < 2 * moved
         assert {(g.texts, g.note) for g in gates} == {(len(texts), "")}
     else:
         note = f"1 of {len(texts)} drawn texts left out: new since the model's last gate"
