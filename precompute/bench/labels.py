@@ -113,6 +113,10 @@ def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
         "lr_fp32_top1": round(found["lr_fp32"]["top1"], 4),
         "published_head": training["chosen"],
         "engine": labels["engine"],
+        "engine_gates": [
+            {key: gate.get(key) for key in ("precision", "passed", "accuracy", "accuracy_fp32", "agreement", "texts")}
+            for gate in labels["gate"]
+        ],
         "job_estimate_top1": labels["head_held_out_accuracy"],
         "candidates": {c["name"]: {"top1": c["accuracy"], "train_s": c["train_seconds"]} for c in training["candidates"]},
         "fine_tune": training["fine_tune"],
@@ -137,6 +141,12 @@ def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
             f"tfidf_svc {figures['tfidf_svc_top1']:.4f}, lr_fp32 {figures['lr_fp32_top1']:.4f}; "
             f"job's held-out candidates: {candidates}; fine-tuning: {figures['fine_tune']}"
         )
+        for gate in figures["engine_gates"]:
+            print(
+                f"{name} label gate {gate['precision']}: {'passed' if gate['passed'] else 'failed'}, held-out accuracy "
+                f"{gate['accuracy']} under it vs {gate['accuracy_fp32']} under FP32 on {gate['texts']} rows "
+                f"(agreement {gate['agreement']:.4f})"
+            )
     default = result["datasets"][names[0]]
     result |= {key: default[key] for key in ("published_top1", "tfidf_svc_top1", "lr_fp32_top1")}
     print(json.dumps(result))

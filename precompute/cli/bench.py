@@ -57,6 +57,17 @@ def bench_fidelity(
     main(documents, queries)
 
 
+@bench_app.command("quantize")
+def bench_quantize(
+    model: Annotated[str | None, typer.Option(help="A sentence-transformers folder; default: the bundled model.")] = None,
+) -> None:
+    """Each CPU INT8 graph against the FP32 graph in one run: known-item recall and MRR on a public
+    set, documents per second in batches, single-query latency."""
+    from precompute.bench.search.quantize import main
+
+    main(model)
+
+
 @bench_app.command("pipeline")
 def bench_pipeline(
     corpus: Annotated[

@@ -53,6 +53,16 @@ def engine_lines(output: Output, machine: EngineSettings) -> list[str]:
     return [
         f"  model   {source.folder} ({source.architecture}, {what}, {source.max_seq_length} tokens, hash {source.hash})",
         f"  engine  {backend.name}/{device}, ladder {' > '.join(ladder)}: {state}",
-        f"  gate    {policy.gate_texts} held-out and {policy.calibration_texts} calibration texts "
-        f"from {engine.reference.path}",
+        f"  gate    {gate_bar(engine, output.spec.kind)}, on {policy.gate_texts} held-out texts (and "
+        f"{policy.calibration_texts} calibration texts) from {engine.reference.path}",
     ]
+
+
+def gate_bar(engine: Engine, kind: str) -> str:
+    """What a quantized rung must keep, in words (models/engines/gate.py, models/labels/labeler.py)."""
+    policy = engine.policy
+    if engine.model.task == "classify":
+        return f"top-label agreement >= {policy.gate_agreement} with FP32"
+    if kind == "labels":
+        return f"the head's held-out accuracy >= {policy.gate_min_accuracy_ratio} of FP32's"
+    return f"known-item recall@10 >= {policy.gate_min_recall_ratio} of FP32's, mean cosine >= {policy.gate_mean_cosine}"

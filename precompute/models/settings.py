@@ -24,7 +24,7 @@ from precompute.models.text.reference import TextSample
 Backend = Literal["auto", "onnxruntime", "tensorrt", "torch"]
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "int8", "fp16", "bf16", "fp32"]
-Graph = Literal["batch", "query"]
+Graph = Literal["batch", "query", "static"]
 
 
 class EngineSettings(BaseSettings):
@@ -45,7 +45,9 @@ class EngineSettings(BaseSettings):
     graph: Graph = "batch"
     """batch: the plain export, fastest on batches (jobs). query: ONNX Runtime's fused
     BERT graph, fastest for one short text at a time (the lookup service) and slower on
-    batches. Only CPU INT8 has a fused variant; other precisions ignore this."""
+    batches. static: CPU INT8 with activation ranges calibrated once, so a row's output never
+    depends on its batch (micro-batched queries: models.engines.load.peer_independent). Only CPU
+    INT8 has these variants; other precisions ignore this."""
 
     cache_dir: Path = Path.home() / ".cache" / "precompute" / "engines"
     """Exported models, quantized models, TensorRT plans and gate results. Outside git;

@@ -3,9 +3,11 @@ any peers, bit for bit, so no user's answer depends on another user's query."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -15,7 +17,7 @@ from precompute.demo_data import DEMO_CORPUS
 from precompute.lookup.query_batcher import QueryBatcher
 from precompute.models import Engine, load_encoder
 from precompute.models.engines.load import peer_independent
-from precompute.models.errors import InvalidInputError, ModelError
+from precompute.models.errors import InvalidInputError
 from tests.waiting import CEILING_S
 
 ROWS = 8
@@ -37,14 +39,20 @@ def titles() -> list[str]:
 
 
 def test_the_batch_engine_is_static_on_cpu(settings: Engine) -> None:
-    # CPU INT8 is dynamic; which static rung auto starts at: test_engine.py
-    assert peer_independent(settings).policy.precision in ("bf16", "fp32")
-    with pytest.raises(ModelError, match="depend on batch peers"):
-        peer_independent(settings.replace(precision="int8"))
+    """CPU INT8 is dynamic by default: batched queries take its static graph (graphs.STATIC)."""
+    for precision in ("auto", "int8"):
+        static = peer_independent(settings.replace(precision=precision))
+        assert (static.machine.graph, static.policy.precision) == ("static", precision)
+    assert peer_independent(settings.replace(precision="fp32")).machine.graph == "batch"
 
 
 @pytest.mark.slow
 def test_a_query_has_the_same_vector_alone_and_in_any_batch(batcher: QueryBatcher, titles: list[str]) -> None:
+    """On CPUs the batcher's engine is MiniLM's static INT8 graph, which keeps the demo corpus's answers."""
+    report = batcher.encoder.report
+    if report.device == "cpu":
+        assert (report.precision, report.gates[0].passed) == ("int8", True)
+        assert json.loads((Path(report.engine_dir) / "key.json").read_text())["graph"] == "int8-static"
     ids = [batcher.encoder.tokenizer.ids(t) for t in titles]
     assert len({batcher.bucket(len(i)) for i in ids}) >= 2
     alone = [batcher.encode_query(t) for t in titles]  # wait_s = 0: each query is a batch of one

@@ -5,8 +5,9 @@ on the other queries of its batch, and runs fixed-shape calls (rows x a length b
 on the demo's titles, each engine on one thread, as the service runs it:
 
 - served today on CPU (the baseline): dynamic INT8 over the fused graph, one query per call;
-- FP32, in fixed-shape batches (what the batcher runs on CPU);
-- static INT8 (Q/DQ, calibrated), in fixed-shape batches.
+- FP32, in fixed-shape batches;
+- static INT8 (Q/DQ, calibrated: graphs.STATIC), in fixed-shape batches, gated: what the batcher
+  runs on CPU (models.engines.load.peer_independent).
 
 For each: ms per query alone (a batch of one: the fixed shape's cost) and in full batches,
 how many queries came out bit-identical alone and in a batch, and the mean cosine to FP32.
@@ -25,23 +26,11 @@ from precompute.bench.records import Figure, write_record
 from precompute.demo_data import DEMO_CORPUS, demo_engine
 from precompute.lookup.query_batcher import QueryBatcher
 from precompute.lookup.search import QUERY_ENGINE
-from precompute.models import Engine, load_encoder
-from precompute.models.backends import BuildSpec
-from precompute.models.backends.onnxruntime import OnnxRuntimeRunner
-from precompute.models.engines.load import _Builder, peer_independent
+from precompute.models import load_encoder
+from precompute.models.engines.load import peer_independent
 from precompute.models.hardware import device_fingerprint
-from precompute.models.text.encoder import Encoder, EngineReport
-from precompute.models.text.tokenize import TextTokenizer
 
 ROWS = 8
-
-
-def static_int8(settings: Engine) -> Encoder:
-    """The calibrated Q/DQ graph (built for GPUs) on ONNX Runtime's CPU kernels."""
-    builder = _Builder(settings, "cpu", OnnxRuntimeRunner, BuildSpec(ROWS, settings.model.max_seq_length))
-    runner = OnnxRuntimeRunner(builder.onnx("int8-qdq"), "cpu", 1)
-    report = EngineReport("onnxruntime", "cpu", "int8-static", "", False)
-    return Encoder(runner, TextTokenizer(settings.model), ROWS, 1, report)
 
 
 def median_ms(times: list[float]) -> float:
@@ -101,11 +90,11 @@ def main(queries: int = 400) -> dict[str, object]:
             times.append(time.perf_counter() - t0)
         baseline = median_ms(times)
         served_vectors = np.array(vectors)
-    fp32 = peer_independent(settings).replace(streams=1, threads=1, batch_size=ROWS)
+    batch = {"streams": 1, "threads": 1, "batch_size": ROWS}
     reference = None
     for name, encoder in (
-        ("fp32, batched", load_encoder(fp32)),
-        ("int8 static, batched", static_int8(settings)),
+        ("fp32, batched", load_encoder(settings.replace(precision="fp32", **batch))),
+        ("int8 static, batched", load_encoder(peer_independent(settings).replace(**batch))),
     ):
         batcher = QueryBatcher(encoder, ROWS, 0.0)
         try:

@@ -29,14 +29,13 @@ from precompute.models.engines.gate import (
     known_items,
     recall_gate,
 )
-from precompute.models.engines.graphs import FUSABLE, FUSED, MIXED_SHARES, ONNX_VARIANTS
+from precompute.models.engines.graphs import CALIBRATED, FUSABLE, FUSED, MIXED_SHARES, ONNX_VARIANTS, STATIC
 from precompute.models.engines.runtime import BF16, resolve_backend, resolve_device, rung_backend, text_ladder
-from precompute.models.errors import ModelError
 from precompute.models.hardware import device_fingerprint
 from precompute.models.settings import Engine
 from precompute.models.text.encoder import Encoder, EngineReport, encode_texts
 from precompute.models.text.kept_vectors import read, text_digest, vectors_of
-from precompute.models.text.reference import reference_texts
+from precompute.models.text.reference import reference_texts, texts_digest
 from precompute.models.text.tokenize import TextTokenizer
 
 ENGINE_LOG = "precompute.engine"
@@ -55,19 +54,13 @@ most this share of it (gate_texts)."""
 
 def peer_independent(engine: Engine) -> Engine:
     """`engine` as an engine whose output for one row never depends on the other rows of its
-    batch, as micro-batched queries need: CPU INT8 is dynamic (activation scales per batch: a
-    query's vector moved by up to 0.03 per component beside other queries), so on CPUs the
-    ladder from BF16 where the CPU's has it (text_ladder), else FP32; every GPU rung is static
-    (Q/DQ, FP16, FP32)."""
+    batch, as micro-batched queries need: CPU INT8 is dynamic by default (activation scales per
+    batch: a query's vector moved by up to 0.03 per component beside other queries), so on CPUs
+    its rung runs the static graph (ranges calibrated once: graphs.STATIC); BF16 and FP32 are
+    static already, and every GPU rung is (Q/DQ, FP16, FP32)."""
     if resolve_device(engine.machine) != "cpu" or engine.policy.precision in (BF16, "fp32"):
         return engine
-    if engine.policy.precision == "int8":
-        raise ModelError(
-            "precision='int8' on CPU is dynamic INT8, whose answers depend on batch peers; "
-            "batched queries need precision='bf16', 'fp32' or auto"
-        )
-    backend = resolve_backend(engine.machine, "cpu").name
-    return engine.replace(precision=BF16 if BF16 in text_ladder("auto", "cpu", backend) else "fp32")
+    return engine.replace(graph="static")
 
 
 def rungs(engine: Engine, device: ConcreteDevice, backend: str) -> tuple[str, ...]:
@@ -158,28 +151,31 @@ class _Builder:
             return self.cache.get_or_build("export", key, export).path / "model.onnx"
         fp32 = self.onnx("fp32")
         key = {"model": self.model, "variant": variant, "quantizer": f"onnxruntime {ort.__version__}"}
+        calibration: list[str] = []
+        if variant in CALIBRATED:  # its ranges (or ranking) come from the output's own texts
+            calibration = reference_texts(self.config.reference, "calibration", self.config.policy.calibration_texts)
+            key["calibration"] = texts_digest(calibration)
 
         def quantize(directory: Path) -> None:
             from precompute.models.engines.quantize import (
                 QUANTIZERS,  # onnxruntime's quantization tools: slow to import, needed on a miss only
             )
 
-            calibration = reference_texts(
-                self.config.reference, "calibration", self.config.policy.calibration_texts
-            )
-            LOG.info("quantizing %s (%d calibration texts)", variant, len(calibration))
+            LOG.info("quantizing %s%s", variant, f" ({len(calibration)} calibration texts)" if calibration else "")
             QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.config.model)
 
         return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
 
     def variants(self, precision: str, mixed: bool) -> list[str]:
         """The graphs to gate for this precision, in order: its own (fused for single queries
-        where it can be), then, if `mixed`, its mixed graphs. A ladder with BF16 goes without
+        where it can be; static for batched ones), then, if `mixed`, its mixed graphs. A ladder with BF16 goes without
         them: where the CPU multiplies BF16 in hardware, BF16 is both nearer FP32 and faster in
         batches than any of them (`precompute bench embed --model`, docs/engines.md)."""
-        variant = ONNX_VARIANTS[(self.device, precision)]
+        variant, graph = ONNX_VARIANTS[(self.device, precision)], self.config.machine.graph
+        if graph == "static" and variant in STATIC:
+            return [STATIC[variant]]  # a mixed graph is dynamic: its INT8 part moves with the batch
         fusable = self.config.model.task == "embed" and self.config.model.architecture in FUSABLE
-        first = FUSED[variant] if self.config.machine.graph == "query" and variant in FUSED and fusable else variant
+        first = FUSED[variant] if graph == "query" and variant in FUSED and fusable else variant
         return [first, *(MIXED_SHARES if mixed and variant == "int8-dynamic" else ())]
 
     def backend(self, precision: str) -> type[Runner]:

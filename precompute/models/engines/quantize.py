@@ -6,6 +6,12 @@
   quantization kept in float (mixed_precision.py), for models whose INT8 moves neighbours.
 - int8-dynamic-fused (CPU, one text at a time): the same over ONNX Runtime's fused BERT
   graph, where attention, LayerNorm and GELU are single kernels (79 nodes instead of 252).
+- int8-static (CPU, batched queries): activation ranges fixed by calibration texts of the
+  output's input (MinMax), unsigned and asymmetric as ONNX Runtime's CPU kernels run fastest,
+  weights signed per channel; Q/DQ around the weight MatMuls only, so LayerNorm, Softmax and
+  GELU inputs stay float, and the attention-score and FFN down-projection MatMuls unquantized
+  (outlier_matmuls). A row's output never depends on its batch: what micro-batched queries need.
+  Slower in batches than int8-dynamic on the CPUs measured (`precompute bench quantize`).
 - int8-qdq (GPU, TensorRT): explicit QuantizeLinear/DequantizeLinear pairs with ranges
   from calibration texts, symmetric as TensorRT requires. TensorRT 10 deprecated and 11
   removed implicit INT8 calibration: strongly typed networks take precision from Q/DQ.
@@ -159,6 +165,25 @@ def int8_qdq(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSou
     prepared.unlink()
 
 
+def int8_static(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
+    prepared = out.with_suffix(".prepared.onnx")
+    quant_pre_process(fp32, prepared, skip_symbolic_shape=True)
+    quantize_static(
+        prepared,
+        out,
+        _TextBatches(calibration, source),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+        nodes_to_exclude=outlier_matmuls(onnx.load(prepared, load_external_data=False)),
+        calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+    )
+    prepared.unlink()
+
+
 def fp16(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
     onnx.save(convert_float_to_float16(onnx.load(fp32), keep_io_types=True), out)
 
@@ -170,6 +195,7 @@ QUANTIZERS: dict[str, Quantizer] = {
     "int8-dynamic-fused": int8_dynamic_fused,
     **{variant: partial(int8_mixed, share=share) for variant, share in MIXED_SHARES.items()},
     "int8-qdq": int8_qdq,
+    "int8-static": int8_static,
     "fp16": fp16,
 }
 
