@@ -27,8 +27,8 @@ def bench_embed(
         typer.Option(help="A sentence-transformers folder; default: the bundled all-MiniLM-L6-v2."),
     ] = None,
 ) -> None:
-    """Our best engine against sentence-transformers (FP32 on a CPU, FP16 on a GPU): docs/s, ratio,
-    and the engine's gate against FP32."""
+    """Our best engine against sentence-transformers (FP32 on a CPU, FP16 on a GPU) and the ONNX
+    Runtime FP32 graph: docs/s, ratios, and the engine's gate against FP32."""
     from precompute.bench.embed import main
 
     main(docs, repeats, corpus, model)

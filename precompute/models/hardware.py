@@ -60,6 +60,17 @@ def native_bf16() -> bool:
     return "amx_bf16" in cpu_model_and_flags()[1]
 
 
+def int8_saturates() -> bool:
+    """Whether this x86 CPU multiplies INT8 without VNNI (AVX2, AVX-512 without VNNI): ONNX
+    Runtime's u8 x s8 kernels there add pairs of products into int16 (VPMADDUBSW), which saturates
+    where activations and weights are both large, and its documented remedy is 7-bit weights
+    (`reduce_range`). MPNet's dynamic INT8 graph kept a mean cosine of 0.003 to FP32 without it on
+    an AVX2 CPU (`precompute bench embed --model`)."""
+    flags = cpu_model_and_flags()[1]
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    return x86 and not {"avx512_vnni", "avx_vnni", "amx_int8"} & flags
+
+
 def device_fingerprint(device: ConcreteDevice) -> str:
     """GPU model and compute capability, or CPU model and the ISA extensions INT8 and BF16 kernels use."""
     if device == "cuda":

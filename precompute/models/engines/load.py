@@ -31,7 +31,7 @@ from precompute.models.engines.gate import (
 )
 from precompute.models.engines.graphs import CALIBRATED, FUSABLE, FUSED, MIXED_SHARES, ONNX_VARIANTS, STATIC
 from precompute.models.engines.runtime import BF16, resolve_backend, resolve_device, rung_backend, text_ladder
-from precompute.models.hardware import device_fingerprint
+from precompute.models.hardware import device_fingerprint, int8_saturates
 from precompute.models.settings import Engine
 from precompute.models.text.encoder import Encoder, EngineReport, encode_texts
 from precompute.models.text.kept_vectors import read, text_digest, vectors_of
@@ -150,7 +150,7 @@ class _Builder:
 
             return self.cache.get_or_build("export", key, export).path / "model.onnx"
         fp32 = self.onnx("fp32")
-        key = {"model": self.model, "variant": variant, "quantizer": f"onnxruntime {ort.__version__}"}
+        key = {"model": self.model, "variant": variant, "quantizer": f"onnxruntime {ort.__version__}", **self.weights(variant)}
         calibration: list[str] = []
         if variant in CALIBRATED:  # its ranges (or ranking) come from the output's own texts
             calibration = reference_texts(self.config.reference, "calibration", self.config.policy.calibration_texts)
@@ -165,6 +165,11 @@ class _Builder:
             QUANTIZERS[variant](fp32, directory / "model.onnx", calibration, self.config.model)
 
         return self.cache.get_or_build(f"onnx-{variant}", key, quantize).path / "model.onnx"
+
+    def weights(self, variant: str) -> dict[str, str]:
+        """The key part of a CPU INT8 graph built for CPUs without VNNI (7-bit weights:
+        hardware.int8_saturates), and of the engines built from it."""
+        return {"weights": "7-bit"} if self.device == "cpu" and variant.startswith("int8") and int8_saturates() else {}
 
     def variants(self, precision: str, mixed: bool) -> list[str]:
         """The graphs to gate for this precision, in order: its own (fused for single queries
@@ -193,6 +198,7 @@ class _Builder:
             "runtime": runner_cls.runtime_version(),
             "device": device_fingerprint(self.device),
             "max_batch": str(self.spec.max_batch),
+            **self.weights(variant),
         }
 
         def build(directory: Path) -> None:

@@ -1,7 +1,8 @@
 """Derive each precision's ONNX graph from the FP32 export.
 
 - int8-dynamic (CPU): weights INT8 per output channel, activations quantized per batch
-  at run time. Signed per-channel weights keep accuracy; unsigned per-tensor did not.
+  at run time. Signed per-channel weights keep accuracy; unsigned per-tensor did not. On x86
+  CPUs without VNNI the CPU graphs take 7-bit weights (hardware.int8_saturates).
 - int8-mixed-<share> (CPU): int8-dynamic with the share of weight MatMuls most sensitive to
   quantization kept in float (mixed_precision.py), for models whose INT8 moves neighbours.
 - int8-dynamic-fused (CPU, one text at a time): the same over ONNX Runtime's fused BERT
@@ -45,6 +46,7 @@ from onnxruntime.transformers.float16 import convert_float_to_float16
 
 from precompute.models.backends.base import Feeds
 from precompute.models.engines.graphs import MIXED_SHARES
+from precompute.models.hardware import int8_saturates
 from precompute.models.source import INPUT_NAMES, ModelSource
 from precompute.models.text.tokenize import TextTokenizer
 
@@ -64,6 +66,7 @@ def int8_dynamic(
         out,
         weight_type=QuantType.QInt8,
         per_channel=True,
+        reduce_range=int8_saturates(),
         op_types_to_quantize=["MatMul"],
         nodes_to_exclude=list(keep_float),
     )
@@ -111,6 +114,7 @@ def int8_dynamic_fused(fp32: Path, out: Path, calibration: Sequence[str], source
         out,
         weight_type=QuantType.QInt8,
         per_channel=True,
+        reduce_range=int8_saturates(),
         op_types_to_quantize=["MatMul", "Attention"],
         # The fused ops are contrib ops that ONNX shape inference cannot type.
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -176,6 +180,7 @@ def int8_static(fp32: Path, out: Path, calibration: Sequence[str], source: Model
         per_channel=True,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
+        reduce_range=int8_saturates(),
         op_types_to_quantize=["MatMul"],
         nodes_to_exclude=outlier_matmuls(onnx.load(prepared, load_external_data=False)),
         calibrate_method=CalibrationMethod.MinMax,

@@ -13,6 +13,7 @@ from precompute.models import (
     EngineSettings,
     InvalidInputError,
     ModelError,
+    hardware,
     load_encoder,
 )
 from precompute.models.engines import runtime
@@ -132,3 +133,22 @@ def test_the_query_graph_matches_the_batch_graph(settings: Engine, encoder, corp
         titles = [text.split(".")[0][:80] for text in corpus_texts[:20]]
         fused = np.stack([query.encode_query(t) for t in titles])
         assert np.min(np.sum(fused * np.stack([encoder.encode_query(t) for t in titles]), axis=1)) > 0.98
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "saturates"),
+    [
+        ("x86_64", "avx avx2 fma", True),
+        ("x86_64", "avx2 avx512f avx512_vnni", False),
+        ("x86_64", "avx2 avx_vnni", False),
+        ("x86_64", "avx2 avx512f amx_int8 amx_bf16", False),
+        ("aarch64", "asimd asimddp", False),
+    ],
+)
+def test_cpus_without_vnni_quantize_to_7_bit_weights(
+    monkeypatch: pytest.MonkeyPatch, machine: str, flags: str, saturates: bool
+) -> None:
+    """ONNX Runtime's u8 x s8 kernels saturate on x86 without VNNI: 7-bit weights there."""
+    monkeypatch.setattr(hardware, "cpu_model_and_flags", lambda: ("a CPU", frozenset(flags.split())))
+    monkeypatch.setattr(hardware.platform, "machine", lambda: machine)
+    assert hardware.int8_saturates() is saturates
