@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from precompute.bench.load import percentiles
 from precompute.bench.records import Figure, write_record
-from precompute.bench.search.fidelity import cut_queries
+from precompute.bench.search.fidelity import cut_queries, one_at_a_time
 from precompute.bench.search.fidelity_data import retrieval_set
 from precompute.jobs.settings import JobSettings
 from precompute.models import Engine
@@ -65,14 +64,7 @@ def answers(encoder: Encoder, documents: list[str], queries: list[str], answer_r
 
 def latency(builder: _Builder, variant: str, queries: list[str]) -> dict[str, float]:
     with encoder_of(builder, variant, streams=1) as one:
-        for query in queries[:20]:
-            one.encode_query(query)
-        times = []
-        for query in queries:
-            start = time.perf_counter()
-            one.encode_query(query)
-            times.append((time.perf_counter() - start) * 1000)
-    return percentiles(np.array(times))
+        return one_at_a_time(one, queries)
 
 
 def main(model: str | None = None) -> dict[str, Any]:

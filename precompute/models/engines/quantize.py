@@ -150,7 +150,11 @@ def outlier_matmuls(model: onnx.ModelProto) -> list[str]:
     ]
 
 
-def int8_qdq(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
+def static_int8(
+    fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource, activations: QuantType, reduce_range: bool
+) -> None:
+    """Q/DQ around the weight MatMuls but outlier_matmuls, ranges from the calibration texts
+    (MinMax), weights signed and symmetric per channel; signed activations are symmetric too."""
     prepared = out.with_suffix(".prepared.onnx")
     quant_pre_process(fp32, prepared, skip_symbolic_shape=True)
     quantize_static(
@@ -159,34 +163,23 @@ def int8_qdq(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSou
         _TextBatches(calibration, source),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
-        activation_type=QuantType.QInt8,
+        activation_type=activations,
         weight_type=QuantType.QInt8,
+        reduce_range=reduce_range,
         op_types_to_quantize=["MatMul"],
         nodes_to_exclude=outlier_matmuls(onnx.load(prepared, load_external_data=False)),
         calibrate_method=CalibrationMethod.MinMax,
-        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        extra_options={"ActivationSymmetric": activations == QuantType.QInt8, "WeightSymmetric": True},
     )
     prepared.unlink()
+
+
+def int8_qdq(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
+    static_int8(fp32, out, calibration, source, QuantType.QInt8, reduce_range=False)  # as TensorRT takes it
 
 
 def int8_static(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
-    prepared = out.with_suffix(".prepared.onnx")
-    quant_pre_process(fp32, prepared, skip_symbolic_shape=True)
-    quantize_static(
-        prepared,
-        out,
-        _TextBatches(calibration, source),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        reduce_range=int8_saturates(),
-        op_types_to_quantize=["MatMul"],
-        nodes_to_exclude=outlier_matmuls(onnx.load(prepared, load_external_data=False)),
-        calibrate_method=CalibrationMethod.MinMax,
-        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
-    )
-    prepared.unlink()
+    static_int8(fp32, out, calibration, source, QuantType.QUInt8, reduce_range=int8_saturates())
 
 
 def fp16(fp32: Path, out: Path, calibration: Sequence[str], source: ModelSource) -> None:
