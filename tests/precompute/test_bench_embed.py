@@ -28,6 +28,12 @@ KEYS = {
     "ratio",
     "cosine_mean",
     "cosine_min",
+    "onnxruntime_fp32_docs_per_s",
+    "speedup_vs_onnxruntime_fp32",
+    "gate_recall_ratio",
+    "gate_mrr_ratio",
+    "gate_pairs",
+    "gates",
     "gate_cosine_mean",
     "gate_cosine_min",
     "gate_overlap10",
@@ -46,6 +52,7 @@ def test_a_random_two_layer_bert_with_cls_pooling(tmp_path: Path, monkeypatch: p
     assert result["ratio"] > 0 and result["cosine_min"] > 0.97  # against sentence-transformers itself
     assert result["baseline"] == "sentence-transformers FP32 (PyTorch)"  # on a CPU
     assert result["gate_cosine_min"] >= 0.97  # the engine that served passed its gate
+    assert result["gates"][-1]["passed"] and result["gate_recall_ratio"] >= 0.99
     (path,) = (tmp_path / "results").iterdir()  # the run's record
     record = json.loads(path.read_text())
     assert record["bench"] == "embed" and record["result"] == result

@@ -114,6 +114,7 @@ def test_too_few_pairs_fail_unless_the_ratio_is_off() -> None:
     result = recall_gate("int8", reference, reference, 8, (0.95, 0.99))
     assert not result.passed and "8 held-out texts" in result.reason and f"{MIN_PAIRS} needed" in result.reason
     assert recall_gate("int8", reference, reference, 8, (0.95, 0.0)).passed
+    assert recall_gate("fp32", reference, reference, 8, (0.95, 0.99)).passed  # FP32 is never refused for it
 
 
 def degraded_int8(fp32: Path, out: Path, calibration: list[str], source: ModelSource) -> None:
