@@ -45,7 +45,7 @@ SOURCES = [
     ("a file", "`corpus.parquet`"),
     ("a folder of files", "`exports/corpus/` (names starting `_` or `.` are skipped: `_SUCCESS`, `.crc`)"),
     ("a glob", "`exports/*/part-*.parquet`"),
-    ("hive partitions", '`exports/corpus` with `where = { dt = "2026-11-25" }` (a list for several)'),
+    ("hive partitions", '`exports/corpus` with `where = { region = "eu" }` (a list for several)'),
     ("object storage", "`s3://`, `gs://`, `hdfs://`, `abfs://` (pyarrow), any other fsspec scheme installed"),
 ]
 

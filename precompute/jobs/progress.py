@@ -15,10 +15,10 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import ray
 from ray.actor import ActorHandle
@@ -101,12 +101,9 @@ def stage(
 ) -> Iterator[Counter | None]:
     """Report the stage while it runs; yields the counter its actors, or the driver, add rows to
     (as `counted`; None where it counts none)."""
-    driver, actor = DriverCount() if counted == "driver" else None, None
-    if counted == "actors":  # on the driver's node: a worker node lost mid-stage must not take the count with it
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        actor = RowCounter.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+    driver = DriverCount() if counted == "driver" else None
+    actor = on_this_node(RowCounter) if counted == "actors" else None
     start = time.monotonic()
-    stop = threading.Event()
 
     def rows() -> int | None:
         if driver is not None:
@@ -123,29 +120,51 @@ def stage(
         LOG.log(level, "%s", progress.line(), extra={"progress": progress})
 
     def tick() -> None:
-        while not stop.wait(INTERVAL_S):
-            if LOG.isEnabledFor(logging.DEBUG):
-                report(logging.DEBUG)
+        if LOG.isEnabledFor(logging.DEBUG):
+            report(logging.DEBUG)
 
-    thread = threading.Thread(target=tick, name=f"progress-{output}-{name}", daemon=True)
-    thread.start()
     failed = False
     token = CURRENT.set((output, name, start))
     try:
-        yield driver if driver is not None else actor
+        with every_interval(f"progress-{output}-{name}", tick):
+            yield driver if driver is not None else actor
     except BaseException:
         failed = True
         raise
     finally:
         CURRENT.reset(token)
-        stop.set()
-        thread.join()
         if actor is not None and not failed:
             with contextlib.suppress(RayActorError):  # progress never fails a stage
                 ray.get(actor.add.remote(0))  # behind it in the actor's queue: most writers' last adds
         report(logging.INFO, ended=True, failed=failed)
         if actor is not None:
             ray.kill(actor)
+
+
+def on_this_node(actor_cls: Any) -> ActorHandle:
+    """An actor of `actor_cls` on the driver's node: a worker node lost mid-stage must not take
+    what it holds (a count, lines to relay) with it."""
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return actor_cls.options(scheduling_strategy=here).remote()
+
+
+@contextmanager
+def every_interval(name: str, call: Callable[[], None]) -> Iterator[None]:
+    """`call` on a thread of its own every INTERVAL_S while the block runs; the thread is joined
+    before the block's caller goes on."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(INTERVAL_S):
+            call()
+
+    thread = threading.Thread(target=tick, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def note(part: str, text: str) -> None:
@@ -208,10 +227,8 @@ def relayed(output: str, part: str) -> Iterator[ActorHandle]:
     as a note of `output`'s `part` once a second, and the rest at the end: the engine ladder runs
     in its own task while the driver validates rows, and it takes minutes before a row is
     embedded on a cold cache."""
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    lines = Lines.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+    lines = on_this_node(Lines)
     start = time.monotonic()
-    stop = threading.Event()
     seen = 0
 
     def relay() -> None:
@@ -222,16 +239,9 @@ def relayed(output: str, part: str) -> Iterator[ActorHandle]:
                 progress = Progress(output, part, time.monotonic() - start, ended=True, note=text)
                 LOG.info("%s", progress.line(), extra={"progress": progress})
 
-    def tick() -> None:
-        while not stop.wait(INTERVAL_S):
-            relay()
-
-    thread = threading.Thread(target=tick, name=f"relay-{output}-{part}", daemon=True)
-    thread.start()
     try:
-        yield lines
+        with every_interval(f"relay-{output}-{part}", relay):
+            yield lines
     finally:
-        stop.set()
-        thread.join()
         relay()
         ray.kill(lines)

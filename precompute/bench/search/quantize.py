@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from precompute.bench.records import Figure, write_record
-from precompute.bench.search.fidelity import cut_queries, one_at_a_time
+from precompute.bench.search.fidelity import cut_queries, one_at_a_time, taking_turns
 from precompute.bench.search.fidelity_data import retrieval_set
 from precompute.jobs.settings import JobSettings
 from precompute.models import Engine
@@ -90,14 +88,7 @@ def main(model: str | None = None) -> dict[str, Any]:
     for variant in GRAPHS:
         with encoder_of(builder, variant, streams) as graph, encoder_of(builder, "fp32", streams) as fp32:
             recall, mrr = answers(graph, documents, data.queries, answer_rows)
-            times: dict[str, list[float]] = {"ours": [], "fp32": []}
-            graph.encode(speed_texts[:64]), fp32.encode(speed_texts[:64])
-            for _ in range(REPEATS):
-                for name, encoder in (("ours", graph), ("fp32", fp32)):
-                    start = time.perf_counter()
-                    encoder.encode(speed_texts)
-                    times[name].append(time.perf_counter() - start)
-        ours_dps, fp32_dps = (len(speed_texts) / statistics.median(times[name]) for name in ("ours", "fp32"))
+            ours_dps, fp32_dps = taking_turns(graph, fp32, speed_texts, REPEATS)
         query = latency(builder, variant, probes)
         figures[variant] = {
             "recall_at_10": round(recall, 4),

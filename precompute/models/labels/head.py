@@ -254,14 +254,20 @@ def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[L
 def labelled_row(id_: object, text: object, label: object) -> tuple[str, object, int] | None:
     """(text, label, slot) of a row with a text and a label, not one of the gate's; else None. A
     list of labels becomes a sorted tuple of its names (None for an empty list)."""
-    if not isinstance(text, str) or not text.strip() or label is None:
+    if (slot := split_slot(id_)) == SPLIT_SLOT["gate"] or (parsed := text_and_label(text, label)) is None:
         return None
-    if (slot := split_slot(id_)) == SPLIT_SLOT["gate"]:
+    return (*parsed, slot)
+
+
+def text_and_label(text: object, label: object) -> tuple[str, object] | None:
+    """(text, label) of a row with a text and a label, else None: a list of labels as a sorted
+    tuple of its names (None for an empty list), one label as its name."""
+    if not isinstance(text, str) or not text.strip() or label is None:
         return None
     if isinstance(label, list):
         names = tuple(sorted({str(name) for name in label if name is not None}))
-        return (text, names, slot) if names else None
-    return (text, str(label), slot) if str(label) else None
+        return (text, names) if names else None
+    return (text, str(label)) if str(label) else None
 
 
 def held_out_rows(task: LabelTask, names: list[str], limit: int) -> tuple[list[str], np.ndarray]:
@@ -275,19 +281,16 @@ def held_out_rows(task: LabelTask, names: list[str], limit: int) -> tuple[list[s
     for batch in sample_batches(task.corpus, [task.corpus.id, task.corpus.text, column]):
         columns = (batch[name].to_pylist() for name in (task.corpus.id, task.corpus.text, column))
         for id_, text, label in zip(*columns, strict=True):
-            if split_slot(id_) != SPLIT_SLOT["gate"] or not isinstance(text, str) or not text.strip():
+            if split_slot(id_) != SPLIT_SLOT["gate"] or (parsed := text_and_label(text, label)) is None:
                 continue
-            if label is None:
-                continue
-            known = [index[str(name)] for name in (label if isinstance(label, list) else [label]) if str(name) in index]
-            if not known:
-                continue
-            texts.append(text)
-            targets.append(known if isinstance(label, list) else known[0])
-            if len(texts) == limit:
-                break
-        if len(texts) == limit:
+            text, label = parsed
+            known = [index[name] for name in (label if isinstance(label, tuple) else (label,)) if name in index]
+            if known:
+                texts.append(text)
+                targets.append(known if isinstance(label, tuple) else known[0])
+        if len(texts) >= limit:
             break
+    texts, targets = texts[:limit], targets[:limit]
     if targets and isinstance(targets[0], list):
         rows = np.zeros((len(targets), len(names)), dtype=bool)
         for row, known in enumerate(targets):
