@@ -48,7 +48,7 @@ def bench_search(
 @bench_app.command("fidelity")
 def bench_fidelity(
     documents: Annotated[int, typer.Option(min=1000, help="Documents of the retrieval set (20 Newsgroups).")] = 10_000,
-    queries: Annotated[int, typer.Option(min=100, help="Queries with a known answer, asked through the service.")] = 1_000,
+    queries: Annotated[int, typer.Option(min=100, help="Queries with a known answer, asked through the service.")] = 5_000,
 ) -> None:
     """Served search against the same model in FP32 with exact search on a public known-item set:
     top-10 overlap, recall@10 of the known answer, and latency by query length."""

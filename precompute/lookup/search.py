@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from dataclasses import dataclass
 from typing import Annotated, Protocol
 
@@ -121,6 +122,10 @@ class Found:
     hits: list[Hit]
     cut_to: int | None
     """The answer says so: a query longer than max_query_tokens (or the model's window) was cut."""
+    embed_ms: float | None
+    """Tokenizing and embedding the query; None when its vector came from the cache."""
+    index_ms: float
+    """Searching the index, filter included."""
 
 
 @dataclass(frozen=True)
@@ -220,13 +225,17 @@ class Searcher:
         engine = self.engine_of(version)
         if filter:
             self.check_filter(version, filter)
+        start, embed_ms = time.perf_counter(), None
         embedded = self.vectors.get((engine.model.hash, query))
         if embedded is None:
             encoder = self.encoders.get(engine)
             ids, cut = encoder.tokenizer.query_ids(query, self.max_query_tokens)
             embedded = QueryVector(encoder.encode_ids(ids), len(ids) if cut else None)
             self.vectors.put((engine.model.hash, query), embedded)
+            embed_ms = (time.perf_counter() - start) * 1000
+        searched = time.perf_counter()
         hits = self.store.search(embedded.vector, k, filter, version=version)
+        index_ms = (time.perf_counter() - searched) * 1000
         if self.served(version).integer_ids:
             hits = [dataclasses.replace(hit, id=int(hit.id)) for hit in hits]
-        return Found(hits, embedded.cut_to)
+        return Found(hits, embedded.cut_to, embed_ms, index_ms)

@@ -2,7 +2,9 @@
 
 A search is answered from the query cache (lookup/query_cache.py) on the event loop, else embeds
 the query and searches the published version on a search thread, at most one per core, so key
-lookups never wait behind an embedding. A long query (over long_query_chars) costs several short
+lookups never wait behind an embedding. A computed answer's `Server-Timing` header (W3C) gives
+the milliseconds of its two steps, `embed` (absent when the query's vector was cached) and
+`index`: what the service adds around them is the rest of the client's wait. A long query (over long_query_chars) costs several short
 ones, so long queries take at most all search threads but one: a short query never waits behind
 them.
 """
@@ -93,6 +95,7 @@ class SearchOutput:
         if not service.ready:
             return error(503, "warming up", headers={"Retry-After": "1"})
         key = (req.query, req.k, filter_key(req.filter))
+        timing: dict[str, str] = {}  # a cached answer's steps were another request's
         try:
             version = searcher.store.serving()
             body = service.answers.get_answer(self.name, version, key)
@@ -107,7 +110,7 @@ class SearchOutput:
                         version, found = await anyio.to_thread.run_sync(search, limiter=service.search_threads)
                 else:
                     version, found = await anyio.to_thread.run_sync(search, limiter=service.search_threads)
-                body = answer_body(version, found)
+                body, timing["Server-Timing"] = answer_body(version, found), server_timing(found)
                 service.answers.put_answer(self.name, version, key, body)
                 if service.shared is not None:
                     await service.shared.put(self.name, version, key, body)
@@ -122,12 +125,17 @@ class SearchOutput:
             searcher.health.failed(e)
             return unavailable("vector store", e)
         searcher.health.ok()
-        return Response(body, media_type="application/json")
+        return Response(body, media_type="application/json", headers=timing)
 
 
 def filter_key(filter: dict[str, str | int | bool] | None) -> tuple[tuple[str, str, object], ...]:
     """A filter as part of a cache key: True and 1 are equal in Python, not in a payload."""
     return tuple(sorted((key, type(value).__name__, value) for key, value in (filter or {}).items()))
+
+
+def server_timing(found: Found) -> str:
+    steps = [] if found.embed_ms is None else [f"embed;dur={found.embed_ms:.3f}"]
+    return ", ".join([*steps, f"index;dur={found.index_ms:.3f}"])
 
 
 def answer_body(version: str, found: Found) -> bytes:

@@ -96,8 +96,19 @@ def versions(pipeline: Path, output: str) -> tuple[str | None, list[Version]]:
         return listed.current(), listed.listing()
 
 
+def call(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """A request to the Prefect server, again after a 503: the server answers that when its SQLite
+    database is busy (a loaded machine), as a request its clients retry (Prefect's own client does)."""
+
+    def answered() -> httpx.Response | None:
+        answer = httpx.request(method, url, timeout=30, **kwargs)
+        return None if answer.status_code == 503 else answer
+
+    return wait_for(answered, f"{method} {url} to be answered other than 503", CEILING_S, 1)
+
+
 def flow_runs(api: str) -> list[dict[str, Any]]:
-    return httpx.post(f"{api}/flow_runs/filter", json={"sort": "START_TIME_DESC"}, timeout=30).json()
+    return call("POST", f"{api}/flow_runs/filter", json={"sort": "START_TIME_DESC"}).json()
 
 
 def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_half_published(
@@ -142,11 +153,11 @@ def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_hal
             1,
         )
 
-        deployment = httpx.get(f"{prefect_server}/deployments/name/nightly/nightly", timeout=30).json()
-        created = httpx.post(
+        deployment = call("GET", f"{prefect_server}/deployments/name/nightly/nightly").json()
+        created = call(
+            "POST",
             f"{prefect_server}/deployments/{deployment['id']}/create_flow_run",
             json={"parameters": {"pipeline": str(held)}},
-            timeout=30,
         )
         assert created.status_code == 201, created.text
         started = created.json()
@@ -157,7 +168,7 @@ def test_a_cron_run_publishes_and_sigterm_stops_the_schedule_with_no_version_hal
                 lambda: "holding " in log.read_text(), "the held run to hold its version", 3 * CEILING_S, 0.5
             )
         except AssertionError as e:
-            run = httpx.get(f"{prefect_server}/flow_runs/{started['id']}", timeout=30).json()
+            run = call("GET", f"{prefect_server}/flow_runs/{started['id']}").json()
             state = {k: run.get(k) for k in ("state_type", "state_name", "expected_start_time", "next_scheduled_start_time")}
             raise AssertionError(f"{e}; the held run is {state}; the schedule's log ends:\n{log.read_text()[-3000:]}") from None
         assert holding

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -208,17 +209,22 @@ def test_a_repeated_search_is_answered_from_the_cache_until_a_new_version(
     assert first.status_code == again.status_code == 200
     assert again.content == first.content and first.json()["version"] == V1
     assert (len(service.answers), len(service.vectors)) == (1, 1)
+    # Server-Timing: what a computed answer's steps took; a cached answer has none of its own.
+    assert re.fullmatch(r"embed;dur=\d+\.\d{3}, index;dur=\d+\.\d{3}", first.headers["server-timing"])
+    assert "server-timing" not in again.headers
     metrics = client.get("/metrics").text
     assert 'precompute_query_cache_total{cache="answers",result="hit"} 1.0' in metrics
     assert 'precompute_query_cache_bytes{cache="answers"}' in metrics
 
     write_version(stores, V2, rows[:50], encoder)
     # The service re-reads the pointer every pointer_check_s: until then it answers V1 (cached).
-    newer = wait_for(
-        lambda: (answer := client.post("/v1/search", json=query).json())["version"] == V2 and answer,
+    answered = wait_for(
+        lambda: (answer := client.post("/v1/search", json=query)).json()["version"] == V2 and answer,
         "the service to serve V2",
     )
+    newer = answered.json()
     assert {h["id"] for h in newer["hits"]} <= {r["id"] for r in rows[:50]}
+    assert re.fullmatch(r"index;dur=\d+\.\d{3}", answered.headers["server-timing"])  # the vector was cached
     assert len(service.answers) == 1  # V1's answer died with V1; the vector (same model) is reused
     assert 'cache="vectors",result="hit"} 1.0' in client.get("/metrics").text
 

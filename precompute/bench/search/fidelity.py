@@ -1,6 +1,6 @@
 """`precompute bench fidelity`: search as a user gets it, against its own model in FP32 with exact search.
 
-Data: bench/search/fidelity_data.py (10,000 documents, 1,000 queries with one known answer each).
+Data: bench/search/fidelity_data.py (10,000 documents, 5,000 queries with one known answer each).
 Ours: `precompute run` with every default on a pipeline file over the documents (the engine
 ladder and its gate, the self-tuned index), the lookup service, and `POST /v1/search` per query
 (one client, closed loop). Reference: the same model in sentence-transformers FP32 for
@@ -9,7 +9,9 @@ stands in for.
 
 Figures: overlap10_vs_fp32_exact (mean share of our top 10 that is the reference's top 10,
 ties at the reference's 10th score counted), recall@10 of the known answer on both sides and
-their ratio (recall_ratio). Latency by query length: queries cut from the documents to 16, 64,
+their ratio (recall_ratio), with a 95% paired bootstrap interval over the queries
+(recall_ratio_ci95: a few dozen queries that one side finds and the other misses decide the
+ratio, so its noise is that of a few dozen coin flips). Latency by query length: queries cut from the documents to 16, 64,
 128 and 256 tokens, each asked once (no cache answers), p50 and p99 over HTTP, one client; then
 the 16-token ones again while a second client sends 256-token queries without pause (a long
 query must not delay a short one). The query engine is the one /readyz names.
@@ -17,7 +19,9 @@ query must not delay a short one). The query engine is the one /readyz names.
 What the service costs: SERVICE_QUERIES 64-token queries over HTTP (p99_ms_64tok), then the same
 texts through the same query engine called in this process, the service stopped
 (p99_ms_64tok_in_process); service_overhead_p99 is their ratio: tokenizing, searching, HTTP and
-JSON on top of the engine. What quantization buys: the job's engine against the ONNX Runtime
+JSON on top of the engine. Its parts: each served answer's Server-Timing (embed, index: the
+service's own clock) and the round trip of `GET /healthz` through the same client (HTTP with
+nothing behind it); no service can cost less than those two. What quantization buys: the job's engine against the ONNX Runtime
 FP32 graph of the same model, in batches as the job runs them, taking turns on SPEED_DOCS
 documents (embed_speedup_vs_fp32).
 """
@@ -60,16 +64,22 @@ LENGTHS = (16, 64, 128, 256)
 PER_LENGTH = 100
 SERVICE_QUERIES = 300
 """64-token queries for the service's overhead: its p99 rests on the worst three."""
+BOOTSTRAP = 2_000
 SPEED_DOCS = 500
 SPEED_REPEATS = 3
 
 
 def ask(http: httpx.Client, query: str) -> tuple[float, dict[str, Any]]:
+    ms, answer = timed(http, query)
+    return ms, answer.json()
+
+
+def timed(http: httpx.Client, query: str) -> tuple[float, httpx.Response]:
     start = time.perf_counter()
     answer = http.post("/v1/search", json={"query": query, "k": K})
     seconds = time.perf_counter() - start
     answer.raise_for_status()
-    return seconds * 1000, answer.json()
+    return seconds * 1000, answer
 
 
 def cut_queries(texts: list[str], tokens: int, count: int, offset: int) -> list[str]:
@@ -117,8 +127,40 @@ def short_beside_long(base: str, texts: list[str]) -> dict[str, float]:
     return percentiles(np.array(latencies))
 
 
-def served_64tok(http: httpx.Client, queries: list[str]) -> dict[str, float]:
-    return percentiles(np.array([ask(http, q)[0] for q in queries]))
+def served_64tok(http: httpx.Client, queries: list[str]) -> dict[str, dict[str, float]]:
+    """Percentiles of the client's wait, of the answers' Server-Timing steps, and of an empty
+    round trip (`GET /healthz`) through the same client."""
+    waits, steps = [], []
+    for query in queries:
+        ms, answer = timed(http, query)
+        waits.append(ms)
+        steps.append(server_timing(answer.headers["server-timing"]))
+    empty = []
+    for _ in queries:
+        start = time.perf_counter()
+        http.get("/healthz").raise_for_status()
+        empty.append((time.perf_counter() - start) * 1000)
+    return {
+        "served": percentiles(np.array(waits)),
+        "embed": percentiles(np.array([step["embed"] for step in steps])),
+        "index": percentiles(np.array([step["index"] for step in steps])),
+        "round_trip": percentiles(np.array(empty)),
+    }
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """'embed;dur=7.1, index;dur=0.4' -> {'embed': 7.1, 'index': 0.4}."""
+    steps = (step.split(";dur=") for step in header.split(", "))
+    return {name: float(ms) for name, ms in steps}
+
+
+def ratio_interval(found_ours: np.ndarray, found_fp32: np.ndarray, seed: int = 0) -> list[float]:
+    """95% interval of recall ours / recall FP32, resampling the queries (paired: each resample
+    keeps a query's two outcomes together)."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(found_ours), size=(BOOTSTRAP, len(found_ours)))
+    ratios = found_ours[picks].mean(axis=1) / found_fp32[picks].mean(axis=1)
+    return [round(float(q), 4) for q in np.percentile(ratios, [2.5, 97.5])]
 
 
 def in_process_64tok(engine: Engine, queries: list[str]) -> tuple[dict[str, float], str]:
@@ -169,7 +211,7 @@ def reference(corpus: list[str], queries: list[str]) -> tuple[np.ndarray, np.nda
     return docs, model.encode(queries, batch_size=32, normalize_embeddings=True)
 
 
-def main(documents: int = 10_000, queries: int = 1_000) -> dict[str, Any]:
+def main(documents: int = 10_000, queries: int = 5_000) -> dict[str, Any]:
     job = JobSettings()
     folder = job.work_dir.machine_dir() / "bench-fidelity"
     shutil.rmtree(folder, ignore_errors=True)
@@ -202,8 +244,9 @@ def main(documents: int = 10_000, queries: int = 1_000) -> dict[str, Any]:
         sum(scores[q, row[i]] >= tenth[q] - TIE for i in hits) / K for q, hits in enumerate(answers)
     )
     exact_top = np.argsort(-scores, axis=1)[:, :K]
-    recall_fp32 = float(np.mean([row[a] in top for a, top in zip(data.answers, exact_top, strict=True)]))
-    recall_ours = float(np.mean([a in hits for a, hits in zip(data.answers, answers, strict=True)]))
+    found_fp32 = np.array([row[a] in top for a, top in zip(data.answers, exact_top, strict=True)], dtype=float)
+    found_ours = np.array([a in hits for a, hits in zip(data.answers, answers, strict=True)], dtype=float)
+    recall_fp32, recall_ours = float(found_fp32.mean()), float(found_ours.mean())
     output = report["outputs"]["docs"]
     result = {
         "bench": "fidelity",
@@ -226,25 +269,40 @@ def main(documents: int = 10_000, queries: int = 1_000) -> dict[str, Any]:
         "engine": "{backend}/{device}/{precision}".format(**output["engine"]),
         "overlap10_vs_fp32_exact": round(float(overlap), 4),
         "recall_ratio": round(recall_ours / recall_fp32, 4),
+        "recall_ratio_ci95": ratio_interval(found_ours, found_fp32),
+        "queries_found_by_one_side": int(np.sum(found_ours != found_fp32)),
         "embed_speedup_vs_fp32": speed["ratio"],
         "embed_docs_per_s": speed,
-        "p99_ms_64tok": served["p99_ms"],
+        "p99_ms_64tok": served["served"]["p99_ms"],
         "p99_ms_64tok_in_process": in_process["p99_ms"],
-        "p50_ms_64tok": served["p50_ms"],
+        "p50_ms_64tok": served["served"]["p50_ms"],
         "p50_ms_64tok_in_process": in_process["p50_ms"],
         "in_process_engine": in_process_engine,
-        "service_overhead_p99": round(served["p99_ms"] / in_process["p99_ms"], 3),
+        "service_overhead_p99": round(served["served"]["p99_ms"] / in_process["p99_ms"], 3),
+        "service_overhead_ms_p50": round(served["served"]["p50_ms"] - in_process["p50_ms"], 3),
+        "server_timing_64tok_ms": {"embed": served["embed"], "index": served["index"]},
+        "round_trip_ms": served["round_trip"],
     }
     print(f"{len(ids)} documents, {len(data.queries)} queries (20 Newsgroups, known item); machine {result['machine']}")
     print(f"job engine {output['engine']['precision']}, query engine {engine}; index search {result['search']}")
-    print(f"recall@10 of the known answer: ours {recall_ours:.4f}, FP32 exact {recall_fp32:.4f}")
+    print(
+        f"recall@10 of the known answer: ours {recall_ours:.4f}, FP32 exact {recall_fp32:.4f}: ratio "
+        f"{result['recall_ratio']:.4f}, 95% interval {result['recall_ratio_ci95']} "
+        f"({result['queries_found_by_one_side']} queries found by one side only)"
+    )
     print(f"top-10 overlap with FP32 exact search: {overlap:.4f}")
     for length, figures in lengths.items():
         print(f"{length:>7} p50 {figures['p50_ms']:7.2f} ms  p99 {figures['p99_ms']:7.2f} ms")
     print(f"16tok beside 256tok p50 {beside['p50_ms']:7.2f} ms  p99 {beside['p99_ms']:7.2f} ms")
     print(
-        f"64tok x {SERVICE_QUERIES}: served p99 {served['p99_ms']:.2f} ms, the same engine in process "
+        f"64tok x {SERVICE_QUERIES}: served p99 {result['p99_ms_64tok']:.2f} ms, the same engine in process "
         f"{in_process['p99_ms']:.2f} ms ({in_process_engine}): service overhead {result['service_overhead_p99']:.3f}x"
+    )
+    print(
+        f"  p50: served {result['p50_ms_64tok']:.2f} ms = in process {in_process['p50_ms']:.2f} + "
+        f"{result['service_overhead_ms_p50']:.2f} ms; in the service (Server-Timing) embed "
+        f"{served['embed']['p50_ms']:.2f}, index {served['index']['p50_ms']:.2f}; an empty round trip "
+        f"{served['round_trip']['p50_ms']:.2f} ms"
     )
     print(
         f"batch embedding: {result['engine']} {speed['ours_docs_per_s']} docs/s, ONNX Runtime FP32 "
