@@ -9,6 +9,11 @@ process on the same 70% and scored on the same 30%:
 - tfidf_svc: TF-IDF of words and word pairs (sublinear, in two rows or more) + LinearSVC at
   scikit-learn's defaults, seeded: the job's own baseline (models/labels/training.py baseline);
 - lr_fp32: logistic regression (scikit-learn's defaults) on the same encoder's FP32 embeddings.
+On a set with a taxonomy (labels_data.py TAXONOMIES: a sentence per label), zero-shot labels with
+no labelled row: the zero-shot head a labels output declaring those labels makes
+(models/labels/zero_shot.py: prompt, centring, scale) over the same FP32 embeddings, top-1 on the
+same 30% (zero_shot_top1); beside it, each row's nearest bare label name by cosine, no prompt
+and no centring (zero_shot_names_baseline_top1).
 The job's own candidates, their held-out accuracy and training time (the grid and calibration;
 the encoder's fine-tuning apart, with its steps and device) come from its report.
 """
@@ -27,13 +32,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sklearn.linear_model import LogisticRegression
 
-from precompute.bench.labels_data import DATASETS, TITLES, load
+from precompute.bench.labels_data import DATASETS, TAXONOMIES, TITLES, load
 from precompute.bench.records import Figure, write_record
 from precompute.bench.served import served_run
 from precompute.jobs.settings import JobSettings
 from precompute.models.engines.load import load_encoder
 from precompute.models.hardware import device_fingerprint
+from precompute.models.labels.head import LabelTask, load_head
 from precompute.models.labels.training import Labelled, baseline
+from precompute.models.labels.zero_shot import LabelText, Taxonomy
 from precompute.models.settings import Engine
 from precompute.models.source import bundled_encoder
 from precompute.models.text.reference import TextSample
@@ -66,9 +73,10 @@ def served_labels(base: str, ids: list[str]) -> dict[str, str | None]:
     return top
 
 
-def baselines(table: pa.Table, test: np.ndarray, folder: Path) -> dict[str, dict[str, float]]:
+def baselines(name: str, table: pa.Table, test: np.ndarray, folder: Path) -> dict[str, dict[str, float]]:
     """tfidf_svc (the job's own baseline, label_training.baseline) and lr_fp32 trained on the
-    labelled rows, top-1 on the test rows, with their training time."""
+    labelled rows, top-1 on the test rows, with their training time; on a set with a taxonomy,
+    zero_shot and its names baseline on the same test rows."""
     texts = table["text"].to_pylist()
     labels = np.array(table["label"].to_pylist(), dtype=object)
     names = sorted(set(labels))
@@ -82,7 +90,30 @@ def baselines(table: pa.Table, test: np.ndarray, folder: Path) -> dict[str, dict
     lr = LogisticRegression(max_iter=2000).fit(embeddings[~test], labels[~test])
     predicted = lr.predict(embeddings[test])
     out["lr_fp32"] = {"top1": float(np.mean(predicted == labels[test])), "train_s": time.perf_counter() - start}
+    if name in TAXONOMIES:
+        out |= zero_shot(TAXONOMIES[name], engine, embeddings[test], labels[test])
     return out
+
+
+def zero_shot(
+    described: dict[str, str], engine: Engine, embeddings: np.ndarray, truth: np.ndarray
+) -> dict[str, dict[str, float]]:
+    """Top-1 of the zero-shot head made from `described` (label -> description), and of the
+    nearest bare label name, on FP32 `embeddings` of the test rows."""
+    names = sorted(described)
+    start = time.perf_counter()
+    taxonomy = Taxonomy(labels=tuple(LabelText(label=n, description=described[n]) for n in names))
+    head = load_head(LabelTask(corpus=engine.reference, taxonomy=taxonomy), engine)
+    ours = np.array(head.labels)[np.argmax(head.probabilities(embeddings, [""] * len(embeddings)), axis=1)]
+    seconds = time.perf_counter() - start
+    with load_encoder(engine.replace(precision="fp32")) as encoder:
+        bare = encoder.encode(names)
+    bare /= np.linalg.norm(bare, axis=1, keepdims=True)
+    nearest = np.array(names)[np.argmax(embeddings @ bare.T, axis=1)]
+    return {
+        "zero_shot": {"top1": float(np.mean(ours == truth)), "train_s": seconds},
+        "zero_shot_names_baseline": {"top1": float(np.mean(nearest == truth)), "train_s": 0.0},
+    }
 
 
 def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
@@ -102,7 +133,7 @@ def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
     truth = dict(zip(table["id"].to_pylist(), table["label"].to_pylist(), strict=True))
     labels = report["outputs"]["labels"]
     training = labels["head_training"]
-    found = baselines(table, test, folder)
+    found = baselines(name, table, test, folder)
     return {
         "dataset": name,
         "rows": table.num_rows,
@@ -111,6 +142,7 @@ def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
         "published_top1": round(float(np.mean([served.get(i) == truth[i] for i in ids])), 4),
         "tfidf_svc_top1": round(found["tfidf_svc"]["top1"], 4),
         "lr_fp32_top1": round(found["lr_fp32"]["top1"], 4),
+        **{f"{key}_top1": round(found[key]["top1"], 4) for key in ("zero_shot", "zero_shot_names_baseline") if key in found},
         "published_head": training["chosen"],
         "engine": labels["engine"],
         "engine_gates": [
@@ -125,7 +157,7 @@ def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:
     }
 
 
-def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
+def main(datasets: str = "demo,rotten-tomatoes,newsgroups") -> dict[str, Any]:
     names = datasets.split(",")
     if unknown := set(names) - set(DATASETS):
         raise ValueError(f"unknown data sets {sorted(unknown)}: choose from {', '.join(DATASETS)}")
@@ -141,6 +173,11 @@ def main(datasets: str = "demo,rotten-tomatoes") -> dict[str, Any]:
             f"tfidf_svc {figures['tfidf_svc_top1']:.4f}, lr_fp32 {figures['lr_fp32_top1']:.4f}; "
             f"job's held-out candidates: {candidates}; fine-tuning: {figures['fine_tune']}"
         )
+        if "zero_shot_top1" in figures:
+            print(
+                f"{name} zero-shot (no labelled row): {figures['zero_shot_top1']:.4f}; nearest bare label "
+                f"name {figures['zero_shot_names_baseline_top1']:.4f}"
+            )
         for gate in figures["engine_gates"]:
             print(
                 f"{name} label gate {gate['precision']}: {'passed' if gate['passed'] else 'failed'}, held-out accuracy "

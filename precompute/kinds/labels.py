@@ -1,7 +1,8 @@
-"""Content labels: each row's top labels, from a head trained on a label column or a classifier folder.
+"""Content labels: each row's top labels, from a head trained on a label column, a zero-shot head
+made from the declared labels' names and descriptions, or a classifier folder.
 
-    compute:   train the head on a cache miss (models/labels/head.py), refused if it loses to its
-               TF-IDF baseline -> gate the labeler (models/labels/labeler.py) -> label the rows that
+    compute:   train the head on a cache miss (models/labels/head.py; zero_shot.py), refused if it
+               loses to its TF-IDF baseline -> gate the labeler (models/labels/labeler.py) -> label the rows that
                moved (jobs/text/labels.py) into a new Redis version
     validate:  the version's record count and sample values read back
     published: the night's values become the next night's cache
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from precompute.jobs import progress, work_dir
 from precompute.jobs.inputs import CorpusInput
@@ -26,6 +27,7 @@ from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.lookup.keys import LABELS
 from precompute.models.datasets import integer_column
 from precompute.models.labels.head import LabelPolicy, LabelTask
+from precompute.models.labels.zero_shot import PROMPT, LabelText, Taxonomy, check_distinct, check_prompt
 from precompute.models.settings import EnginePolicy
 from precompute.models.source import BUNDLED, ModelSource, ModelSpec
 from precompute.settings import Machine
@@ -36,23 +38,57 @@ class LabelsSpec(OutputSpec, LabelPolicy):
     kind: Literal["labels"]
     input: CorpusInput
     model: ModelSpec | None = None
-    """The encoder under a head trained on `input.label` (default: the bundled encoder)."""
+    """The encoder under the head, trained on `input.label` or zero-shot (default: the bundled encoder)."""
     classifier: ModelSpec | None = None
     """A sequence-classifier folder that labels by itself; excludes `model` and `input.label`."""
+    labels: list[str | LabelText] | None = Field(None, min_length=2)
+    """Zero-shot, instead of `input.label`: the labels a row may get, each a name or
+    `{ label = "...", description = "..." }`; rows are labelled by the encoder's similarity to
+    each label's `prompt`."""
+    prompt: str = PROMPT
+    """Zero-shot: a label's text, `{description}` (its name where it has none) or `{label}` filled in."""
+    multi_label: bool = False
+    """Zero-shot: a row may get several labels, each at or above `min_score` on its own."""
     engine: EnginePolicy = Field(default_factory=EnginePolicy)
+
+    @field_validator("labels")
+    @classmethod
+    def _distinct(cls, labels: list[str | LabelText] | None) -> list[str | LabelText] | None:
+        check_distinct([e if isinstance(e, str) else e.label for e in labels or []])
+        return labels
+
+    prompt_fills_a_label = field_validator("prompt")(check_prompt)
 
     @model_validator(mode="after")
     def _one_model(self) -> LabelsSpec:
         if self.classifier is not None and self.model is not None:
             raise ValueError("set model (an encoder under a trained head) or classifier, not both")
-        if self.classifier is None and self.input.label is None:
-            raise ValueError("a trained head needs input.label (the label column), or set classifier")
+        sources = [
+            name
+            for name, given in (
+                ("input.label", self.input.label is not None),
+                ("labels", self.labels is not None),
+                ("classifier", self.classifier is not None),
+            )
+            if given
+        ]
+        if len(sources) != 1:
+            both = f", not {' and '.join(sources)}" if sources else ""
+            raise ValueError(
+                "set one of input.label (the label column a head learns from), labels (zero-shot) "
+                f"or classifier{both}"
+            )
+        if self.labels is None and (self.multi_label or self.prompt != PROMPT):
+            raise ValueError("prompt and multi_label are for zero-shot labels: set labels")
         return self
 
     def task(self) -> LabelTask:
-        column = None if self.classifier is not None else self.input.label
         policy = LabelPolicy.model_validate(self.model_dump(include=set(LabelPolicy.model_fields)))
-        return LabelTask(corpus=self.input.sample(), column=column, policy=policy)
+        taxonomy = None
+        if self.labels is not None:
+            entries = tuple(LabelText(label=e) if isinstance(e, str) else e for e in self.labels)
+            taxonomy = Taxonomy(labels=entries, prompt=self.prompt, multi=self.multi_label)
+        return LabelTask(corpus=self.input.sample(), column=self.input.label, taxonomy=taxonomy, policy=policy)
 
 
 @dataclass(kw_only=True)
@@ -92,9 +128,12 @@ class Labels(KeyedKind[LabelsComputed]):
         output.check_input(source, columns)
 
     def plan(self, output: Output, machine: Machine) -> list[str]:
-        source = output.spec.input
+        spec: LabelsSpec = output.spec
+        source = spec.input
+        zero_shot = [] if spec.labels is None else [f"  labels  {len(spec.labels)}, zero-shot: {spec.prompt!r}"]
         return [
             f"  input   {source.path} (id={source.id}, text={source.text}, label={source.label})",
+            *zero_shot,
             *engine_lines(output, machine.engine),
             store_line(output, machine),
         ]

@@ -1,6 +1,7 @@
 """Two models per kind from one pipeline file, end to end: the bundled encoder next to a tiny random
 32-d one (saved by the installed sentence-transformers itself), a label head trained on the corpus next to a classifier folder (and a head over the tiny
-encoder that gives several labels per row, from a list column), and recommendations from
+encoder that gives several labels per row, from a list column, and zero-shot labels from a
+list of label names and descriptions, no label column), and recommendations from
 a user's own two towers (ONNX files over features Parquets). The nightly flow publishes all five,
 the service answers each by name with its own model, `precompute status` lists each."""
 
@@ -63,6 +64,18 @@ kind = "labels"
 input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
 classifier = {{ path = "{classifier}" }}
 top = 2
+engine = {{ gate_texts = 16, calibration_texts = 16 }}
+
+[outputs.languages]
+kind = "labels"
+input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
+labels = [
+    {{ label = "perl", description = "the Perl programming language and its modules" }},
+    {{ label = "python", description = "the Python programming language and its modules" }},
+    {{ label = "haskell", description = "the Haskell programming language and its libraries" }},
+    "documentation",
+]
+top = 1
 engine = {{ gate_texts = 16, calibration_texts = 16 }}
 
 [outputs.picks]
@@ -161,6 +174,7 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         "sections": "labels",
         "tags": "labels",
         "topics": "labels",
+        "languages": "labels",
         "picks": "recs",
     }
     towers = outputs["picks"]["towers"]
@@ -171,6 +185,7 @@ def test_two_models_per_kind_are_published_and_served_by_name(
     # The own towers, with the content part where it ranks the held-out items better (jobs/recs/quality.py).
     assert outputs["picks"]["validation"]["published"] in {"towers", "towers+content"}
     assert outputs["minilm"]["computed"] == outputs["tiny"]["computed"] == 200
+    assert outputs["languages"]["head_training"]["chosen"] == "zero-shot"
     tags = outputs["tags"]["head_training"]
     assert tags["fine_tune"]["steps"] > 0  # the tiny encoder fine-tuned on the tags' training rows
     assert {c["name"] for c in tags["candidates"]} == {"embeddings", "embeddings+tfidf", "fine-tuned", "fine-tuned+tfidf"}
@@ -205,6 +220,12 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         given = [[label["label"] for label in item["labels"]] for item in tags["results"]]
         assert {tag for labels in given for tag in labels} <= sections | {"library", "documentation"}
         assert any(len(labels) > 1 for labels in given) and all(len(labels) <= 3 for labels in given)
+        # Zero-shot: no label column; each row of the three languages' sections gets its language.
+        coded = [r for r in rows if r["section"] in ("perl", "python", "haskell")]
+        languages = client.post("/v1/labels/languages:batchGet", json={"ids": [r["id"] for r in coded]}).json()
+        top = [item["labels"][0]["label"] for item in languages["results"]]
+        assert languages["version"] == outputs["languages"]["version"] and len(top) == len(coded) > 40
+        assert np.mean([label == r["section"] for label, r in zip(top, coded, strict=True)]) >= 0.8, top
         theirs = client.get(f"/v1/labels/topics/{target['id']}").json()
         assert {label["label"] for label in theirs["labels"]} <= set(LABELS) and len(theirs["labels"]) == 2
         assert client.get("/v1/labels/nope/x").status_code == 404

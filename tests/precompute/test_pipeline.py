@@ -87,7 +87,22 @@ def test_vector_quantization_is_set_per_output(tmp_path: Path, monkeypatch: pyte
         (
             f'[outputs.tags]\nkind = "labels"\n{CORPUS}',
             "outputs.tags",
-            "a trained head needs input.label",
+            "set one of input.label (the label column a head learns from), labels (zero-shot) or classifier",
+        ),
+        (
+            f'[outputs.tags]\nkind = "labels"\ninput = {{ path = "{DEMO_CORPUS}", label = "section" }}\nlabels = ["a", "b"]',
+            "outputs.tags",
+            "or classifier, not input.label and labels",
+        ),
+        (
+            f'[outputs.tags]\nkind = "labels"\n{CORPUS}\nlabels = ["games", "net"]\nprompt = "About this."',
+            "outputs.tags.prompt",
+            "prompt must hold {description} or {label}",
+        ),
+        (
+            f'[outputs.tags]\nkind = "labels"\n{CORPUS}\nlabels = ["games", {{ label = "games", description = "play" }}]',
+            "outputs.tags.labels",
+            "labels are named once each: 'games' repeat",
         ),
         (
             '[outputs.recs]\nkind = "recs"\ninput = { path = "x.parquet" }\nitems = "docs"',

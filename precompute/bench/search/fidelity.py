@@ -11,7 +11,10 @@ Figures: overlap10_vs_fp32_exact (mean share of our top 10 that is the reference
 ties at the reference's 10th score counted), recall@10 of the known answer on both sides and
 their ratio (recall_ratio), with a 95% paired bootstrap interval over the queries
 (recall_ratio_ci95: a few dozen queries that one side finds and the other misses decide the
-ratio, so its noise is that of a few dozen coin flips). Latency by query length: queries cut from the documents to 16, 64,
+ratio, so its noise is that of a few dozen coin flips). Where the answers go: the same queries,
+embedded in this process by the service's query engine, searched exactly over the published
+version's own vectors (recall_ratio_exact_search: what quantization alone costs) and through its
+index at the search parameters the nightly check recorded (recall_ratio_indexed). Latency by query length: queries cut from the documents to 16, 64,
 128 and 256 tokens, each asked once (no cache answers), p50 and p99 over HTTP, one client; then
 the 16-token ones again while a second client sends 256-token queries without pause (a long
 query must not delay a short one). The query engine is the one /readyz names.
@@ -33,6 +36,7 @@ import shutil
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,6 +56,9 @@ from precompute.models.source import bundled_encoder
 from precompute.models.text.encoder import Encoder
 from precompute.models.text.reference import TextSample
 from precompute.models.text.tokenize import TextTokenizer
+from precompute.stores.vectors import open_vector_store
+from precompute.stores.vectors.settings import VectorStoreSettings
+from precompute.stores.vectors.store import SearchParams
 
 PIPELINE = """\
 [outputs.docs]
@@ -183,6 +190,20 @@ def one_at_a_time(encoder: Encoder, queries: list[str]) -> dict[str, float]:
     return percentiles(np.array(latencies))
 
 
+def found_in_store(engine: Engine, qdrant: Path, queries: list[str], answers: list[str]) -> dict[str, np.ndarray]:
+    """Whether each query's answer is in its top K, searched exactly over the published version's
+    vectors and through its index, each query embedded by the service's query engine here."""
+    found: dict[str, list[bool]] = {"exact": [], "indexed": []}
+    with load_encoder(engine.replace(**QUERY_ENGINE)) as encoder, open_vector_store(VectorStoreSettings(path=qdrant), "docs") as store:
+        version = store.serving()
+        recorded = store.searched_with(version)
+        for query, answer in zip(queries, answers, strict=True):
+            vector = encoder.encode_query(query)
+            for how, params in (("exact", SearchParams(recorded.hnsw_ef, exact=True)), ("indexed", recorded)):
+                found[how].append(answer in [hit.id for hit in store.search(vector, K, version=version, params=params)])
+    return {how: np.array(hits, dtype=float) for how, hits in found.items()}
+
+
 def batch_speedup(engine: Engine, texts: list[str]) -> dict[str, float]:
     """Documents per second of the job's engine and of the FP32 graph, taking turns."""
     with load_encoder(engine) as ours, load_encoder(engine.replace(precision="fp32")) as fp32:
@@ -236,6 +257,7 @@ def main(documents: int = 10_000, queries: int = 5_000) -> dict[str, Any]:
     settings = Engine(model=bundled_encoder(), reference=TextSample(path=str(folder / "corpus.parquet")))
     in_process, in_process_engine = in_process_64tok(settings, overhead_queries)
     speed = batch_speedup(settings, texts[:SPEED_DOCS])
+    stored = found_in_store(settings, folder / "qdrant", data.queries, data.answers)
     docs, asked = reference(texts, data.queries)
     scores = asked @ docs.T
     tenth = np.sort(scores, axis=1)[:, -K]
@@ -271,6 +293,9 @@ def main(documents: int = 10_000, queries: int = 5_000) -> dict[str, Any]:
         "recall_ratio": round(recall_ours / recall_fp32, 4),
         "recall_ratio_ci95": ratio_interval(found_ours, found_fp32),
         "queries_found_by_one_side": int(np.sum(found_ours != found_fp32)),
+        "recall_ratio_exact_search": round(float(stored["exact"].mean()) / recall_fp32, 4),
+        "recall_ratio_exact_search_ci95": ratio_interval(stored["exact"], found_fp32),
+        "recall_ratio_indexed": round(float(stored["indexed"].mean()) / recall_fp32, 4),
         "embed_speedup_vs_fp32": speed["ratio"],
         "embed_docs_per_s": speed,
         "p99_ms_64tok": served["served"]["p99_ms"],
@@ -289,6 +314,10 @@ def main(documents: int = 10_000, queries: int = 5_000) -> dict[str, Any]:
         f"recall@10 of the known answer: ours {recall_ours:.4f}, FP32 exact {recall_fp32:.4f}: ratio "
         f"{result['recall_ratio']:.4f}, 95% interval {result['recall_ratio_ci95']} "
         f"({result['queries_found_by_one_side']} queries found by one side only)"
+    )
+    print(
+        f"  the same queries here: exact search over the published vectors {result['recall_ratio_exact_search']:.4f} "
+        f"(95% {result['recall_ratio_exact_search_ci95']}), through its index {result['recall_ratio_indexed']:.4f}"
     )
     print(f"top-10 overlap with FP32 exact search: {overlap:.4f}")
     for length, figures in lengths.items():

@@ -1,5 +1,6 @@
-"""A label head trained on the corpus's own label column, over an encoder: the best of several
-linear heads by held-out evidence (label_training.py), its probabilities calibrated.
+"""A label head over an encoder: trained on the corpus's own label column, the best of several
+linear heads by held-out evidence (label_training.py), its probabilities calibrated; or made from
+the output's label names and descriptions alone (zero_shot.py).
 
 The head is trained on every labelled row (the gate's held-out texts excluded), exported to
 ONNX and cached like an engine, keyed by model, training rows and recipe, and kept while its
@@ -31,6 +32,7 @@ from precompute.models.errors import ModelError
 from precompute.models.labels.features import TextFeatures
 from precompute.models.labels.finetune import fine_tuned
 from precompute.models.labels.training import Labelled, held_out_split, train_head
+from precompute.models.labels.zero_shot import Taxonomy, build_zero_shot
 from precompute.models.settings import Engine
 from precompute.models.source import read_encoder
 from precompute.models.text.reference import SPLIT_SLOT, TextSample, sample_batches, split_slot
@@ -86,27 +88,34 @@ class LabelPolicy(BaseModel):
 
 
 class LabelTask(BaseModel):
-    """What a labeler is made for: the corpus and the label column a head learns from (None: a
-    classifier folder labels by itself), and the output's policy."""
+    """What a labeler is made for: the corpus and the label column a head learns from, or the
+    taxonomy a zero-shot head is made from (neither: a classifier folder labels by itself), and
+    the output's policy."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     corpus: TextSample
     column: str | None = None
+    taxonomy: Taxonomy | None = None
     policy: LabelPolicy = LabelPolicy()
 
 
-def export_head(weight: np.ndarray, bias: np.ndarray, path: Path, multi: bool = False) -> None:
+def export_head(
+    weight: np.ndarray, bias: np.ndarray, path: Path, multi: bool = False, unit: bool = False
+) -> None:
     """embedding [B, dim], text_logits [B, labels] -> probabilities [B, labels]: Gemm, Add, then
-    Softmax (one label per row) or Sigmoid (several)."""
+    Softmax (one label per row) or Sigmoid (several). `unit`: the embedding is normalised first
+    (a zero-shot head's weights are made for cosines, whatever the encoder's pooling)."""
     activation = (
         helper.make_node("Sigmoid", ["logits"], [PROBABILITIES])
         if multi
         else (helper.make_node("Softmax", ["logits"], [PROBABILITIES], axis=-1))
     )
+    normalised = [helper.make_node("LpNormalization", [HEAD_INPUT], ["unit"], axis=-1, p=2)] if unit else []
     graph = helper.make_graph(
         [
-            helper.make_node("Gemm", [HEAD_INPUT, "weight", "bias"], ["embedding_logits"], transB=1),
+            *normalised,
+            helper.make_node("Gemm", ["unit" if unit else HEAD_INPUT, "weight", "bias"], ["embedding_logits"], transB=1),
             helper.make_node("Add", ["embedding_logits", TEXT_LOGITS], ["logits"]),
             activation,
         ],
@@ -174,6 +183,8 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
     Keeping a head through small changes is what makes labels incremental: the head is part of
     every label's identity (jobs/text/labels.py), so a head retrained on 1% new rows would label every
     row again for a head that labels almost all of them the same."""
+    if task.taxonomy is not None:
+        return zero_shot_head(task.taxonomy, task.corpus, engine)
     column = label_column(task)
     labelled, fingerprints = labelled_rows(task.corpus, column, task.policy.train_texts)
     lineage = {
@@ -192,6 +203,29 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
     entry = cache.get_or_build(
         "label-head", key, lambda directory: _train(labelled, fingerprints, engine, task.policy, directory)
     )
+    return LabelHead(entry.path, engine)
+
+
+def zero_shot_head(taxonomy: Taxonomy, corpus: TextSample, engine: Engine) -> LabelHead:
+    """The zero-shot head of this model, taxonomy and corpus, made once: kept while they stay the
+    same, as a trained head is through small changes (its centre, a mean over 1,000 texts, moves
+    little with a night's rows), so its labels are recomputed only for rows that changed."""
+    key = {"model": engine.model.hash, "taxonomy": taxonomy.key(), "corpus": corpus.path}
+
+    def build(directory: Path) -> None:
+        weight, bias, training = build_zero_shot(taxonomy, corpus, engine)
+        export_head(weight, bias, directory / HEAD_FILE, taxonomy.multi, unit=True)
+        meta = {
+            "labels": [entry.label for entry in taxonomy.labels],
+            "multi": taxonomy.multi,
+            "thresholds": None,
+            "held_out_accuracy": None,
+            "encoder": None,
+            "training": training,
+        }
+        (directory / LABELS_FILE).write_text(json.dumps(meta))
+
+    entry = EngineCache(engine.machine.cache_dir).get_or_build("label-head", key, build)
     return LabelHead(entry.path, engine)
 
 
@@ -274,7 +308,9 @@ def held_out_rows(task: LabelTask, names: list[str], limit: int) -> tuple[list[s
     """Up to `limit` labelled rows of the gate's slot, which no head trains on (labelled_row):
     (texts, targets as `names` index them, a row of booleans each with several labels per row).
     Labels the head does not know are left out (a row left with none, too). Reading stops once
-    `limit` are found."""
+    `limit` are found. A zero-shot task has none."""
+    if task.column is None:
+        return [], np.zeros(0, dtype=np.int64)
     column, index = label_column(task), {name: i for i, name in enumerate(names)}
     texts: list[str] = []
     targets: list[object] = []

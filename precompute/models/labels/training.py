@@ -359,7 +359,9 @@ def train_head(
 
 def loses_to_baseline(training: dict, max_loss: float) -> str | None:
     """Why a head may not publish: its held-out accuracy below the baseline's by more than
-    `max_loss` (None: it may)."""
+    `max_loss` (None: it may). A zero-shot head has no labelled rows to compare on."""
+    if training["baseline"] is None:
+        return None
     chosen = next(c for c in training["candidates"] if c["name"] == training["chosen"])
     floor = training["baseline"]["accuracy"] - max_loss
     if chosen["accuracy"] >= floor:
