@@ -72,7 +72,9 @@ input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
 labels = [
     {{ label = "perl", description = "the Perl programming language and its modules" }},
     {{ label = "python", description = "the Python programming language and its modules" }},
-    {{ label = "haskell", description = "the Haskell programming language and its libraries" }},
+    {{ label = "ocaml", description = "the OCaml programming language and its libraries" }},
+    {{ label = "java", description = "the Java programming language and its libraries" }},
+    {{ label = "golang", description = "the Go programming language and its packages" }},
     "documentation",
 ]
 top = 1
@@ -220,12 +222,13 @@ def test_two_models_per_kind_are_published_and_served_by_name(
         given = [[label["label"] for label in item["labels"]] for item in tags["results"]]
         assert {tag for labels in given for tag in labels} <= sections | {"library", "documentation"}
         assert any(len(labels) > 1 for labels in given) and all(len(labels) <= 3 for labels in given)
-        # Zero-shot: no label column; each row of the three languages' sections gets its language.
-        coded = [r for r in rows if r["section"] in ("perl", "python", "haskell")]
+        # Zero-shot: no label column; the rows of the five languages' sections mostly get their own
+        # language (chance among the six labels: 1 in 6).
+        coded = [r for r in rows if r["section"] in ("perl", "python", "ocaml", "java", "golang")]
         languages = client.post("/v1/labels/languages:batchGet", json={"ids": [r["id"] for r in coded]}).json()
         top = [item["labels"][0]["label"] for item in languages["results"]]
         assert languages["version"] == outputs["languages"]["version"] and len(top) == len(coded) > 40
-        assert np.mean([label == r["section"] for label, r in zip(top, coded, strict=True)]) >= 0.8, top
+        assert np.mean([label == r["section"] for label, r in zip(top, coded, strict=True)]) >= 0.6, top
         theirs = client.get(f"/v1/labels/topics/{target['id']}").json()
         assert {label["label"] for label in theirs["labels"]} <= set(LABELS) and len(theirs["labels"]) == 2
         assert client.get("/v1/labels/nope/x").status_code == 404

@@ -218,7 +218,9 @@ def zero_shot_head(taxonomy: Taxonomy, corpus: TextSample, engine: Engine) -> La
         meta = {
             "labels": [entry.label for entry in taxonomy.labels],
             "multi": taxonomy.multi,
-            "thresholds": None,
+            # Several labels per row: a label is given where its row is nearer its text than the
+            # label's typical row (sigmoid 0.5), and at or above min_score.
+            "thresholds": [0.5] * len(taxonomy.labels) if taxonomy.multi else None,
             "held_out_accuracy": None,
             "encoder": None,
             "training": training,

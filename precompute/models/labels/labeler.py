@@ -1,4 +1,4 @@
-"""The content labeler: a user's sequence classifier, or a trained head over an encoder (label_head.py).
+"""The content labeler: a user's sequence classifier, or a head over an encoder (head.py: trained or zero-shot).
 
 A classifier folder (`AutoModelForSequenceClassification`) runs on the engine path like an
 encoder: exported with its softmax (or sigmoid) in the graph, quantized, and gated on
@@ -12,7 +12,7 @@ between two labels the head confuses anyway costs no accuracy. A precision that 
 second try before the ladder falls back: it labels every text, and the texts whose top two
 probabilities lie closer than a calibrated margin (the near ties, where flips happen) are
 labelled again at FP32. Each try is in the report. A corpus with no labelled row in the gate's
-slot is gated on agreement, as a classifier.
+slot is gated on agreement, as a classifier, and so is a zero-shot head.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ otherwise take them all (`precompute bench labels`: zero_shot_top1 against cosin
 names). The scale is the temperature sentence encoders are trained at (sentence-transformers'
 MultipleNegativesRankingLoss), so the softmax is the encoder's own odds among these labels and
 `min_score` a probability on that scale; with several labels per row, a sigmoid per label: the
-odds of a label against its typical row.
+odds of a label against its typical row, given from 0.5 (nearer than its typical row) and at or
+above `min_score`.
 
 The logits are one affine map of the embedding, so the result is a head like a trained one
 (head.py export_head), cached by model, labels, prompt and centering texts, and gated and served

@@ -54,14 +54,15 @@ def test_a_label_text_is_the_prompt_with_its_description_or_its_name() -> None:
 @pytest.fixture
 def tiny(settings: Engine, tmp_path: Path) -> tuple[Engine, TextSample]:
     """A tiny random encoder (mean pooling: a text's vector leans to its words') and a corpus of
-    texts each made of one label's description and filler."""
+    texts, a few of them made of one label's description and filler, most about none of them (as
+    a label is on a few rows of a corpus)."""
     folder = tiny_encoder(tmp_path / "tiny", "bert", pooling="mean")
     engine = settings.replace(model=read_encoder(folder))
     filler = ["the report says that", "we found", "notes on", "a short text about"]
-    rows = [
-        {"id": f"row-{i}", "text": f"{filler[i % 4]} {DESCRIBED[label]}"}
-        for i, label in enumerate(sorted(DESCRIBED) * 20)
-    ]
+    other = ["weather rain wind forecast", "invoice payment total due", "train station platform delay"]
+    texts = [f"{filler[i % 4]} {DESCRIBED[label]}" for i, label in enumerate(sorted(DESCRIBED) * 5)]
+    texts += [f"{filler[i % 4]} {other[i % 3]}" for i in range(90)]
+    rows = [{"id": f"row-{i}", "text": text} for i, text in enumerate(texts)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "corpus.parquet")
     return engine, TextSample(path=str(tmp_path / "corpus.parquet"))
 
@@ -105,6 +106,7 @@ def test_several_labels_per_row_each_at_or_above_min_score(tiny: tuple[Engine, T
     with load_encoder(engine.replace(precision="fp32")) as encoder:
         probabilities = head.probabilities(encoder.encode(texts), texts)
     assert not np.allclose(probabilities.sum(axis=1), 1)  # a sigmoid per label, not a softmax
+    assert head.thresholds is not None and np.all(head.thresholds == 0.5)  # nearer than the label's typical row
     bar = float(np.sort(probabilities, axis=1)[0, -2])  # the first text's second-best label
     assert bar > float(np.sort(probabilities, axis=1)[1:, -2].max())  # above any single-topic text's second
     given = head.given(probabilities, bar)
