@@ -14,6 +14,7 @@ from precompute.jobs import work_dir
 from precompute.jobs.staging import commit
 from precompute.jobs.text.content_cache import POINTER, previous_run, promote
 from precompute.jobs.work_dir import WorkPath
+from precompute.stores.versions import new_version
 
 
 def committed(run: WorkPath) -> WorkPath:
@@ -70,6 +71,39 @@ def test_runs_of_versions_the_store_no_longer_holds_are_deleted_and_newer_ones_k
         committed(runs / version)
     work_dir.collect_runs(runs, current="v3", kept={"v2"})
     assert sorted(p.name for p in runs.iterdir()) == ["v2", "v3", "v4"]
+
+
+def test_runs_are_collected_by_version_time_and_not_at_all_before_a_first_publish(tmp_path: Path) -> None:
+    """Real version names (stores/versions.py new_version: UTC time, then a random suffix that
+    sorts any way): older than the published one goes unless kept; nothing goes while nothing is
+    published (a first night's folders are its runs in progress)."""
+    runs = work_dir.runs(WorkPath.of(tmp_path), "docs")
+    made = {when: f"20261207T{when}Z-{suffix}" for when, suffix in (("010000", "ffffff"), ("020000", "000000"), ("030000", "a1b2c3"), ("040000", "000001"))}
+    for version in made.values():
+        committed(runs / version)
+    work_dir.collect_runs(runs, current=None, kept=set())
+    assert sorted(p.name for p in runs.iterdir()) == sorted(made.values())
+    work_dir.collect_runs(runs, current=made["030000"], kept={made["010000"]})
+    assert sorted(p.name for p in runs.iterdir()) == [made["010000"], made["030000"], made["040000"]]
+    assert new_version() > made["040000"]  # a version made now sorts after every older one
+
+
+def test_a_copy_across_devices_where_no_link_can_be_made_is_a_whole_copy(tmp_path: Path) -> None:
+    """/dev/shm is another filesystem: os.link fails there (EXDEV), and the copy falls back to
+    writing the bytes, replacing the target whole and leaving nothing beside it."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second filesystem at /dev/shm on this machine")
+    source = shm / f"precompute-test-{tmp_path.name}"
+    try:
+        source.write_bytes(b"x" * 4096)
+        target = WorkPath.of(tmp_path / "target")
+        target.write_bytes(b"old")
+        work_dir.copy_file(target.fs, str(source), target.path)
+        assert target.read_bytes() == b"x" * 4096 and (tmp_path / "target").stat().st_ino != source.stat().st_ino
+        assert [p.name for p in tmp_path.iterdir()] == ["target"]
+    finally:
+        source.unlink(missing_ok=True)
 
 
 def test_what_stays_on_this_machine_goes_beside_a_local_work_dir_and_apart_for_a_uri(tmp_path: Path) -> None:
