@@ -35,3 +35,17 @@ def test_a_fine_tuned_encoder_is_trained_once_per_training_set_and_reused(tmp_pa
 
     _, report = fine_tuned(source, labelled, np.arange(96), 0.0, "cpu", cache)  # no time: no step
     assert report["steps"] == 0
+
+
+def test_several_labels_per_row_fine_tune_with_a_sigmoid_per_label(tmp_path: Path) -> None:
+    """A list column's rows (a boolean row of labels each) train through binary cross-entropy:
+    the weights move, as with one label per row."""
+    source = read_encoder(tiny_encoder(tmp_path / "tiny", "bert", pooling="mean"))
+    rng = np.random.default_rng(1)
+    targets = rng.random((64, 3)) < 0.4
+    targets[~targets.any(axis=1), 0] = True
+    texts = [" ".join(name for name, on in zip(("chess", "xml", "audio"), row, strict=True) if on) for row in targets]
+    labelled = Labelled(texts, targets, ["games", "libs", "sound"], rng.integers(0, 10, 64))
+    assert labelled.multi
+    tuned, report = fine_tuned(source, labelled, np.arange(64), 60.0, "cpu", EngineCache(tmp_path / "cache"))
+    assert report["steps"] == 64 // BATCH and tuned.hash != source.hash

@@ -124,6 +124,7 @@ def test_near_ties_are_rechecked_at_fp32_before_the_ladder_falls_back(
         texts = ["a chess engine with a graphical board", "a library for parsing XML"]
         indices, scores, given = rechecking.label(texts)
         assert indices.shape == scores.shape == given.shape == (2, 3) and given.all()  # min_score 0
+        assert [rechecking.labels[i] for i in indices[:, 0]] == ["games", "libs"]  # what the texts are
         assert np.all(np.diff(scores, axis=1) <= 0) and np.all(scores > 0)
         sure = Labeler(rechecking.encoder, rechecking.head, LabelPolicy(min_score=0.5))
         assert sure.label(texts)[2].tolist() == (scores >= 0.5).tolist()  # the rest abstain
