@@ -159,7 +159,7 @@ def test_a_partitioned_export_on_object_storage_publishes_three_outputs_answered
         assert labelled["id"] == item and labelled["labels"]
         user = 1
         listed = client.get(f"/v1/recs/{user}").json()
-        assert listed["id"] == user and len(listed["items"]) == 10  # k: an empty list would pass the all() below
+        assert listed["id"] == user and len(listed["items"]) == recs["k"]  # an empty list would pass the all() below
         assert all(isinstance(entry["id"], int) for entry in listed["items"])
         batch = client.post("/v1/recs:batchGet", json={"ids": [user, "2", 99999]}).json()
         assert [r["id"] for r in batch["results"]] == [1, 2] and batch["missing"] == [99999]
