@@ -223,13 +223,17 @@ def bench_topk(
 @bench_app.command("labels")
 def bench_labels(
     datasets: Annotated[str, typer.Option(help="Comma-separated: demo, rotten-tomatoes, newsgroups; the first one's figures close the JSON line.")] = "demo,rotten-tomatoes,newsgroups",
+    taxonomy_only: Annotated[
+        bool, typer.Option("--taxonomy-only", help="The zero-shot and 8-shot columns alone, on sets with a taxonomy (no served run).")
+    ] = False,
 ) -> None:
     """Top-1 of the served labels against TF-IDF + LinearSVC and logistic regression on FP32
     embeddings, on the same split of public labelled texts; each head candidate's training time;
-    zero-shot labels from a sentence per label against the nearest bare label name."""
+    on sets with a taxonomy, zero-shot labels from a sentence per label against the nearest bare
+    label name, and the few-shot head from 8 rows a label against logistic regression on them."""
     from precompute.bench.labels import main
 
-    main(datasets)
+    main(datasets, taxonomy_only)
 
 
 @bench_app.command("report")

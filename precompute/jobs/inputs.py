@@ -7,7 +7,14 @@ import ray
 from pydantic import Field
 
 from precompute.jobs.row_groups import ParquetRowGroups
-from precompute.models.datasets import DatasetInput, decoded, input_files, plain_schema
+from precompute.models.datasets import (
+    DatasetInput,
+    InputError,
+    arrow_dataset,
+    decoded,
+    input_files,
+    plain_schema,
+)
 from precompute.models.text.columns import TEXT_TYPES
 from precompute.models.text.reference import TextSample
 
@@ -84,6 +91,35 @@ class CorpusInput(TextSample):
     def sample(self) -> TextSample:
         """The id and text columns alone: where an engine draws its gate and calibration texts."""
         return TextSample(path=self.path, format=self.format, where=self.where, id=self.id, text=self.text)
+
+
+class CorrectionsInput(DatasetInput):
+    """Labels set by hand: each row a corpus row's id and the label it must have."""
+
+    id: str = "id"
+    """The column of the corpus row's id."""
+    label: str = "label"
+    """The column of the label that row must have."""
+    max_rows: int = Field(100_000, ge=1)
+    """Corrections are read into memory and go with the job's tasks: past this many, the
+    labels belong in the corpus's label column."""
+
+    def id_columns(self) -> tuple[str, ...]:
+        return (self.id,)
+
+    def read(self) -> tuple[tuple[str, str], ...]:
+        """(id, label) pairs sorted by id, each id once (its last row, as a file of edits is
+        appended to); ids as strings, as the corpus's are compared (str of each id)."""
+        dataset = arrow_dataset(self)
+        if (rows := dataset.count_rows()) > self.max_rows:
+            raise InputError(f"{self.path}: {rows:,} corrections, more than max_rows {self.max_rows:,}")
+        table = decoded(dataset.to_table(columns=[self.id, self.label]))
+        pairs: dict[str, str] = {}
+        for number, (id_, label) in enumerate(zip(*(table[c].to_pylist() for c in (self.id, self.label)), strict=True)):
+            if id_ is None or label is None or not str(label):
+                raise InputError(f"{self.path}: row {number}: a correction needs an id and a label")
+            pairs[str(id_)] = str(label)
+        return tuple(sorted(pairs.items()))
 
 
 class InteractionsInput(DatasetInput):

@@ -1,5 +1,6 @@
-"""Content labels: each row's top labels, from a head trained on a label column, a zero-shot head
-made from the declared labels' names and descriptions, or a classifier folder.
+"""Content labels: each row's top labels, from a head trained on a label column (few-shot from a
+handful of rows a label, the declared labels its prior), a zero-shot head made from the declared
+labels' names and descriptions, or a classifier folder; corrections override and train.
 
     compute:   train the head on a cache miss (models/labels/head.py; zero_shot.py), refused if it
                loses to its TF-IDF baseline -> gate the labeler (models/labels/labeler.py) -> label the rows that
@@ -19,13 +20,13 @@ import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
 from precompute.jobs import progress, work_dir
-from precompute.jobs.inputs import CorpusInput
+from precompute.jobs.inputs import CorpusInput, CorrectionsInput
 from precompute.kinds import Output, OutputSpec, QualityError, RunContext, Target
 from precompute.kinds.keyed import KeyedKind, VersionVocabulary, published_run, store_line, writer
 from precompute.kinds.report import Computed
 from precompute.kinds.text import engine_lines, engine_of, read_model
 from precompute.lookup.keys import LABELS
-from precompute.models.datasets import integer_column
+from precompute.models.datasets import InputError, integer_column
 from precompute.models.labels.head import LabelPolicy, LabelTask
 from precompute.models.labels.zero_shot import PROMPT, LabelText, Taxonomy, check_distinct, check_prompt
 from precompute.models.settings import EnginePolicy
@@ -42,13 +43,20 @@ class LabelsSpec(OutputSpec, LabelPolicy):
     classifier: ModelSpec | None = None
     """A sequence-classifier folder that labels by itself; excludes `model` and `input.label`."""
     labels: list[str | LabelText] | None = Field(None, min_length=2)
-    """Zero-shot, instead of `input.label`: the labels a row may get, each a name or
-    `{ label = "...", description = "..." }`; rows are labelled by the encoder's similarity to
-    each label's `prompt`."""
+    """The labels a row may get, each a name or `{ label = "...", description = "..." }`. Alone:
+    zero-shot, rows labelled by the encoder's similarity to each label's `prompt`. Beside
+    `input.label` with a few rows per label: the few-shot head's prior and anchors (the
+    zero-shot head is one of its candidates); every labelled row's label must be one of them."""
     prompt: str = PROMPT
     """Zero-shot: a label's text, `{description}` (its name where it has none) or `{label}` filled in."""
     multi_label: bool = False
-    """Zero-shot: a row may get several labels, each at or above `min_score` on its own."""
+    """Zero-shot: a row may get several labels, each at or above `min_score` on its own (with
+    `input.label`, a list column says so)."""
+    corrections: CorrectionsInput | None = None
+    """Labels set by hand, `{ path = "...", id = "id", label = "label" }`: each corrected row
+    serves its label (score 1) on every night while its row is in the file, and trains the
+    head as a labelled row (a zero-shot output's corrections, once two labels have two rows
+    each, train a few-shot head); the report counts how many the model agrees with."""
     engine: EnginePolicy = Field(default_factory=EnginePolicy)
 
     @field_validator("labels")
@@ -67,23 +75,20 @@ class LabelsSpec(OutputSpec, LabelPolicy):
     def _one_model(self) -> LabelsSpec:
         if self.classifier is not None and self.model is not None:
             raise ValueError("set model (an encoder under a trained head) or classifier, not both")
-        sources = [
-            name
-            for name, given in (
-                ("input.label", self.input.label is not None),
-                ("labels", self.labels is not None),
-                ("classifier", self.classifier is not None),
-            )
-            if given
-        ]
-        if len(sources) != 1:
-            both = f", not {' and '.join(sources)}" if sources else ""
+        given = {"input.label": self.input.label is not None, "labels": self.labels is not None}
+        if self.classifier is not None and any(given.values()):
+            both = " and ".join(name for name, is_set in given.items() if is_set)
+            raise ValueError(f"a classifier labels by itself: set classifier or {both}, not both")
+        if self.classifier is None and not any(given.values()):
             raise ValueError(
-                "set one of input.label (the label column a head learns from), labels (zero-shot) "
-                f"or classifier{both}"
+                "set input.label (the label column a head learns from), labels (zero-shot) or classifier"
             )
         if self.labels is None and (self.multi_label or self.prompt != PROMPT):
             raise ValueError("prompt and multi_label are for zero-shot labels: set labels")
+        if self.classifier is not None and self.corrections is not None:
+            raise ValueError("corrections train and override a head: a classifier has none (set input.label or labels)")
+        if self.input.label is not None and self.multi_label:
+            raise ValueError("with input.label, a list column gives several labels per row: drop multi_label")
         return self
 
     def task(self) -> LabelTask:
@@ -91,7 +96,10 @@ class LabelsSpec(OutputSpec, LabelPolicy):
         taxonomy = None
         if self.labels is not None:
             taxonomy = Taxonomy(labels=tuple(self.labels), prompt=self.prompt, multi=self.multi_label)
-        return LabelTask(corpus=self.input.sample(), column=self.input.label, taxonomy=taxonomy, policy=policy)
+        corrections = () if self.corrections is None else self.corrections.read()
+        return LabelTask(
+            corpus=self.input.sample(), column=self.input.label, taxonomy=taxonomy, policy=policy, corrections=corrections
+        )
 
 
 @dataclass(kw_only=True)
@@ -107,6 +115,8 @@ class LabelsComputed(Computed):
     gate_texts_from: str
     head_held_out_accuracy: float | None
     head_training: dict[str, Any] | None
+    corrections: dict[str, int] | None = None
+    """With corrections: the corpus rows they label, and how many of them the model agrees with."""
 
 
 class Labels(KeyedKind[LabelsComputed]):
@@ -129,6 +139,19 @@ class Labels(KeyedKind[LabelsComputed]):
         if output.spec.classifier is None and source.label is not None:
             columns["label"] = source.label
         output.check_input(source, columns)
+        spec: LabelsSpec = output.spec
+        if spec.corrections is not None:
+            corrections = spec.corrections
+            output.check_input(corrections, {"id": corrections.id, "label": corrections.label}, table="corrections")
+            try:
+                pairs = corrections.read()
+            except InputError as e:
+                raise output.error("corrections", str(e)) from None
+            declared = {entry.label for entry in spec.labels or []}
+            if declared and (unknown := sorted({label for _, label in pairs} - declared)):
+                raise output.error(
+                    "corrections.label", f"{', '.join(map(repr, unknown[:5]))} not among the output's labels"
+                )
 
     def plan(self, output: Output, machine: Machine) -> list[str]:
         spec: LabelsSpec = output.spec
@@ -203,6 +226,7 @@ class Labels(KeyedKind[LabelsComputed]):
             gate_texts_from=labeler["engine"]["gates"][-1]["texts_from"] if labeler["engine"]["gates"] else "",
             head_held_out_accuracy=None if accuracy is None else round(accuracy, 4),
             head_training=labeler["training"],
+            corrections=labelled.corrections,
         )
 
     def published(self, run: RunContext, output: Output, target: Target[OutputVersions], computed: LabelsComputed) -> None:

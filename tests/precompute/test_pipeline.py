@@ -87,12 +87,17 @@ def test_vector_quantization_is_set_per_output(tmp_path: Path, monkeypatch: pyte
         (
             f'[outputs.tags]\nkind = "labels"\n{CORPUS}',
             "outputs.tags",
-            "set one of input.label (the label column a head learns from), labels (zero-shot) or classifier",
+            "set input.label (the label column a head learns from), labels (zero-shot) or classifier",
         ),
         (
-            f'[outputs.tags]\nkind = "labels"\ninput = {{ path = "{DEMO_CORPUS}", label = "section" }}\nlabels = ["a", "b"]',
+            f'[outputs.tags]\nkind = "labels"\n{CORPUS}\nlabels = ["a", "b"]\nclassifier = {{ path = "x" }}',
             "outputs.tags",
-            "or classifier, not input.label and labels",
+            "a classifier labels by itself: set classifier or labels, not both",
+        ),
+        (
+            f'[outputs.tags]\nkind = "labels"\ninput = {{ path = "{DEMO_CORPUS}", label = "section" }}\nlabels = ["a", "b"]\nmulti_label = true',
+            "outputs.tags",
+            "with input.label, a list column gives several labels per row: drop multi_label",
         ),
         (
             f'[outputs.tags]\nkind = "labels"\n{CORPUS}\nlabels = ["games", "net"]\nprompt = "About this."',

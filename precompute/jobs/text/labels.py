@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 from ray.actor import ActorHandle
 
@@ -46,14 +47,20 @@ from precompute.jobs.work_dir import WorkPath
 from precompute.models import Engine
 from precompute.models.datasets import input_files
 from precompute.models.engines.load import ENGINE_LOG
+from precompute.models.errors import ModelError
 from precompute.models.labels.head import LabelTask, load_head
-from precompute.models.labels.labeler import LabelerReport, chosen_head, load_labeler, open_labeler
+from precompute.models.labels.labeler import Labeler, LabelerReport, chosen_head, load_labeler, open_labeler
 from precompute.stores.key_value.records import encode_ranked
 from precompute.stores.key_value.sink import KeyValueSink
 from precompute.stores.key_value.versions import CopyPlan
 
 SAMPLES = 5
 VALUE = "value"
+CORRECTION = "correction"
+"""A row's label set by hand (null: none): a payload column, so a correction made, changed or
+removed labels that row again (content_cache.py compares payloads), and the label served."""
+AGREES = "model_agrees"
+"""Whether the model's own top label is a corrected row's correction (null: no correction)."""
 STAGED = "labels"
 """The folder of a run's committed (content_key, id, value) parts."""
 
@@ -78,6 +85,9 @@ class LabelsJobReport:
     """A few item_id -> value as written, for the read-back checks of a publish."""
     unchanged_from: str | None = None
     """The published version copied whole: this run's inputs were its run's (jobs/nights.py)."""
+    corrections: dict[str, int] | None = None
+    """With corrections: the corpus rows they label (`rows`) and how many of those the model
+    labels the same by itself (`model_agrees`)."""
 
 
 def labeler_identity(labels: LabelTask, engine: Engine, head_dir: Path | None, vocabulary: list[str]) -> str:
@@ -109,9 +119,31 @@ def chosen_vocabulary(labels: LabelTask, engine: Engine, head_dir: Path | None) 
     return head.directory, head.labels
 
 
-def id_and_text(batch: pa.Table) -> pa.Table:
-    """A labeler reads the text alone: the payload columns stay out of the cache's comparison."""
-    return batch.select(["id", "text"])
+def id_and_text(batch: pa.Table, corrected: dict[str, str]) -> pa.Table:
+    """A labeler reads the text alone: the corpus's other columns stay out of the cache's
+    comparison; a row's correction goes beside it, where the output has corrections."""
+    rows = batch.select(["id", "text"])
+    if not corrected:
+        return rows
+    return rows.append_column(CORRECTION, pa.array([corrected.get(str(i)) for i in rows["id"].to_pylist()], pa.string()))
+
+
+def corrected_values(
+    labeler: Labeler, values: list[bytes], indices: np.ndarray, given: np.ndarray, corrections: list[str | None]
+) -> tuple[list[bytes], list[bool | None]]:
+    """Each corrected row's value replaced by its correction at score 1; and whether the model
+    gave that label itself (as its top label; with several labels per row, as any of them)."""
+    index = {name: i for i, name in enumerate(labeler.labels)}
+    several = labeler.head is not None and labeler.head.multi
+    agrees: list[bool | None] = []
+    for row, correction in enumerate(corrections):
+        if correction is None:
+            agrees.append(None)
+            continue
+        own = indices[row][given[row]]
+        agrees.append(bool(index[correction] in own) if several else bool(len(own)) and own[0] == index[correction])
+        values[row] = encode_ranked(np.array([[index[correction]]]), np.ones((1, 1), np.float32))[0]
+    return values, agrees
 
 
 class LabelActor:
@@ -130,7 +162,16 @@ class LabelActor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch["text"].to_pylist()
-        values = encode_ranked(*self.labeler.label(texts)) if texts else []  # a block the cache emptied
+        values: list[bytes] = []
+        columns: dict[str, pa.Array] = {}
+        if texts:  # else a block the cache emptied
+            indices, scores, given = self.labeler.label(texts)
+            values = encode_ranked(indices, scores, given)
+            if CORRECTION in batch.column_names:
+                values, agrees = corrected_values(self.labeler, values, indices, given, batch[CORRECTION].to_pylist())
+                columns = {CORRECTION: batch[CORRECTION], AGREES: pa.array(agrees, pa.bool_())}
+        elif CORRECTION in batch.column_names:
+            columns = {CORRECTION: batch[CORRECTION], AGREES: pa.array([], pa.bool_())}
         progress.add(self.counter, batch.num_rows)
         return pa.table(
             {
@@ -138,6 +179,7 @@ class LabelActor:
                 KEY: batch[KEY],
                 VALUE: pa.array(values, pa.binary()),
                 COMPUTED: pa.array(np.ones(batch.num_rows, bool)),
+                **columns,
             }
         )
 
@@ -196,6 +238,11 @@ def run_labels_job(
         return unchanged_night(night, previous, work_dir, before_write, seconds)
     validation = validation_entry(settings.work_dir, files, corpus)
     head_dir, vocabulary = chosen_vocabulary(labels, engine, head_dir)
+    if unknown := sorted({label for _, label in labels.corrections} - set(vocabulary)):
+        raise ModelError(
+            f"corrections hold labels the head does not know: {', '.join(map(repr, unknown[:5]))} "
+            f"(it knows {len(vocabulary)}: a label column's names, or the declared labels)"
+        )
     with ray_session(settings.ray_address), progress.relayed(output, "engine") as lines:
         gpus = ray.cluster_resources().get("GPU", 0) > 0 and engine.machine.device != "cpu"
         prepared = prepare_labeler.options(num_gpus=1 if gpus else 0).remote(labels, engine, head_dir, lines)  # as embed.py
@@ -206,9 +253,11 @@ def run_labels_job(
 
         start = time.perf_counter()
         identity = labeler_identity(labels, engine, head_dir, vocabulary)
-        keyed = good.then(id_and_text).then(partial(with_content_keys, identity=identity))
+        corrected = labels.corrected()
+        keyed = good.then(partial(id_and_text, corrected=corrected)).then(partial(with_content_keys, identity=identity))
         with progress.stage(output, "label", rows - rejects, counted="actors") as counter:
-            reuse = reuse_previous(keyed, cache_dir, [VALUE], [], work_dir / STAGED)
+            values, payload = ([VALUE, AGREES], [CORRECTION]) if corrected else ([VALUE], [])
+            reuse = reuse_previous(keyed, cache_dir, values, payload, work_dir / STAGED)
             progress.add(counter, reuse.count)
             report, seconds["engine"] = waited(prepared)  # built while the cache was compared
             staging = StagingSink(work_dir / STAGED, reuse.kept)
@@ -236,7 +285,15 @@ def run_labels_job(
                 sink.routed(written.select_columns(["id", VALUE]), count).write_datasink(sink)
         seconds["write"] = time.perf_counter() - start
     sampled = committed_dataset(work_dir / STAGED).head(SAMPLES, columns=["id", VALUE]).to_pylist()
-    figures = {"rows": rows, "rejects": rejects, "items": rows - rejects, "labeler": asdict(report), "vocabulary": vocabulary}
+    corrections = corrections_kept(work_dir / STAGED) if corrected else None
+    figures = {
+        "rows": rows,
+        "rejects": rejects,
+        "items": rows - rejects,
+        "labeler": asdict(report),
+        "vocabulary": vocabulary,
+        "corrections": corrections,
+    }
     record_night(work_dir, Night(inputs, figures))
     return LabelsJobReport(
         rows=rows,
@@ -250,7 +307,14 @@ def run_labels_job(
         labeler=asdict(report),
         vocabulary=vocabulary,
         samples={str(row["id"]): row[VALUE] for row in sampled},
+        corrections=corrections,
     )
+
+
+def corrections_kept(staged: WorkPath) -> dict[str, int]:
+    """How many staged rows hold a correction, and how many of those the model agrees with."""
+    agrees = committed_dataset(staged).to_table(columns=[AGREES])[AGREES]
+    return {"rows": len(agrees) - agrees.null_count, "model_agrees": int(pc.sum(agrees).as_py() or 0)}
 
 
 def copy_plan(previous: Previous | None, reuse: Reuse, items: int) -> CopyPlan | None:
@@ -294,4 +358,5 @@ def unchanged_night(
         vocabulary=night.figures["vocabulary"],
         samples={str(row["id"]): row[VALUE] for row in sampled},
         unchanged_from=previous.version,
+        corrections=night.figures.get("corrections"),
     )

@@ -93,10 +93,6 @@ def train(
         loss.backward()
         optimizer.step()
         steps += 1
-    model.save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        if (source.folder / name).is_file():
-            shutil.copy(source.folder / name, directory / name)
     report = {
         "device": device,
         "rows": len(rows),
@@ -104,4 +100,13 @@ def train(
         "epochs": round(steps * BATCH / max(len(rows), 1), 2),
         "seconds": round(time.perf_counter() - start, 1),
     }
+    save_encoder(model, source, directory, report)
+
+
+def save_encoder(model: object, source: ModelSource, directory: Path, report: dict[str, object]) -> None:
+    """A Hugging Face folder like `source`'s (its tokenizer files copied), and what training did."""
+    model.save_pretrained(directory)
+    for name in TOKENIZER_FILES:
+        if (source.folder / name).is_file():
+            shutil.copy(source.folder / name, directory / name)
     (directory / REPORT_FILE).write_text(json.dumps(report))

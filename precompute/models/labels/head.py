@@ -1,6 +1,7 @@
-"""A label head over an encoder: trained on the corpus's own label column, the best of several
-linear heads by held-out evidence (label_training.py), its probabilities calibrated; or made from
-the output's label names and descriptions alone (zero_shot.py).
+"""A label head over an encoder: trained on the corpus's own label column (and corrections), the
+best of several linear heads by held-out evidence (training.py), its probabilities calibrated;
+from a handful of rows a label, the few-shot head chosen by cross-validation (few_shot.py); or
+made from the output's label names and descriptions alone (zero_shot.py).
 
 The head is trained on every labelled row (the gate's held-out texts excluded), exported to
 ONNX and cached like an engine, keyed by model, training rows and recipe, and kept while its
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,9 +32,10 @@ from precompute.models.engines.load import load_encoder
 from precompute.models.engines.runtime import open_graph, resolve_device
 from precompute.models.errors import ModelError
 from precompute.models.labels.features import TextFeatures
+from precompute.models.labels.few_shot import FEW_SHOT_ROWS, build_few_shot
 from precompute.models.labels.finetune import fine_tuned
 from precompute.models.labels.training import Labelled, held_out_split, train_head
-from precompute.models.labels.zero_shot import Taxonomy, build_zero_shot
+from precompute.models.labels.zero_shot import LabelText, Taxonomy, build_zero_shot
 from precompute.models.settings import Engine
 from precompute.models.source import read_encoder
 from precompute.models.text.reference import SPLIT_SLOT, TextSample, sample_batches, split_slot
@@ -98,6 +101,20 @@ class LabelTask(BaseModel):
     column: str | None = None
     taxonomy: Taxonomy | None = None
     policy: LabelPolicy = LabelPolicy()
+    corrections: tuple[tuple[str, str], ...] = ()
+    """(id, label) set by hand, sorted by id: labelled rows that always train (whatever their
+    slot), and override the head where they are served (jobs/text/labels.py)."""
+
+    def corrected(self) -> dict[str, str]:
+        return dict(self.corrections)
+
+    def trains(self) -> bool:
+        """Whether a head is trained on labelled rows: a label column, or corrections enough for
+        a few-shot head's folds (two labels with two rows each); else zero-shot."""
+        if self.column is not None:
+            return True
+        counts = Counter(label for _, label in self.corrections)
+        return sum(count >= 2 for count in counts.values()) >= 2
 
 
 def export_head(
@@ -183,13 +200,17 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
     Keeping a head through small changes is what makes labels incremental: the head is part of
     every label's identity (jobs/text/labels.py), so a head retrained on 1% new rows would label every
     row again for a head that labels almost all of them the same."""
-    if task.taxonomy is not None:
+    if task.taxonomy is not None and not task.trains():
         return zero_shot_head(task.taxonomy, task.corpus, engine)
-    column = label_column(task)
-    labelled, fingerprints = labelled_rows(task.corpus, column, task.policy.train_texts)
+    if not task.trains():
+        raise ModelError("a trained head needs the label column it learns from")
+    column = task.column
+    declared = None if task.taxonomy is None else [entry.label for entry in task.taxonomy.labels]
+    labelled, fingerprints = labelled_rows(task.corpus, column, task.policy.train_texts, declared, task.corrected())
     lineage = {
         "model": engine.model.hash,
         "column": column,
+        "taxonomy": "" if task.taxonomy is None else task.taxonomy.key(),
         "max_train_texts": str(task.policy.train_texts),
         "fine_tune_seconds": str(task.policy.fine_tune_seconds),
         "recipe": RECIPE,
@@ -201,7 +222,7 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
     ):
         return LabelHead(kept, engine)
     entry = cache.get_or_build(
-        "label-head", key, lambda directory: _train(labelled, fingerprints, engine, task.policy, directory)
+        "label-head", key, lambda directory: _train(labelled, fingerprints, engine, task, directory)
     )
     return LabelHead(entry.path, engine)
 
@@ -231,15 +252,17 @@ def zero_shot_head(taxonomy: Taxonomy, corpus: TextSample, engine: Engine) -> La
     return LabelHead(entry.path, engine)
 
 
-def label_column(task: LabelTask) -> str:
-    if task.column is None:
-        raise ModelError("a trained head needs the label column it learns from")
-    return task.column
-
-
-def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[Labelled, np.ndarray]:
+def labelled_rows(
+    sample: TextSample,
+    column: str | None,
+    limit: int | None,
+    declared: list[str] | None = None,
+    corrected: dict[str, str] | None = None,
+) -> tuple[Labelled, np.ndarray]:
     """The corpus's labelled rows (the gate's held-out ones excluded), read a batch at a time, in
-    file order; and their fingerprints. A list column gives several labels per row.
+    file order; and their fingerprints. A list column gives several labels per row. `declared`:
+    the output's labels (its taxonomy), in their order: every row's label must be one of them.
+    `corrected`: labels by id (str) that replace the column's, and train whatever the row's slot.
 
     With a `limit`, the rows kept are those of the smallest fingerprints, held in a heap while
     reading: memory is O(limit) however large the corpus, the sample is as random as the hash and
@@ -248,10 +271,13 @@ def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[L
     reads the whole corpus here, so each batch's columns go to Python once, not a dict a row."""
     kept: list[tuple[int, int, str, object, int]] = []  # (-fingerprint, row number, text, label, slot)
     number = 0
-    for batch in sample_batches(sample, [sample.id, sample.text, column]):
-        columns = (batch[name].to_pylist() for name in (sample.id, sample.text, column))
-        for id_, text, label in zip(*columns, strict=True):
-            if (labelled := labelled_row(id_, text, label)) is None:
+    corrected = corrected or {}
+    read = [sample.id, sample.text] + ([column] if column else [])
+    for batch in sample_batches(sample, read):
+        ids, texts = batch[sample.id].to_pylist(), batch[sample.text].to_pylist()
+        column_labels = batch[column].to_pylist() if column else [None] * len(ids)
+        for id_, text, label in zip(ids, texts, column_labels, strict=True):
+            if (labelled := labelled_row(id_, text, label, corrected.get(str(id_)))) is None:
                 continue
             text, label, slot = labelled
             digest = hashlib.blake2b(f"{id_}\x00{text}\x00{label}".encode(), digest_size=8).digest()
@@ -269,8 +295,17 @@ def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[L
     texts = [entry[2] for entry in kept]
     labels = [entry[3] for entry in kept]
     slots = [entry[4] for entry in kept]
-    multi = isinstance(labels[0], tuple)
+    multi = any(isinstance(label, tuple) for label in labels)
+    if multi:  # a correction of a list column's row: that one label
+        labels = [label if isinstance(label, tuple) else (label,) for label in labels]
     names = sorted({name for label in labels for name in (label if multi else [label])})
+    if declared is not None:
+        if unknown := sorted(set(names) - set(declared)):
+            raise ModelError(
+                f"labels corpus {sample.path}: {column!r} holds labels the output does not declare in "
+                f"labels: {', '.join(map(repr, unknown[:5]))}{' …' if len(unknown) > 5 else ''}"
+            )
+        names = declared
     if len(names) < 2 and not multi:
         raise ModelError(
             f"labels corpus {sample.path}: every labelled row of {column!r} has the label {names[0]!r}; "
@@ -287,10 +322,14 @@ def labelled_rows(sample: TextSample, column: str, limit: int | None) -> tuple[L
     return Labelled(texts, targets, names, np.array(slots)), fingerprints
 
 
-def labelled_row(id_: object, text: object, label: object) -> tuple[str, object, int] | None:
-    """(text, label, slot) of a row with a text and a label, not one of the gate's; else None. A
-    list of labels becomes a sorted tuple of its names (None for an empty list)."""
-    if (slot := split_slot(id_)) == SPLIT_SLOT["gate"] or (parsed := text_and_label(text, label)) is None:
+def labelled_row(id_: object, text: object, label: object, correction: str | None = None) -> tuple[str, object, int] | None:
+    """(text, label, slot) of a row with a text and a label, not one of the gate's unless
+    corrected (a `correction` replaces its label); else None. A list of labels becomes a sorted
+    tuple of its names (None for an empty list)."""
+    slot = split_slot(id_)
+    if correction is not None:
+        return None if (parsed := text_and_label(text, correction)) is None else (*parsed, slot)
+    if slot == SPLIT_SLOT["gate"] or (parsed := text_and_label(text, label)) is None:
         return None
     return (*parsed, slot)
 
@@ -309,17 +348,19 @@ def text_and_label(text: object, label: object) -> tuple[str, object] | None:
 def held_out_rows(task: LabelTask, names: list[str], limit: int) -> tuple[list[str], np.ndarray]:
     """Up to `limit` labelled rows of the gate's slot, which no head trains on (labelled_row):
     (texts, targets as `names` index them, a row of booleans each with several labels per row).
-    Labels the head does not know are left out (a row left with none, too). Reading stops once
-    `limit` are found. A zero-shot task has none."""
+    Labels the head does not know are left out (a row left with none, too), and corrected rows
+    (they train). Reading stops once `limit` are found. A task without a label column has none."""
     if task.column is None:
         return [], np.zeros(0, dtype=np.int64)
-    column, index = label_column(task), {name: i for i, name in enumerate(names)}
+    column, index, corrected = task.column, {name: i for i, name in enumerate(names)}, task.corrected()
     texts: list[str] = []
     targets: list[object] = []
     for batch in sample_batches(task.corpus, [task.corpus.id, task.corpus.text, column]):
         columns = (batch[name].to_pylist() for name in (task.corpus.id, task.corpus.text, column))
         for id_, text, label in zip(*columns, strict=True):
-            if split_slot(id_) != SPLIT_SLOT["gate"] or (parsed := text_and_label(text, label)) is None:
+            if split_slot(id_) != SPLIT_SLOT["gate"] or str(id_) in corrected:
+                continue
+            if (parsed := text_and_label(text, label)) is None:
                 continue
             text, label = parsed
             known = [index[name] for name in (label if isinstance(label, tuple) else (label,)) if name in index]
@@ -355,11 +396,15 @@ def closest_head(
     return best[2] if best else None
 
 
-def _train(
-    labelled: Labelled, fingerprints: np.ndarray, engine: Engine, policy: LabelPolicy, directory: Path
-) -> None:
+def _train(labelled: Labelled, fingerprints: np.ndarray, engine: Engine, task: LabelTask, directory: Path) -> None:
     """Embed the labelled rows at FP32 (with the frozen encoder, and the one fine-tuned on the
-    training rows), train and choose the head, export it with its report."""
+    training rows), train and choose the head, export it with its report; with a few rows per
+    label, the few-shot head (few_shot.py)."""
+    np.save(directory / TRAINING_FILE, fingerprints)
+    if len(labelled.texts) <= FEW_SHOT_ROWS * len(labelled.names) and len(labelled.names) >= 2:
+        _train_few_shot(labelled, engine, task, directory)
+        return
+    policy = task.policy
     rows = held_out_split(labelled)
     embeddings = {"embeddings": fp32_embeddings(engine, labelled.texts)}
     fine_tune, tuned = None, None
@@ -373,7 +418,6 @@ def _train(
     if head.features is not None and head.text_weight is not None:
         head.features.save(directory)
         np.save(directory / TEXT_WEIGHT_FILE, head.text_weight)
-    np.save(directory / TRAINING_FILE, fingerprints)
     meta = {
         "labels": labelled.names,
         "multi": labelled.multi,
@@ -381,6 +425,24 @@ def _train(
         "held_out_accuracy": report.accuracy,
         "encoder": tuned.folder.name if tuned is not None and report.encoder == "fine-tuned" else None,
         "training": {**asdict(report), "fine_tune": fine_tune},
+    }
+    (directory / LABELS_FILE).write_text(json.dumps(meta))
+
+
+def _train_few_shot(labelled: Labelled, engine: Engine, task: LabelTask, directory: Path) -> None:
+    """The few-shot head, its label texts the output's taxonomy or else the label names."""
+    taxonomy = task.taxonomy or Taxonomy(labels=tuple(LabelText(label=name) for name in labelled.names))
+    few = build_few_shot(labelled, taxonomy, task.corpus, engine, task.policy.fine_tune_seconds)
+    export_head(few.weight, few.bias, directory / HEAD_FILE, labelled.multi, unit=True)
+    meta = {
+        "labels": labelled.names,
+        "multi": labelled.multi,
+        # Several labels per row: each label's sigmoid from 0.5, as the zero-shot head's; a few
+        # rows set no threshold of their own.
+        "thresholds": [0.5] * len(labelled.names) if labelled.multi else None,
+        "held_out_accuracy": few.report.accuracy,
+        "encoder": None if few.encoder is None else few.encoder.folder.name,
+        "training": {**asdict(few.report), "fine_tune": few.fine_tune},
     }
     (directory / LABELS_FILE).write_text(json.dumps(meta))
 
