@@ -36,6 +36,37 @@ training interaction and no collaborative model can find it (nor is it meant to:
 check refuses such a model); and content runs are incremental, where a collaborative model
 retrained on moved interactions runs in full."""
 
+LANGUAGES = """labels = [
+    {{ label = "perl", description = "the Perl programming language and its modules" }},
+    {{ label = "python", description = "the Python programming language and its modules" }},
+    {{ label = "ocaml", description = "the OCaml programming language and its libraries" }},
+    {{ label = "java", description = "the Java programming language and its libraries" }},
+    {{ label = "golang", description = "the Go programming language and its packages" }},
+    "documentation",
+]
+top = 1
+engine = {{ gate_texts = 16, calibration_texts = 16 }}
+"""
+"""A labels output's taxonomy for the small corpus: five of its sections' languages, and one
+label named alone (a table's lines, format-escaped like the pipelines around it)."""
+
+
+def night_environment(
+    monkeypatch: pytest.MonkeyPatch, pipeline: Path, folder: Path, redis_url: str, cache_dir: Path, prefix: str
+) -> None:
+    """The variables a night and the service read, as in production: the pipeline file, Redis
+    (under its own key prefix), the work folder and Qdrant's in `folder`, the engine cache."""
+    env = {
+        "PRECOMPUTE_PIPELINE": str(pipeline),
+        "PRECOMPUTE_REDIS_URL": redis_url,
+        "PRECOMPUTE_REDIS_PREFIX": f"{prefix}{folder.name}",
+        "PRECOMPUTE_JOB_WORK_DIR": str(folder / "work"),
+        "PRECOMPUTE_QDRANT_PATH": str(folder / "qdrant"),
+        "PRECOMPUTE_ENGINE_CACHE_DIR": str(cache_dir),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
 
 @pytest.fixture(scope="module")
 def interactions(small_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:

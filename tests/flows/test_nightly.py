@@ -18,7 +18,7 @@ from precompute.stores.key_value.settings import RedisSettings
 from precompute.stores.key_value.store import KeyValueStore
 from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
-from tests.flows.conftest import CONTENT_RECS
+from tests.flows.conftest import CONTENT_RECS, night_environment
 from tests.held_records import held_records
 
 pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
@@ -36,18 +36,9 @@ def environment(
     """The flow reads its pipeline file and machine settings from the environment, as in production."""
     pipeline = tmp_path / "precompute.toml"
     pipeline.write_text(CONTENT_RECS.format(corpus=small_corpus, interactions=interactions))
-    env = {
-        "PRECOMPUTE_PIPELINE": str(pipeline),
-        "PRECOMPUTE_REDIS_URL": redis_url,
-        "PRECOMPUTE_REDIS_PREFIX": f"flow{tmp_path.name}",
-        "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
-        "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
-        "PRECOMPUTE_ENGINE_GATE_TEXTS": str(settings.policy.gate_texts),
-        "PRECOMPUTE_ENGINE_CALIBRATION_TEXTS": str(settings.policy.calibration_texts),
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    night_environment(monkeypatch, pipeline, tmp_path, redis_url, settings.machine.cache_dir, "flow")
+    monkeypatch.setenv("PRECOMPUTE_ENGINE_GATE_TEXTS", str(settings.policy.gate_texts))
+    monkeypatch.setenv("PRECOMPUTE_ENGINE_CALIBRATION_TEXTS", str(settings.policy.calibration_texts))
     return tmp_path
 
 

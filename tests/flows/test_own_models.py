@@ -22,6 +22,7 @@ from precompute.pipeline import load_pipeline
 from precompute.settings import Machine
 from precompute.stores.vectors import open_vector_store
 from precompute.stores.vectors.settings import VectorStoreSettings
+from tests.flows.conftest import LANGUAGES, night_environment
 from tests.lookup.apps import app_of
 from tests.models.tiny import HIDDEN, LABELS, saved_by_sentence_transformers, tiny_classifier, tiny_towers
 
@@ -69,17 +70,7 @@ engine = {{ gate_texts = 16, calibration_texts = 16 }}
 [outputs.languages]
 kind = "labels"
 input = {{ path = "{corpus}", max_reject_ratio = 0.05 }}
-labels = [
-    {{ label = "perl", description = "the Perl programming language and its modules" }},
-    {{ label = "python", description = "the Python programming language and its modules" }},
-    {{ label = "ocaml", description = "the OCaml programming language and its libraries" }},
-    {{ label = "java", description = "the Java programming language and its libraries" }},
-    {{ label = "golang", description = "the Go programming language and its packages" }},
-    "documentation",
-]
-top = 1
-engine = {{ gate_texts = 16, calibration_texts = 16 }}
-
+""" + LANGUAGES + """
 [outputs.picks]
 kind = "recs"
 input = {{ path = "{interactions}" }}
@@ -151,16 +142,7 @@ def pipeline_file(
             interactions=behaviour(small_corpus, tmp_path),
         )
     )
-    env = {
-        "PRECOMPUTE_PIPELINE": str(path),
-        "PRECOMPUTE_REDIS_URL": redis_url,
-        "PRECOMPUTE_REDIS_PREFIX": f"own{tmp_path.name}",
-        "PRECOMPUTE_JOB_WORK_DIR": str(tmp_path / "work"),
-        "PRECOMPUTE_QDRANT_PATH": str(tmp_path / "qdrant"),
-        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    night_environment(monkeypatch, path, tmp_path, redis_url, settings.machine.cache_dir, "own")
     return path
 
 

@@ -15,6 +15,7 @@ from precompute.bench.recs.shop import shop
 from precompute.flows.nightly import nightly
 from precompute.lookup.settings import ServiceSettings
 from precompute.pipeline import load_pipeline
+from tests.flows.conftest import night_environment
 from tests.lookup.apps import app_of
 
 pytestmark = pytest.mark.slow  # seconds to minutes each: left out of `pytest -m "not slow"`
@@ -52,16 +53,7 @@ def night(folder: Path, pipeline: str, redis_url: str, settings, monkeypatch: py
     junk = [" ".join(words[(i * 7 + j) % len(words)] for j in range(4)) + f" {i % 13}" for i in range(items.num_rows)]
     pq.write_table(pa.table({"id": items["id"], "text": junk}), folder / "products.parquet")
     (folder / "precompute.toml").write_text(pipeline)
-    env = {
-        "PRECOMPUTE_PIPELINE": str(folder / "precompute.toml"),
-        "PRECOMPUTE_REDIS_URL": redis_url,
-        "PRECOMPUTE_REDIS_PREFIX": f"ids{folder.name}",
-        "PRECOMPUTE_JOB_WORK_DIR": str(folder / "work"),
-        "PRECOMPUTE_QDRANT_PATH": str(folder / "qdrant"),
-        "PRECOMPUTE_ENGINE_CACHE_DIR": str(settings.machine.cache_dir),
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    night_environment(monkeypatch, folder / "precompute.toml", folder, redis_url, settings.machine.cache_dir, "ids")
     monkeypatch.chdir(folder)
     report = nightly()
     assert report["failed"] == {}, report["failed"]

@@ -208,7 +208,9 @@ def reuse_previous(
         fresh = rows.dataset()
     moved = matched.join(same, on="id", how="anti")  # the same text, another payload
     if not moved.is_empty():
-        values = read_committed(previous).select_columns(["id", KEY, *columns])
+        # The value columns the cache holds: one a newer job added (a labels output's agreement
+        # with its corrections) is computed for these rows, as for any fresh row.
+        values = read_committed(previous).select_columns(["id", KEY, *(c for c in columns if c in cached.schema.names)])
         if kept:  # else every cached row may match
             values = values.map_batches(with_ids, fn_kwargs={"ids": ids_ref(moved, now)}, batch_format="pyarrow")
         fresh = fresh.join(

@@ -141,7 +141,7 @@ def corrected_values(
             agrees.append(None)
             continue
         own = indices[row][given[row]]
-        agrees.append(bool(index[correction] in own) if several else bool(len(own)) and own[0] == index[correction])
+        agrees.append(bool(index[correction] in own) if several else bool(len(own) and own[0] == index[correction]))
         values[row] = encode_ranked(np.array([[index[correction]]]), np.ones((1, 1), np.float32))[0]
     return values, agrees
 

@@ -7,19 +7,21 @@ embeddings whose weights are the zero-shot head's plus a change penalised in pro
 `penalty` (a Gaussian prior centred on the zero-shot head; the label texts are its anchors).
 
 Rows are scarce, so no rows are set aside: every candidate is scored by cross-validation on
-the same stratified folds (its test rows are each fold's), and the best one publishes, fit on
-every row. Candidates:
+the same stratified folds (its test rows are each fold's), and the simplest one within one
+standard error of the best publishes (simplest_within_error), fit on every row. Candidates,
+simplest first:
 - `zero-shot`: the label texts alone (no row trains it);
 - `few-shot`: the prior plus the rows, its penalty chosen on the folds from PENALTIES;
 - `rows-only`: the rows alone (no prior), its penalty chosen the same way;
 - `fine-tuned`: the encoder fine-tuned contrastively on pairs of rows and label texts
-  (finetune.py contrastive: the SetFit recipe), then the few-shot head on its embeddings, where
+  (contrastive.py: the SetFit recipe), then the few-shot head on its embeddings, where
   `fine_tune_seconds` allows; each fold's encoder and the final one share that budget.
 The baseline is TF-IDF + a linear SVM on the same folds.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from precompute.models.settings import Engine
 from precompute.models.source import ModelSource
 from precompute.models.text.reference import TextSample, reference_texts
 
+RECIPE = "few-shot/zero-shot-prior/cv-one-standard-error/v2"
 FEW_SHOT_ROWS = 64
 """Labelled rows per label (on average) up to which the few-shot head is trained; above it, the
 held-out split of training.py has rows enough to set some aside."""
@@ -202,6 +205,17 @@ def fine_tuned_candidate(
     return CandidateReport("fine-tuned", round(accuracy, 4), None, elapsed, {"penalty": penalty}), trainings
 
 
+def simplest_within_error(reports: list[CandidateReport], rows: int) -> CandidateReport:
+    """The first candidate (they come simplest first) whose cross-validated figure is within one
+    standard error of the best's: the "one standard error" rule (Hastie, Tibshirani and Friedman,
+    The Elements of Statistical Learning, 7.10). On a few dozen rows the best figure is partly
+    luck, and the more a candidate learns from the rows (a fine-tuned encoder most), the more of
+    its lead is: a lead smaller than the noise of the folds' own figure does not choose it."""
+    best = max(report.accuracy for report in reports)
+    error = math.sqrt(best * (1 - best) / max(rows, 1))
+    return next(report for report in reports if report.accuracy >= best - error)
+
+
 @dataclass(frozen=True)
 class FewShotHead:
     """The published few-shot head: logits = unit(embedding) @ weight.T + bias."""
@@ -238,7 +252,7 @@ def build_few_shot(labelled: Labelled, taxonomy: Taxonomy, corpus: TextSample, e
         )
         reports.append(report)
         fine_tune = {"folds": trainings}
-    chosen = max(reports, key=lambda report: report.accuracy)  # the first of equals: the simplest
+    chosen = simplest_within_error(reports, len(labelled.texts))
     everything = np.arange(len(labelled.texts))
     tuned = None
     if chosen.name == "zero-shot":

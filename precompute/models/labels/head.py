@@ -18,7 +18,7 @@ import hashlib
 import heapq
 import json
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +32,17 @@ from precompute.models.engines.load import load_encoder
 from precompute.models.engines.runtime import open_graph, resolve_device
 from precompute.models.errors import ModelError
 from precompute.models.labels.features import TextFeatures
-from precompute.models.labels.few_shot import FEW_SHOT_ROWS, build_few_shot
+from precompute.models.labels.few_shot import FEW_SHOT_ROWS, build_few_shot, unit
+from precompute.models.labels.few_shot import RECIPE as FEW_SHOT_RECIPE
 from precompute.models.labels.finetune import fine_tuned
-from precompute.models.labels.training import Labelled, held_out_split, train_head
+from precompute.models.labels.training import (
+    CandidateReport,
+    Labelled,
+    TrainingReport,
+    held_out_split,
+    score,
+    train_head,
+)
 from precompute.models.labels.zero_shot import LabelText, Taxonomy, build_zero_shot
 from precompute.models.settings import Engine
 from precompute.models.source import read_encoder
@@ -74,7 +82,9 @@ class LabelPolicy(BaseModel):
     fine_tune_seconds: float = Field(600, ge=0)
     """Trained head: the encoder is also fine-tuned on the labelled rows for at most this long
     (on the GPU where the engine runs on one), and heads on its embeddings compete with the
-    frozen encoder's; 0 trains no fine-tuned candidate. Cached: an unchanged night reuses it."""
+    frozen encoder's; 0 trains no fine-tuned candidate. Cached: an unchanged night reuses it.
+    With a few rows a label, the contrastive candidate's budget, shared by each cross-validation
+    fold's encoder and the final one (few_shot.py)."""
 
     max_baseline_loss: float = Field(0.02, ge=0, le=1)
     """A version is published only if its head's held-out accuracy is at least the TF-IDF +
@@ -213,7 +223,7 @@ def load_head(task: LabelTask, engine: Engine) -> LabelHead:
         "taxonomy": "" if task.taxonomy is None else task.taxonomy.key(),
         "max_train_texts": str(task.policy.train_texts),
         "fine_tune_seconds": str(task.policy.fine_tune_seconds),
-        "recipe": RECIPE,
+        "recipe": f"{RECIPE}|{FEW_SHOT_RECIPE}",
     }
     key = {**lineage, "training": hashlib.sha256(fingerprints.tobytes()).hexdigest()[:16]}
     cache = EngineCache(engine.machine.cache_dir)
@@ -399,7 +409,8 @@ def closest_head(
 def _train(labelled: Labelled, fingerprints: np.ndarray, engine: Engine, task: LabelTask, directory: Path) -> None:
     """Embed the labelled rows at FP32 (with the frozen encoder, and the one fine-tuned on the
     training rows), train and choose the head, export it with its report; with a few rows per
-    label, the few-shot head (few_shot.py)."""
+    label, the few-shot head (few_shot.py). The declared labels' zero-shot head, where there are
+    some, is one more candidate on the same test rows."""
     np.save(directory / TRAINING_FILE, fingerprints)
     if len(labelled.texts) <= FEW_SHOT_ROWS * len(labelled.names) and len(labelled.names) >= 2:
         _train_few_shot(labelled, engine, task, directory)
@@ -414,19 +425,25 @@ def _train(labelled: Labelled, fingerprints: np.ndarray, engine: Engine, task: L
         tuned, fine_tune = fine_tuned(engine.model, labelled, rows["train"], policy.fine_tune_seconds, device, cache)
         embeddings["fine-tuned"] = fp32_embeddings(engine.replace(model=tuned), labelled.texts)
     head, report = train_head(labelled, embeddings, rows)
+    if task.taxonomy is not None:
+        weight, bias, _ = build_zero_shot(task.taxonomy, task.corpus, engine)
+        test = rows["test"]
+        logits = unit(embeddings["embeddings"][test]) @ weight.T + bias
+        accuracy = round(score(labelled.multi, logits, labelled.targets[test], None)[0], 4)
+        zero = CandidateReport("zero-shot", accuracy, None, 0.0, {})
+        trained, report = report, replace(report, candidates=[*report.candidates, zero])
+        if accuracy > trained.accuracy:  # rows too few or too noisy to learn from
+            export_head(weight, bias, directory / HEAD_FILE, labelled.multi, unit=True)
+            won = replace(report, chosen="zero-shot", encoder="embeddings")
+            write_meta(directory, labelled, won, None, {**asdict(won), "fine_tune": fine_tune})
+            return
     export_head(head.weight, head.bias, directory / HEAD_FILE, labelled.multi)
     if head.features is not None and head.text_weight is not None:
         head.features.save(directory)
         np.save(directory / TEXT_WEIGHT_FILE, head.text_weight)
-    meta = {
-        "labels": labelled.names,
-        "multi": labelled.multi,
-        "thresholds": None if head.thresholds is None else head.thresholds.tolist(),
-        "held_out_accuracy": report.accuracy,
-        "encoder": tuned.folder.name if tuned is not None and report.encoder == "fine-tuned" else None,
-        "training": {**asdict(report), "fine_tune": fine_tune},
-    }
-    (directory / LABELS_FILE).write_text(json.dumps(meta))
+    encoder = tuned.folder.name if tuned is not None and report.encoder == "fine-tuned" else None
+    thresholds = None if head.thresholds is None else head.thresholds.tolist()
+    write_meta(directory, labelled, report, encoder, {**asdict(report), "fine_tune": fine_tune}, thresholds)
 
 
 def _train_few_shot(labelled: Labelled, engine: Engine, task: LabelTask, directory: Path) -> None:
@@ -434,15 +451,30 @@ def _train_few_shot(labelled: Labelled, engine: Engine, task: LabelTask, directo
     taxonomy = task.taxonomy or Taxonomy(labels=tuple(LabelText(label=name) for name in labelled.names))
     few = build_few_shot(labelled, taxonomy, task.corpus, engine, task.policy.fine_tune_seconds)
     export_head(few.weight, few.bias, directory / HEAD_FILE, labelled.multi, unit=True)
+    encoder = None if few.encoder is None else few.encoder.folder.name
+    write_meta(directory, labelled, few.report, encoder, {**asdict(few.report), "fine_tune": few.fine_tune})
+
+
+def write_meta(
+    directory: Path,
+    labelled: Labelled,
+    report: TrainingReport,
+    encoder: str | None,
+    training: dict,
+    thresholds: list[float] | None = None,
+) -> None:
+    """The head's labels and report beside its graph. A head on unit embeddings (zero-shot,
+    few-shot) with several labels per row gives each label from its sigmoid's 0.5, as the
+    zero-shot head does: a few rows set no threshold of their own."""
+    if thresholds is None and labelled.multi:
+        thresholds = [0.5] * len(labelled.names)
     meta = {
         "labels": labelled.names,
         "multi": labelled.multi,
-        # Several labels per row: each label's sigmoid from 0.5, as the zero-shot head's; a few
-        # rows set no threshold of their own.
-        "thresholds": [0.5] * len(labelled.names) if labelled.multi else None,
-        "held_out_accuracy": few.report.accuracy,
-        "encoder": None if few.encoder is None else few.encoder.folder.name,
-        "training": {**asdict(few.report), "fine_tune": few.fine_tune},
+        "thresholds": thresholds,
+        "held_out_accuracy": report.accuracy,
+        "encoder": encoder,
+        "training": training,
     }
     (directory / LABELS_FILE).write_text(json.dumps(meta))
 

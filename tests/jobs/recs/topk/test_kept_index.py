@@ -129,3 +129,27 @@ def test_auto_searches_a_kept_index_for_few_users_but_not_fewer_than_its_check(t
     unkept = choose_ranking("auto", towers, None, K, 128, histories, 0.9, False, INDEX_BUILD_USERS)
     assert unkept.method == "exact" and "too few to repay an index's build" in unkept.reason
 
+
+
+def test_auto_with_a_kept_index_scores_exactly_when_the_recall_check_would_cost_more_than_it_saves(tmp_path: Path) -> None:
+    """Past IVF_MIN_ITEMS items with an index kept from an earlier night (no build to repay), a
+    night that ranks fewer users than twice the recall check's sample scores them exactly: the
+    check alone would score as many exactly. One user more than that uses the kept index; a
+    GPU scores every night exactly, and is never asked to build or check an index."""
+    rng = np.random.default_rng(11)
+    items = clustered(rng, IVF_MIN_ITEMS + 1, rng.normal(size=(20, 8)))
+    histories = seen_by_user(interactions(rng))
+    built = choose_ranking("ivf", ContentTowers(items), None, K, 128, histories, 0.9, False, USERS)
+    keep_index(WorkPath.of(tmp_path / "first" / STATE), built.lists, keys_of(len(items)), None, built.check)
+
+    def tonight(users: int, gpus: bool = False) -> object:
+        kept = kept_index(published(tmp_path / "first", "v1"), keys_of(len(items)), built.lists.centroids.shape[1])
+        assert kept is not None
+        return choose_ranking("auto", ContentTowers(items), None, K, 128, histories, 0.9, gpus, users, kept)
+
+    few = tonight(2 * MIN_CHECK_USERS - 1)
+    assert (few.method, few.lists) == ("exact", None) and "too few to repay the index's recall check" in few.reason
+    enough = tonight(2 * MIN_CHECK_USERS)
+    assert enough.method == "ivf" and enough.kept_from == "v1"
+    on_gpu = tonight(INDEX_BUILD_USERS * 10, gpus=True)
+    assert (on_gpu.method, on_gpu.reason, on_gpu.lists) == ("exact", "exact: a GPU scores", None)
