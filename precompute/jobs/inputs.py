@@ -94,7 +94,7 @@ class CorpusInput(TextSample):
 
 
 class CorrectionsInput(DatasetInput):
-    """Labels set by hand: each row a corpus row's id and the label it must have."""
+    """Labels a person corrected: each row a corpus row's id and the label it must have."""
 
     id: str = "id"
     """The column of the corpus row's id."""

@@ -53,7 +53,7 @@ class LabelsSpec(OutputSpec, LabelPolicy):
     """Zero-shot: a row may get several labels, each at or above `min_score` on its own (with
     `input.label`, a list column says so)."""
     corrections: CorrectionsInput | None = None
-    """Labels set by hand, `{ path = "...", id = "id", label = "label" }`: each corrected row
+    """Labels a person corrected, `{ path = "...", id = "id", label = "label" }`: each corrected row
     serves its label (score 1) on every night while its row is in the file, and trains the
     head as a labelled row (a zero-shot output's corrections, once two labels have two rows
     each, train a few-shot head); the report counts how many the model agrees with."""

@@ -57,7 +57,7 @@ from precompute.stores.key_value.versions import CopyPlan
 SAMPLES = 5
 VALUE = "value"
 CORRECTION = "correction"
-"""A row's label set by hand (null: none): a payload column, so a correction made, changed or
+"""A row's corrected label (null: none): a payload column, so a correction made, changed or
 removed labels that row again (content_cache.py compares payloads), and the label served."""
 AGREES = "model_agrees"
 """Whether the model's own top label is a corrected row's correction (null: no correction)."""

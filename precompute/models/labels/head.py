@@ -112,7 +112,7 @@ class LabelTask(BaseModel):
     taxonomy: Taxonomy | None = None
     policy: LabelPolicy = LabelPolicy()
     corrections: tuple[tuple[str, str], ...] = ()
-    """(id, label) set by hand, sorted by id: labelled rows that always train (whatever their
+    """(id, label) a person corrected, sorted by id: labelled rows that always train (whatever their
     slot), and override the head where they are served (jobs/text/labels.py)."""
 
     def corrected(self) -> dict[str, str]:
