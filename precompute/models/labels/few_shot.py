@@ -11,10 +11,7 @@ the same stratified folds (its test rows are each fold's), and the simplest one 
 standard error of the best publishes (simplest_within_error), fit on every row. Candidates,
 simplest first:
 - `zero-shot`: the label texts alone (no row trains it);
-- `few-shot`: the prior plus the rows, its penalty chosen on the folds from PENALTIES; then the
-  corpus's own shape: its head labels CENTER_TEXTS unlabelled corpus texts, those labels are
-  spread over their nearest-neighbour graph (CorpusGraph), and the head is fit again on the
-  rows and those texts (fit_with_corpus);
+- `few-shot`: the prior plus the rows, its penalty chosen on the folds from PENALTIES;
 - `rows-only`: the rows alone (no prior), its penalty chosen the same way;
 - `fine-tuned`: the encoder fine-tuned contrastively on pairs of rows and label texts
   (contrastive.py: the SetFit recipe), then the few-shot head on its embeddings, where
@@ -51,16 +48,13 @@ from precompute.models.settings import Engine
 from precompute.models.source import ModelSource
 from precompute.models.text.reference import TextSample, reference_texts
 
-RECIPE = "few-shot/zero-shot-prior/corpus-spread/cv-one-standard-error/v3"
+RECIPE = "few-shot/zero-shot-prior/cv-one-standard-error/v2"
 FEW_SHOT_ROWS = 64
 """Labelled rows per label (on average) up to which the few-shot head is trained; above it, the
 held-out split of training.py has rows enough to set some aside."""
 FOLDS = 4
 """Cross-validation folds (fewer when a label has fewer rows)."""
 PENALTIES = (0.0003, 0.003, 0.03)
-NEIGHBOURS, SPREAD, SPREAD_STEPS = 10, 0.5, 10
-"""The few-shot head's corpus graph (CorpusGraph): each text's nearest neighbours among the
-CENTER_TEXTS corpus texts, and how far and how often a text's label is pulled towards theirs."""
 """The penalty on the weights' change (per unit of mean loss), from a head that follows the rows
 to one that stays near its prior: chosen on the folds."""
 
@@ -134,47 +128,8 @@ def cross_validated(labelled: Labelled, fold: np.ndarray, predict: Callable[[np.
     return score(labelled.multi, logits, labelled.targets, None)[0]
 
 
-class CorpusGraph:
-    """Unlabelled corpus texts (unit vectors) and each one's NEIGHBOURS nearest among them: what a
-    head fit on a few rows learns the corpus's shape from."""
-
-    def __init__(self, vectors: np.ndarray) -> None:
-        self.vectors = vectors
-        similar = vectors @ vectors.T
-        np.fill_diagonal(similar, -np.inf)
-        count = min(NEIGHBOURS, len(vectors) - 1)
-        self.neighbours = np.argpartition(-similar, count - 1, axis=1)[:, :count] if count > 0 else None
-
-    def spread(self, probabilities: np.ndarray) -> np.ndarray:
-        """Label spreading (Zhou et al., "Learning with Local and Global Consistency", 2004): each
-        text's probabilities pulled SPREAD of the way towards its neighbours', SPREAD_STEPS times,
-        anchored to its own: a text the head is unsure of takes its neighbourhood's label."""
-        if self.neighbours is None:
-            return probabilities
-        spread = probabilities
-        for _ in range(SPREAD_STEPS):
-            spread = SPREAD * spread[self.neighbours].mean(axis=1) + (1 - SPREAD) * probabilities
-        return spread
-
-
-def fit_with_corpus(
-    x: np.ndarray, targets: np.ndarray, prior: Prior, penalty: float, graph: CorpusGraph | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """fit_prior on the rows; with a corpus `graph`, fit again on the rows and the graph's texts,
-    each labelled by the first head's probabilities spread over the graph (its top label; with
-    several labels per row, each at 0.5 or above). Still one affine map: serving is unchanged."""
-    weight, bias = fit_prior(x, targets, prior, penalty)
-    if graph is None:
-        return weight, bias
-    logits = graph.vectors @ weight.T + bias
-    multi = targets.ndim == 2
-    spread = graph.spread(sigmoid(logits) if multi else softmax(logits, axis=1))
-    pseudo = spread >= 0.5 if multi else np.argmax(spread, axis=1)
-    return fit_prior(np.vstack([x, graph.vectors]), np.concatenate([targets, pseudo]), prior, penalty)
-
-
 def prior_candidate(
-    labelled: Labelled, embeddings: np.ndarray, prior: Prior, fold: np.ndarray, name: str, graph: CorpusGraph | None
+    labelled: Labelled, embeddings: np.ndarray, prior: Prior, fold: np.ndarray, name: str
 ) -> tuple[CandidateReport, float]:
     """A prior-centred head's best penalty on the folds: (its report, the penalty)."""
     start = time.perf_counter()
@@ -182,7 +137,7 @@ def prior_candidate(
 
     def predict(penalty: float) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         def fold_logits(train: np.ndarray, test: np.ndarray) -> np.ndarray:
-            weight, bias = fit_with_corpus(x[train], labelled.targets[train], prior, penalty, graph)
+            weight, bias = fit_prior(x[train], labelled.targets[train], prior, penalty)
             return x[test] @ weight.T + bias
 
         return fold_logits
@@ -257,8 +212,13 @@ def simplest_within_error(reports: list[CandidateReport], rows: int) -> Candidat
     luck, and the more a candidate learns from the rows (a fine-tuned encoder most), the more of
     its lead is: a lead smaller than the noise of the folds' own figure does not choose it."""
     best = max(report.accuracy for report in reports)
-    error = math.sqrt(best * (1 - best) / max(rows, 1))
-    return next(report for report in reports if report.accuracy >= best - error)
+    return next(report for report in reports if report.accuracy >= best - standard_error(reports, rows))
+
+
+def standard_error(reports: list[CandidateReport], rows: int) -> float:
+    """The best candidate's figure's standard error on `rows` rows (a proportion's)."""
+    best = max(report.accuracy for report in reports)
+    return math.sqrt(best * (1 - best) / max(rows, 1))
 
 
 @dataclass(frozen=True)
@@ -280,15 +240,13 @@ def build_few_shot(labelled: Labelled, taxonomy: Taxonomy, corpus: TextSample, e
     label_texts = taxonomy.texts()
     centring = reference_texts(corpus, "calibration", CENTER_TEXTS, at_least=1)
     with load_encoder(engine.replace(precision="fp32")) as encoder:
-        frozen, corpus_vectors = unit(encoder.encode(labelled.texts)), encoder.encode(centring)
-        prior = Prior(*zero_shot_weights(encoder.encode(label_texts), corpus_vectors))
-    graph = CorpusGraph(unit(corpus_vectors))
+        frozen = unit(encoder.encode(labelled.texts))
+        prior = Prior(*zero_shot_weights(encoder.encode(label_texts), encoder.encode(centring)))
     reports = [zero_shot_candidate(labelled, frozen, prior)]
-    # (prior, corpus graph) of each: the rows alone have neither.
-    centres = {"few-shot": (prior, graph), "rows-only": (Prior.none(*prior.weight.shape), None)}
+    centres = {"few-shot": prior, "rows-only": Prior.none(*prior.weight.shape)}
     penalties: dict[str, float] = {}
-    for name, (centre, corpus_graph) in centres.items():
-        report, penalties[name] = prior_candidate(labelled, frozen, centre, fold, name, corpus_graph)
+    for name, centre in centres.items():
+        report, penalties[name] = prior_candidate(labelled, frozen, centre, fold, name)
         reports.append(report)
     share = seconds / (len(np.unique(fold)) + 1)
     fine_tune = None
@@ -313,8 +271,7 @@ def build_few_shot(labelled: Labelled, taxonomy: Taxonomy, corpus: TextSample, e
             vectors, anchors = unit(encoder.encode(labelled.texts)), encoder.encode(label_texts)
         weight, bias = fit_prior(vectors, labelled.targets, anchored(anchors), penalties["few-shot"])
     else:
-        centre, corpus_graph = centres[chosen.name]
-        weight, bias = fit_with_corpus(frozen, labelled.targets, centre, penalties[chosen.name], corpus_graph)
+        weight, bias = fit_prior(frozen, labelled.targets, centres[chosen.name], penalties[chosen.name])
     report = TrainingReport(
         chosen.name,
         "fine-tuned" if tuned else "embeddings",
@@ -322,6 +279,8 @@ def build_few_shot(labelled: Labelled, taxonomy: Taxonomy, corpus: TextSample, e
         len(everything),
         folds_baseline(labelled, fold),
         reports,
-        f"few rows: every candidate cross-validated on {len(everything)} rows in {len(np.unique(fold))} folds",
+        f"few rows: every candidate cross-validated on {len(everything)} rows in {len(np.unique(fold))} folds; "
+        f"{chosen.name} is the simplest within one standard error ({standard_error(reports, len(everything)):.3f}) "
+        f"of the best",
     )
     return FewShotHead(weight, bias, tuned, report, fine_tune)

@@ -14,16 +14,7 @@ from sklearn.linear_model import LogisticRegression
 
 from precompute.models.engines.load import load_encoder
 from precompute.models.labels.contrastive import pairs
-from precompute.models.labels.few_shot import (
-    FOLDS,
-    CorpusGraph,
-    Prior,
-    fit_prior,
-    fit_with_corpus,
-    folds,
-    simplest_within_error,
-    unit,
-)
+from precompute.models.labels.few_shot import FOLDS, Prior, fit_prior, folds, simplest_within_error, unit
 from precompute.models.labels.head import LabelPolicy, LabelTask, load_head
 from precompute.models.labels.training import CandidateReport
 from precompute.models.labels.zero_shot import LabelText, Taxonomy
@@ -196,29 +187,3 @@ def test_the_simplest_candidate_within_one_standard_error_of_the_best_is_chosen(
     assert simplest_within_error(candidates(0.46, 0.62, 0.58, 0.79), 24).name == "fine-tuned"
     assert simplest_within_error(candidates(0.7, 0.7, 0.7), 50).name == "zero-shot"
 
-
-def test_spreading_over_the_corpus_graph_gives_a_text_its_neighbourhoods_label() -> None:
-    """Two topics of unlabelled corpus texts; the first head wrongly, and less surely, gives a
-    fifth of each topic the other's label. Spread over the texts' nearest neighbours, almost
-    every text takes its topic's label, and the head fit again on those texts labels new ones as the topics
-    do."""
-    texts, topics = blobs(150, seed=3)
-    texts, topics = texts[topics < 2], topics[topics < 2]
-    pool, topic, fresh, fresh_topic = texts[::2], topics[::2], texts[1::2], topics[1::2]
-    graph = CorpusGraph(pool)
-    wrong = np.random.default_rng(0).random(len(topic)) < 0.2
-    guessed = np.where(wrong, 1 - topic, topic)
-    sure = np.where(wrong, 0.55, 0.8)[:, None]  # a head is less sure of its mistakes
-    probabilities = np.where(np.eye(2, dtype=bool)[guessed], sure, 1 - sure)
-    assert np.mean(np.argmax(probabilities, axis=1) == topic) < 0.85
-    assert np.mean(np.argmax(graph.spread(probabilities), axis=1) == topic) >= 0.97
-
-    rows = np.concatenate([np.flatnonzero(topic == 0)[:2], np.flatnonzero(topic == 1)[:2]])  # two a topic
-    rows, targets = pool[rows], topic[rows]
-    alone = fit_with_corpus(rows, targets, Prior.none(2, 16), 0.03, None)
-    with_corpus = fit_with_corpus(rows, targets, Prior.none(2, 16), 0.03, graph)
-
-    def accuracy(head: tuple[np.ndarray, np.ndarray]) -> float:
-        return float(np.mean(np.argmax(fresh @ head[0].T + head[1], axis=1) == fresh_topic))
-
-    assert accuracy(with_corpus) >= max(accuracy(alone), 0.95)
