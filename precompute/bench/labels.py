@@ -167,8 +167,9 @@ def shot_rows(table: pa.Table, test: np.ndarray, seed: int = 0) -> np.ndarray:
 def measure_taxonomy(name: str, folder: Path, cache: Path) -> dict[str, Any]:
     """The zero-shot and 8-shot columns alone, on the bench's split of one set."""
     table = load(name, cache)
+    test = split(table)
     return {"dataset": name, "rows": table.num_rows, "classes": len(set(table["label"].to_pylist())),
-            "test_rows": int(split(table).sum()), **taxonomy_columns(name, table, split(table), folder)}
+            "test_rows": int(test.sum()), **taxonomy_columns(name, table, test, folder)}
 
 
 def measure(name: str, folder: Path, cache: Path) -> dict[str, Any]:

@@ -162,16 +162,15 @@ class LabelActor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch["text"].to_pylist()
+        corrected = CORRECTION in batch.column_names
         values: list[bytes] = []
-        columns: dict[str, pa.Array] = {}
+        agrees: list[bool | None] = []
         if texts:  # else a block the cache emptied
             indices, scores, given = self.labeler.label(texts)
             values = encode_ranked(indices, scores, given)
-            if CORRECTION in batch.column_names:
+            if corrected:
                 values, agrees = corrected_values(self.labeler, values, indices, given, batch[CORRECTION].to_pylist())
-                columns = {CORRECTION: batch[CORRECTION], AGREES: pa.array(agrees, pa.bool_())}
-        elif CORRECTION in batch.column_names:
-            columns = {CORRECTION: batch[CORRECTION], AGREES: pa.array([], pa.bool_())}
+        columns = {CORRECTION: batch[CORRECTION], AGREES: pa.array(agrees, pa.bool_())} if corrected else {}
         progress.add(self.counter, batch.num_rows)
         return pa.table(
             {

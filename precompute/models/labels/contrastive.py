@@ -85,11 +85,11 @@ class PairTrainer:
         rng = np.random.default_rng(0)
         start, steps = time.perf_counter(), 0
         every = pairs(members, PAIRS_PER_TEXT * len(texts), rng)
+        tokens = min(MAX_TOKENS, self.source.max_seq_length)
         for first in range(0, len(every[0]), BATCH):
             if time.perf_counter() - start >= seconds:
                 break
             left, right, same = (part[first : first + BATCH] for part in every)
-            tokens = min(MAX_TOKENS, self.source.max_seq_length)
             cosine = (self.vectors([texts[i] for i in left], tokens) * self.vectors([texts[i] for i in right], tokens)).sum(dim=-1)
             loss = torch.nn.functional.mse_loss(cosine, torch.from_numpy(same.astype(np.float32)).to(self.device))
             optimizer.zero_grad()

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 from scipy.special import log_softmax, softmax
-from sklearn.feature_extraction.text import TfidfVectorizer
 
 from precompute.models.engines.cache import EngineCache
 from precompute.models.engines.load import load_encoder
@@ -39,6 +38,7 @@ from precompute.models.labels.training import (
     CandidateReport,
     Labelled,
     TrainingReport,
+    baseline_vectorizer,
     fit_linear,
     score,
     sigmoid,
@@ -133,12 +133,11 @@ def prior_candidate(
 ) -> tuple[CandidateReport, float]:
     """A prior-centred head's best penalty on the folds: (its report, the penalty)."""
     start = time.perf_counter()
-    x = embeddings
 
     def predict(penalty: float) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         def fold_logits(train: np.ndarray, test: np.ndarray) -> np.ndarray:
-            weight, bias = fit_prior(x[train], labelled.targets[train], prior, penalty)
-            return x[test] @ weight.T + bias
+            weight, bias = fit_prior(embeddings[train], labelled.targets[train], prior, penalty)
+            return embeddings[test] @ weight.T + bias
 
         return fold_logits
 
@@ -160,7 +159,7 @@ def folds_baseline(labelled: Labelled, fold: np.ndarray) -> CandidateReport:
     start = time.perf_counter()
 
     def predict(train: np.ndarray, test: np.ndarray) -> np.ndarray:
-        vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, dtype=np.float32)
+        vectorizer = baseline_vectorizer(min_df=1)
         x = vectorizer.fit_transform([labelled.texts[i] for i in train])
         coef, intercept = fit_linear(x, labelled.targets[train], len(labelled.names), 1.0, None)
         return np.asarray(vectorizer.transform([labelled.texts[i] for i in test]) @ coef.T) + intercept

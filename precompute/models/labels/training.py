@@ -301,11 +301,16 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-np.clip(x, -50, 50)))
 
 
+def baseline_vectorizer(min_df: int) -> TfidfVectorizer:
+    """The baseline's features: TF-IDF of words and word pairs, sublinear, in `min_df` rows or more."""
+    return TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=min_df, dtype=np.float32)
+
+
 def baseline(labelled: Labelled, rows: dict[str, np.ndarray]) -> CandidateReport:
     """TF-IDF of words and word pairs (sublinear, in two rows or more), then LinearSVC at
     scikit-learn's defaults: a data scientist's first try, on the candidates' rows."""
     start = time.perf_counter()
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2, dtype=np.float32)
+    vectorizer = baseline_vectorizer(min_df=2)
     x = vectorizer.fit_transform([labelled.texts[i] for i in rows["train"]])
     coef, intercept = fit_linear(x, labelled.targets[rows["train"]], len(labelled.names), 1.0, None)
     test = vectorizer.transform([labelled.texts[i] for i in rows["test"]])
